@@ -1,0 +1,260 @@
+"""The reservation / preview request body and its validation (DESIGN.md, "The request").
+
+``ReservationRequest`` is the JSON body of ``POST /v1/reservations`` and ``POST /v1/capacity/preview``
+(camelCase as in the spec). ``to_placement_request`` turns a validated body into the frozen
+:class:`~app.placement.model.PlacementRequest` the pipeline takes. Every malformed input raises
+pydantic's ``ValidationError`` (the API maps it to 422 ``INVALID_INPUT`` with the field path) or
+:class:`~app.errors.InvalidInput` with ``path`` set; nothing here touches a database.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from app.errors import InvalidInput
+from app.placement.model import (
+    COMPARISON_OPS,
+    MAX_EXPRESSIONS,
+    MAX_VALUES,
+    SET_OPS,
+    DeviceRequest,
+    Gang,
+    MatchExpression,
+    PlacementRequest,
+    Selector,
+)
+
+KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._/-]*$")  # seed 000: letters, digits, ., _, / and -
+IDEMPOTENCY_KEY_RE = r"^[A-Za-z0-9._:-]{1,128}$"
+DURATION_RE = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
+DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MAX_DURATION_SECONDS = 366 * 86400
+MAX_DEVICE_COUNT = 4096
+
+
+def parse_decimal_operand(value: Any) -> Decimal | None:
+    """A comparison operand as ``Decimal``: a JSON number or a decimal string (sign and fraction
+    allowed). NaN, infinities, booleans and anything else give ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float, Decimal)):
+        text = repr(value) if isinstance(value, float) else str(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if not re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", text):
+            return None
+    else:
+        return None
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        return None
+    return number if number.is_finite() else None
+
+
+def parse_duration(value: str | int) -> int:
+    """Seconds from ``'90m'``, ``'1d'``, ``'3d'``, ``'2h'``, ``'30s'``, ``'1w'`` or a whole number of
+    seconds. Raises ``ValueError`` for anything else, zero, or more than 366 days."""
+    if isinstance(value, bool):
+        raise ValueError("duration must be like '90m', '1d' or a number of seconds")
+    if isinstance(value, int):
+        seconds = value
+    else:
+        m = DURATION_RE.match(value)
+        if not m:
+            raise ValueError("duration must be like '90m', '2h', '1d' or a number of seconds")
+        seconds = int(m.group(1)) * DURATION_UNITS[m.group(2)]
+    if seconds <= 0:
+        raise ValueError("duration must be positive")
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError("duration must be at most 366 days")
+    return seconds
+
+
+class MatchExpressionBody(BaseModel):
+    """One matchExpression: ``{key, op, values?}`` (seed 000, "Device fit and selectors")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    op: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Gte", "Lt", "Lte"]
+    values: list[str | int | float] | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _key_syntax(cls, key: str) -> str:
+        if not KEY_RE.match(key) or len(key) > 253:
+            raise ValueError("a key starts with a letter and holds letters, digits, '.', '_', '/', '-'")
+        return key
+
+    @model_validator(mode="after")
+    def _values_fit_op(self) -> MatchExpressionBody:
+        values = self.values or []
+        if len(values) > MAX_VALUES:
+            raise ValueError(f"at most {MAX_VALUES} values per expression")
+        if self.op in SET_OPS and not values:
+            raise ValueError(f"{self.op} needs at least one value")
+        if self.op in ("Exists", "DoesNotExist") and values:
+            raise ValueError(f"{self.op} takes no values")
+        if self.op in COMPARISON_OPS:
+            if len(values) != 1:
+                raise ValueError(f"{self.op} takes exactly one value")
+            if parse_decimal_operand(values[0]) is None:
+                raise ValueError(f"{self.op} needs a number, got {values[0]!r}")
+        return self
+
+    def to_expression(self) -> MatchExpression:
+        """The frozen pipeline form: strings for In/NotIn, one Decimal for comparisons."""
+        values = self.values or []
+        if self.op in COMPARISON_OPS:
+            operand = parse_decimal_operand(values[0])
+            assert operand is not None
+            return MatchExpression(self.key, self.op, (operand,))
+        return MatchExpression(self.key, self.op, tuple(_as_label_text(v) for v in values))
+
+
+def _as_label_text(value: str | int | float) -> str:
+    """In/NotIn compare as strings; a JSON number compares by its shortest text (80 -> '80')."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+class SelectorBody(BaseModel):
+    """``{matchExpressions: [...]}``; at most 32 expressions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    matchExpressions: list[MatchExpressionBody] = Field(default_factory=list, max_length=MAX_EXPRESSIONS)
+
+    def to_selector(self) -> Selector:
+        return Selector(tuple(e.to_expression() for e in self.matchExpressions))
+
+
+class DeviceRequestBody(BaseModel):
+    """``{class, count, selector?, topology?}``; ``selector`` may also be the shorthand string."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    device_class: str = Field(alias="class", min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9._-]*$")
+    count: int = Field(ge=1, le=MAX_DEVICE_COUNT)
+    selector: SelectorBody | str | None = None
+    topology: Literal["nvlink-all"] | None = None
+
+    @field_validator("selector", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            from app.placement.selectors import parse_selector
+
+            try:
+                parsed = parse_selector(value)
+            except InvalidInput as exc:
+                raise ValueError(exc.message) from exc
+            return selector_body_from(parsed)
+        return value
+
+    def to_device_request(self) -> DeviceRequest:
+        selector = self.selector.to_selector() if isinstance(self.selector, SelectorBody) else None
+        if selector is not None and not selector.match_expressions:
+            selector = None
+        return DeviceRequest(self.device_class, self.count, selector, self.topology)
+
+
+def selector_body_from(selector: Selector | None) -> dict[str, Any] | None:
+    """The JSON form ``{matchExpressions: [...]}`` of a frozen selector (numbers stay numbers)."""
+    if selector is None:
+        return None
+    out = []
+    for e in selector.match_expressions:
+        item: dict[str, Any] = {"key": e.key, "op": e.op}
+        if e.values:
+            item["values"] = [str(v) if isinstance(v, Decimal) else v for v in e.values]
+        out.append(item)
+    return {"matchExpressions": out}
+
+
+class GangBody(BaseModel):
+    """``{members, topologyKey?}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    members: int = Field(ge=1, le=1024)
+    topologyKey: str | None = Field(default=None, pattern=KEY_RE.pattern)
+
+
+ResourceAmount = Annotated[Decimal, Field(gt=0, max_digits=20, decimal_places=6, allow_inf_nan=False)]
+
+
+class ReservationRequest(BaseModel):
+    """The body of ``POST /v1/reservations`` and ``POST /v1/capacity/preview`` (DESIGN.md, "The request").
+
+    At least one device or resource; ``duration`` is ``'90m'``, ``'1d'`` or seconds; ``start`` defaults
+    to the database's now. ``nodeLabels`` is refused: only modules set it through the capacity port.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenantId: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    poolId: str = Field(min_length=1, max_length=128)
+    devices: list[DeviceRequestBody] = Field(default_factory=list, max_length=16)
+    resources: dict[
+        Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceAmount
+    ] = Field(default_factory=dict)
+    start: datetime | None = None
+    duration: str | int
+    binding: Literal["device", "node", "kubernetes"] = "device"
+    gang: GangBody | None = None
+    spot: bool = False
+    idempotencyKey: str = Field(pattern=IDEMPOTENCY_KEY_RE)
+
+    @field_validator("duration")
+    @classmethod
+    def _duration(cls, value: str | int) -> str | int:
+        parse_duration(value)
+        return value
+
+    @field_validator("start")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("start needs a timezone, e.g. 2026-12-01T12:00:00Z")
+        return value
+
+    @model_validator(mode="after")
+    def _claims_something(self) -> ReservationRequest:
+        if not self.devices and not self.resources:
+            raise ValueError("a request claims at least one device or resource")
+        classes = [d.device_class for d in self.devices]
+        if len(set(classes)) != len(classes):
+            raise ValueError("each device class appears once in devices")
+        return self
+
+    @property
+    def duration_seconds(self) -> int:
+        return parse_duration(self.duration)
+
+    def spec(self) -> dict[str, Any]:
+        """The canonical JSON spec stored with a reservation and compared for idempotent retries."""
+        return self.model_dump(mode="json", by_alias=True, exclude={"idempotencyKey"})
+
+
+def to_placement_request(body: ReservationRequest, now: datetime) -> PlacementRequest:
+    """The pipeline's request for ``body``; ``now`` (the database clock) is the default start."""
+    start = body.start or now
+    return PlacementRequest(
+        tenant_id=body.tenantId,
+        pool_id=body.poolId,
+        devices=tuple(d.to_device_request() for d in body.devices),
+        resources=dict(body.resources),
+        start=start,
+        end=start + timedelta(seconds=body.duration_seconds),
+        binding=body.binding,
+        gang=Gang(body.gang.members, body.gang.topologyKey) if body.gang else None,
+        spot=body.spot,
+    )
