@@ -1,0 +1,88 @@
+"""Engine creation, the embedded PostgreSQL default, and migrations on start.
+
+``DATABASE_URL`` set -> that PostgreSQL. Unset -> an embedded PostgreSQL (pgserver) in
+``<user data dir>/better-compute/pgdata`` (or ``BC_DATA_DIR``), with database ``better_compute``.
+Either way :func:`migrate` runs Alembic to head before the service serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+EMBEDDED_DB_NAME = "better_compute"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+_embedded_servers: list[Any] = []  # keep pgserver handles alive for the process
+
+
+def async_url(url: str) -> str:
+    """``postgresql://...`` -> ``postgresql+asyncpg://...`` (other drivers are replaced too)."""
+    u = make_url(url)
+    return u.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+
+
+def default_data_dir() -> Path:
+    """Where the embedded PostgreSQL keeps its data: the user's data directory."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("better-compute")) / "pgdata"
+
+
+def start_embedded_postgres(data_dir: Path | None = None, database: str = EMBEDDED_DB_NAME) -> str:
+    """Start (or reuse) the embedded PostgreSQL and return a ``postgresql://`` URL to ``database``.
+
+    Creates the database on first use. Raises ``RuntimeError`` when pgserver cannot start.
+    """
+    import pgserver
+
+    path = Path(data_dir) if data_dir else default_data_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(str(path), cleanup_mode="stop")
+    _embedded_servers.append(server)
+    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
+    if "(1 row)" not in exists:
+        server.psql(f"CREATE DATABASE {database};")
+    base = make_url(server.get_uri())
+    return base.set(database=database).render_as_string(hide_password=False)
+
+
+def resolve_database_url(database_url: str | None, data_dir: Path | None = None) -> str:
+    """``DATABASE_URL`` when set, else the embedded server's URL (started on demand)."""
+    return database_url or start_embedded_postgres(data_dir)
+
+
+def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
+    """An asyncpg-backed SQLAlchemy engine for ``url`` (READ COMMITTED, the PostgreSQL default)."""
+    return create_async_engine(
+        async_url(url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=False,
+        connect_args={"server_settings": {"application_name": "better-compute"}},
+    )
+
+
+def alembic_config(url: str) -> Any:
+    """The Alembic config for this project with ``sqlalchemy.url`` set to ``url``."""
+    from alembic.config import Config
+
+    cfg = Config(str(PROJECT_ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(PROJECT_ROOT / "alembic"))
+    cfg.set_main_option("sqlalchemy.url", async_url(url).replace("%", "%%"))
+    return cfg
+
+
+def migrate(url: str) -> None:
+    """Run Alembic migrations to head on ``url`` (blocking; call from a thread inside an event loop)."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), "head")
+
+
+async def migrate_async(url: str) -> None:
+    """:func:`migrate` off the event loop."""
+    await asyncio.to_thread(migrate, url)

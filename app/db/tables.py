@@ -1,0 +1,237 @@
+"""The capacity model as SQLAlchemy Core tables (DESIGN.md, "Capacity model").
+
+Alembic migrations under ``alembic/versions`` create exactly these tables; ``alembic check`` compares
+them. Numeric amounts are ``numeric`` (``Decimal`` in Python) so ``floor(100 * 0.29)`` is 29 everywhere.
+Booking windows are half-open ``tstzrange`` values ``[start, end)``.
+
+Lock order in every multi-table transaction (seed 000, "Commit and lock order"):
+reservations (own row) -> quota_usage -> pools -> nodes -> devices -> node_resources -> pool_capacity_rollup.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+NOW = sa.text("now()")
+TS = sa.DateTime(timezone=True)
+
+pools = sa.Table(
+    "pools",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False, unique=True),
+    # bumped in the same transaction as every inventory change; the pool cache keys on it
+    sa.Column("inventory_version", sa.BigInteger, nullable=False, server_default="1"),
+    sa.Column("created_at", TS, nullable=False, server_default=NOW),
+    sa.Column("archived_at", TS),
+)
+
+nodes = sa.Table(
+    "nodes",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("pool_id", sa.Text, sa.ForeignKey("pools.id"), nullable=False, index=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("cordoned", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("ready", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("heartbeat_lost", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("leasable", sa.Boolean, nullable=False, server_default=sa.true()),
+    # kept in the same transaction as their cause (cordon, conditions, NoSchedule taints)
+    sa.Column(
+        "no_schedule_reasons", pg.ARRAY(sa.Text), nullable=False, server_default=sa.text("'{}'::text[]")
+    ),
+    sa.Column("created_at", TS, nullable=False, server_default=NOW),
+    sa.UniqueConstraint("pool_id", "name"),
+)
+
+node_labels = sa.Table(
+    "node_labels",
+    metadata,
+    sa.Column("node_id", sa.Text, sa.ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+    sa.Column("source", sa.Text, nullable=False, server_default="operator"),
+    sa.CheckConstraint("source IN ('system', 'operator')", name="source"),
+)
+
+node_taints = sa.Table(
+    "node_taints",
+    metadata,
+    sa.Column("node_id", sa.Text, sa.ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("effect", sa.Text, primary_key=True),
+    sa.Column("value", sa.Text, nullable=False, server_default=""),
+    sa.CheckConstraint("effect IN ('NoSchedule', 'PreferNoSchedule', 'NoExecute')", name="effect"),
+)
+
+devices = sa.Table(
+    "devices",
+    metadata,
+    # a bigint surrogate key: the booking exclusion constraint ranges over it (no btree_gist needed)
+    sa.Column("pk", sa.BigInteger, sa.Identity(always=False), primary_key=True),
+    sa.Column("id", sa.Text, nullable=False, unique=True),
+    sa.Column("node_id", sa.Text, sa.ForeignKey("nodes.id"), nullable=False, index=True),
+    sa.Column("class", sa.Text, nullable=False),
+    sa.Column("attributes", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("numa_node", sa.Integer),
+    sa.Column("parent_id", sa.Text),
+    sa.Column("healthy", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("bookable", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("ordinal", sa.Integer, nullable=False, server_default="0"),
+)
+
+capacity_device_links = sa.Table(
+    "capacity_device_links",
+    metadata,
+    sa.Column("node_id", sa.Text, sa.ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("a", sa.Text, primary_key=True),
+    sa.Column("b", sa.Text, primary_key=True),
+    sa.Column("link", sa.Text, nullable=False),
+    sa.CheckConstraint("a < b", name="ordered"),
+)
+
+node_resources = sa.Table(
+    "node_resources",
+    metadata,
+    sa.Column("node_id", sa.Text, sa.ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("resource", sa.Text, primary_key=True),
+    sa.Column("allocatable", sa.Numeric, nullable=False),
+    sa.Column("ratio", sa.Numeric, nullable=False, server_default="1"),
+    sa.Column("allocated", sa.Numeric, nullable=False, server_default="0"),
+    sa.CheckConstraint("allocatable >= 0 AND ratio > 0 AND allocated >= 0", name="amounts"),
+)
+
+reservations = sa.Table(
+    "reservations",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("pool_id", sa.Text, sa.ForeignKey("pools.id"), nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("spec", pg.JSONB, nullable=False),
+    sa.Column("spec_hash", sa.Text, nullable=False),
+    sa.Column("idempotency_key", sa.Text, nullable=False),
+    sa.Column("conditions", pg.JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
+    sa.Column("created_at", TS, nullable=False, server_default=NOW),
+    sa.Column("updated_at", TS, nullable=False, server_default=NOW),
+    sa.Column("released_at", TS),
+    sa.UniqueConstraint("tenant_id", "idempotency_key"),
+    sa.CheckConstraint(
+        "status IN ('placed', 'pending', 'queued', 'released', 'preempted')", name="status"
+    ),
+    sa.Index("ix_reservations_tenant_status", "tenant_id", "status"),
+)
+
+allocations = sa.Table(
+    "allocations",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("reservation_id", sa.Text, sa.ForeignKey("reservations.id"), nullable=False, index=True),
+    sa.Column("pool_id", sa.Text, sa.ForeignKey("pools.id"), nullable=False),
+    sa.Column("node_id", sa.Text, sa.ForeignKey("nodes.id"), nullable=False, index=True),
+    sa.Column("atoms", pg.ARRAY(sa.Text), nullable=False, server_default=sa.text("'{}'::text[]")),
+    sa.Column("resources", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("during", pg.TSTZRANGE, nullable=False),
+    sa.Column("created_at", TS, nullable=False, server_default=NOW),
+    sa.Column("released_at", TS),
+)
+
+device_bookings = sa.Table(
+    "device_bookings",
+    metadata,
+    sa.Column("device_pk", sa.BigInteger, sa.ForeignKey("devices.pk"), nullable=False),
+    sa.Column("device_id", sa.Text, nullable=False),
+    sa.Column("pool_id", sa.Text, nullable=False),
+    sa.Column(
+        "allocation_id", sa.Text, sa.ForeignKey("allocations.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("during", pg.TSTZRANGE, nullable=False),
+    sa.PrimaryKeyConstraint("device_pk", "allocation_id"),
+    # no two bookings of one device overlap: int8range over the bigint key instead of btree_gist
+    pg.ExcludeConstraint(
+        (sa.text("int8range(device_pk, device_pk, '[]')"), "&&"),
+        ("during", "&&"),
+        name="ex_device_bookings_overlap",
+        using="gist",
+    ),
+    sa.Index("ix_device_bookings_pool_id", "pool_id"),
+    sa.Index("ix_device_bookings_allocation_id", "allocation_id"),
+)
+
+pool_capacity_rollup = sa.Table(
+    "pool_capacity_rollup",
+    metadata,
+    sa.Column("pool_id", sa.Text, sa.ForeignKey("pools.id"), primary_key=True),
+    sa.Column("resource", sa.Text, primary_key=True),
+    sa.Column("total", sa.Numeric, nullable=False, server_default="0"),
+    sa.Column("allocated", sa.Numeric, nullable=False, server_default="0"),
+)
+
+quota_limits = sa.Table(
+    "quota_limits",
+    metadata,
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("pool_id", sa.Text, sa.ForeignKey("pools.id"), primary_key=True),
+    sa.Column("resource", sa.Text, primary_key=True),
+    sa.Column("limit", sa.Numeric, nullable=False),
+    sa.CheckConstraint('"limit" >= 0', name="limit"),
+)
+
+quota_usage = sa.Table(
+    "quota_usage",
+    metadata,
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("pool_id", sa.Text, sa.ForeignKey("pools.id"), primary_key=True),
+    sa.Column("resource", sa.Text, primary_key=True),
+    sa.Column("used", sa.Numeric, nullable=False, server_default="0"),
+    sa.CheckConstraint("used >= 0", name="used"),
+)
+
+principals = sa.Table(
+    "principals",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("tenant_id", sa.Text),
+    sa.Column("created_at", TS, nullable=False, server_default=NOW),
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("principal_id", sa.Text, sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("key_hash", sa.Text, nullable=False, unique=True),
+    sa.Column("created_at", TS, nullable=False, server_default=NOW),
+    sa.Column("revoked_at", TS),
+)
+
+grants = sa.Table(
+    "grants",
+    metadata,
+    sa.Column("principal_id", sa.Text, sa.ForeignKey("principals.id"), primary_key=True),
+    sa.Column("action", sa.Text, primary_key=True),
+    sa.Column("resource", sa.Text, primary_key=True),
+)
+
+# seed 004 queue history: job records with scheduler submit/start times, per target
+fleet_job_records = sa.Table(
+    "fleet_job_records",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("record", pg.JSONB, nullable=False),
+    sa.Column("recorded_at", TS, nullable=False, server_default=NOW),
+    sa.Index("ix_fleet_job_records_target", "target", "recorded_at"),
+)
