@@ -1,0 +1,426 @@
+"""Parse ``nvidia-smi topo -m`` (and ``topo -mp``) output exactly as operators paste it.
+
+Source rule: the fixtures in ``tests/data/topo/`` (real output from real hosts) and the format notes that came
+with them (the NVML ``nvmlGpuTopologyLevel_t`` enum: SINGLE=PIX, MULTIPLE=PXB, HOSTBRIDGE=PHB, NODE,
+SYSTEM=SYS; ``NV#`` = a bonded set of # NVLinks; the 2015-16 legend's ``SOC`` = socket-level link). The
+parser is pure: text in, :class:`TopoMatrix` out, no I/O.
+
+What real output looks like, and how each quirk is handled:
+
+* **Separators.** nvidia-smi writes TABs; the header line starts with an empty cell; the diagonal is
+  ``" X "``.
+  A terminal copy expands TABs to 8-column stops, so a line without any TAB is cut back into cells on that
+  8-column grid (an 8-column gap is an empty cell). A space-aligned line that does not sit on the grid falls
+  back to whitespace splitting.
+* **ANSI escapes** (``ESC[4m`` ... ``ESC[0m`` around the header when writing to a TTY) are removed first.
+* **Header.** Device names (``GPU<n>``, ``NIC<n>``, ``mlx5_<n>``, ``mlx4_0``, ...) then the trailing labels
+  ``CPU Affinity``, ``NUMA Affinity`` and ``GPU NUMA ID`` (any leading subset, in that order). The labels are
+  found by name, not position, so a header mangled by copy-paste (no leading TAB, single spaces) still parses.
+  ``GPU<n>`` columns are GPUs, every other device column is a NIC.
+* **Trailing cells of GPU rows.** The first cell after the matrix is ``CPU Affinity`` (possibly empty, e.g. in
+  a one-CPU cgroup); after it, empty cells are padding (nvidia-smi writes an extra TAB before ``N/A`` and
+  before ``GPU NUMA ID``) and the non-empty cells fill the remaining labels in order.
+* **NIC rows** carry no affinity: they end after the matrix, with ``" X"``/``" X "`` or with empty cells.
+* **Legends.** A ``Legend:`` block (``KIND = text``) and a ``NIC Legend:`` block (``  NICn: mlx5_x``) may
+  follow the matrix after a blank line; both are optional.
+
+Malformed text raises :class:`app.errors.InvalidInput` with ``path="topo"`` and the 1-based line number in
+the message and in ``details["line"]``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from app.errors import InvalidInput
+
+__all__ = [
+    "TRAILING_LABELS",
+    "TopoMatrix",
+    "cpu_list_count",
+    "parse_cpu_list",
+    "parse_topo_matrix",
+]
+
+CPU_AFFINITY = "CPU Affinity"
+NUMA_AFFINITY = "NUMA Affinity"
+GPU_NUMA_ID = "GPU NUMA ID"
+TRAILING_LABELS: tuple[str, ...] = (CPU_AFFINITY, NUMA_AFFINITY, GPU_NUMA_ID)
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_LABEL_RE = re.compile(r"CPU[ \t]+Affinity|NUMA[ \t]+Affinity|GPU[ \t]+NUMA[ \t]+ID")
+_GPU_RE = re.compile(r"GPU\d+")
+_DEVICE_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.:\-]*")
+# A link cell: X (self), NV<n>, or an upper-case kind (SYS, NODE, PHB, PXB, PIX, SOC, or a future kind).
+_LINK_RE = re.compile(r"X|NV\d+|[A-Z][A-Z0-9]{1,7}")
+_NIC_LEGEND_RE = re.compile(r"\s*([A-Za-z][A-Za-z0-9_]*)\s*:\s*(\S+)\s*")
+_LEGEND_ENTRY_RE = re.compile(r"\s*(\S+)\s*=\s*(.*?)\s*")
+_CPU_LIST_RE = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
+_NV_RE = re.compile(r"NV(\d+)")
+_TAB_STOP = 8
+
+
+@dataclass(frozen=True)
+class TopoMatrix:
+    """One ``nvidia-smi topo -m`` matrix.
+
+    Fields:
+      * ``gpus``: GPU column names in printed order (``GPU0``, ``GPU1``, ...).
+      * ``nics``: NIC column names in printed order, as printed (``NIC0`` or ``mlx5_2``; not re-sorted).
+      * ``nic_legend``: ``NIC<n>`` -> device name from the ``NIC Legend:`` block (empty without one).
+      * ``gpu_links``: ``(a, b)`` -> link text for GPU pairs, ``a`` printed before ``b``; read from row ``a``.
+      * ``gpu_nic_links``: ``(gpu, nic)`` -> link text, read from the GPU's row.
+      * ``nic_nic_links``: ``(a, b)`` -> link text for NIC pairs, ``a`` printed before ``b``.
+      * ``cpu_affinity``: GPU -> the CPU list as printed (``"0-19,40-59"``; ``""`` when the cell is empty;
+        ``None`` when the column is absent or ``N/A``).
+      * ``numa_affinity``: GPU -> NUMA node ids (``[3]``, or ``[0, 1]`` for ``0-1``), ``None`` when the column
+        is absent or ``N/A``.
+      * ``gpu_numa_id``: GPU -> the GPU's own NUMA id (``None`` for ``N/A``); the whole field is ``None`` when
+        the driver prints no ``GPU NUMA ID`` column.
+      * ``legend``: kind -> description from the ``Legend:`` block (``{"X": "Self", "SOC": ...}``), empty
+        when absent.
+      * ``layout``: ``"tab"`` when the matrix rows are TAB-separated, ``"space"`` for a terminal copy.
+      * ``asymmetric_pairs``: device pairs whose two cells differ (the row of the first-printed device wins).
+    """
+
+    gpus: tuple[str, ...]
+    nics: tuple[str, ...] = ()
+    nic_legend: dict[str, str] = field(default_factory=dict)
+    gpu_links: dict[tuple[str, str], str] = field(default_factory=dict)
+    gpu_nic_links: dict[tuple[str, str], str] = field(default_factory=dict)
+    nic_nic_links: dict[tuple[str, str], str] = field(default_factory=dict)
+    cpu_affinity: dict[str, str | None] = field(default_factory=dict)
+    numa_affinity: dict[str, list[int] | None] = field(default_factory=dict)
+    gpu_numa_id: dict[str, int | None] | None = None
+    legend: dict[str, str] = field(default_factory=dict)
+    layout: Literal["tab", "space"] = "tab"
+    asymmetric_pairs: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def gpu_count(self) -> int:
+        """Number of GPU rows."""
+        return len(self.gpus)
+
+    @property
+    def nvlink_counts(self) -> dict[tuple[str, str], int]:
+        """``(a, b)`` -> number of bonded NVLinks for GPU pairs linked by ``NV<n>`` (other pairs omitted)."""
+        out: dict[tuple[str, str], int] = {}
+        for pair, link in self.gpu_links.items():
+            m = _NV_RE.fullmatch(link)
+            if m:
+                out[pair] = int(m.group(1))
+        return out
+
+    @property
+    def cpu_affinity_count(self) -> dict[str, int | None]:
+        """GPU -> number of CPUs in its CPU Affinity list (0 for an empty cell, ``None`` when unknown)."""
+        return {g: (None if v is None else cpu_list_count(v)) for g, v in self.cpu_affinity.items()}
+
+    def gpu_link(self, a: str, b: str) -> str | None:
+        """The link text between GPUs ``a`` and ``b`` in either order (``"X"`` when equal), or ``None``."""
+        if a == b:
+            return "X" if a in self.gpus else None
+        return self.gpu_links.get((a, b)) or self.gpu_links.get((b, a))
+
+    def numa_node(self, gpu: str) -> int | None:
+        """The GPU's NUMA node for placement: its ``NUMA Affinity`` when that names exactly one node, else its
+        ``GPU NUMA ID`` when printed, else ``None``."""
+        aff = self.numa_affinity.get(gpu)
+        if aff is not None and len(aff) == 1:
+            return aff[0]
+        if self.gpu_numa_id is not None:
+            return self.gpu_numa_id.get(gpu)
+        return None
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """Expand a Linux CPU/NUMA list (``"0-19,40-59"``, ``"3"``, ``""``) into sorted, distinct ids.
+
+    Raises ``ValueError`` for anything else (including ``N/A``; callers decide what that means).
+    """
+    text = text.strip()
+    if not text:
+        return []
+    if not _CPU_LIST_RE.fullmatch(text):
+        raise ValueError(f"not a CPU list: {text!r}")
+    ids: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        first, last = int(lo), int(hi or lo)
+        if last < first:
+            raise ValueError(f"descending range {part!r}")
+        ids.update(range(first, last + 1))
+    return sorted(ids)
+
+
+def cpu_list_count(text: str) -> int:
+    """Number of CPUs in a Linux CPU list such as ``"0-19,40-59"`` (40); ``""`` is 0.
+
+    Raises ``ValueError`` when ``text`` is not a CPU list.
+    """
+    return len(parse_cpu_list(text))
+
+
+def _error(message: str, line: int) -> InvalidInput:
+    return InvalidInput(f"nvidia-smi topo: line {line}: {message}", path="topo", details={"line": line})
+
+
+def _grid_cells(line: str) -> list[str] | None:
+    """Cut a space-aligned line (TABs expanded to 8-column stops) back into its TAB cells.
+
+    Each cell starts on a tab stop (the diagonal ``" X "`` one column after it) and the gap after a cell runs
+    to the next stop; every further 8 columns of blanks is one empty cell. ``None`` when the line does not
+    sit on the grid.
+    """
+    cells: list[str] = []
+    next_stop = 0
+    for m in re.finditer(r"\S+", line):
+        start, end, tok = m.start(), m.end(), m.group()
+        if start % _TAB_STOP == 0:
+            cell_start = start
+        elif tok == "X" and start % _TAB_STOP == 1:
+            cell_start = start - 1
+        else:
+            return None
+        if cell_start < next_stop:
+            return None
+        cells.extend([""] * ((cell_start - next_stop) // _TAB_STOP))
+        cells.append(tok)
+        next_stop = (end // _TAB_STOP + 1) * _TAB_STOP
+    return cells
+
+
+def _split_row(line: str) -> tuple[list[str], bool]:
+    """A matrix line as ``(cells, was_tab_separated)``; cells are stripped, the first is the row label."""
+    if "\t" in line:
+        return [c.strip() for c in line.split("\t")], True
+    cells = _grid_cells(line)
+    if cells is None:
+        cells = line.split()
+    return [c.strip() for c in cells], False
+
+
+def _parse_header(header: str, lineno: int) -> tuple[list[str], list[str]]:
+    """Split the header into device column names and trailing labels (canonical spelling, in order)."""
+    matches = list(_LABEL_RE.finditer(header))
+    device_part = header[: matches[0].start()] if matches else header
+    labels: list[str] = []
+    pos = matches[0].start() if matches else len(header)
+    for m in matches:
+        if header[pos : m.start()].strip():
+            raise _error(f"unexpected header text {header[pos : m.start()].strip()!r}", lineno)
+        labels.append(" ".join(m.group().split()))
+        pos = m.end()
+    if header[pos:].strip():
+        raise _error(f"unexpected header text {header[pos:].strip()!r}", lineno)
+    expected_order = [lab for lab in TRAILING_LABELS if lab in labels]
+    if labels != expected_order:
+        raise _error(f"header labels {labels} are not in nvidia-smi order {list(TRAILING_LABELS)}", lineno)
+    devices = device_part.split()
+    if not devices:
+        raise _error("header names no devices", lineno)
+    seen: set[str] = set()
+    for name in devices:
+        if not _DEVICE_NAME_RE.fullmatch(name):
+            raise _error(f"bad device name {name!r} in header", lineno)
+        if name in seen:
+            raise _error(f"device {name} appears twice in header", lineno)
+        seen.add(name)
+    if not any(_GPU_RE.fullmatch(d) for d in devices):
+        raise _error("header names no GPU column (expected GPU0, GPU1, ...)", lineno)
+    return devices, labels
+
+
+def _trailing_values(trailing: list[str], labels: list[str], row: str, lineno: int) -> dict[str, str]:
+    """Assign a GPU row's trailing cells to the header's labels (see the module docstring)."""
+    values: dict[str, str] = {}
+    if not labels:
+        if any(trailing):
+            raise _error(
+                f"row {row} has {len(trailing)} cells beyond the matrix but no trailing columns", lineno
+            )
+        return values
+    rest_labels = labels
+    rest = trailing
+    if labels[0] == CPU_AFFINITY:
+        values[CPU_AFFINITY] = trailing[0] if trailing else ""
+        rest_labels, rest = labels[1:], trailing[1:]
+    filled = [c for c in rest if c]
+    if len(filled) > len(rest_labels):
+        raise _error(f"row {row} has more trailing values than the header's columns {labels}", lineno)
+    values.update(zip(rest_labels, filled, strict=False))
+    return values
+
+
+def parse_topo_matrix(text: str) -> TopoMatrix:
+    """Parse ``nvidia-smi topo -m`` / ``topo -mp`` output (TAB- or space-aligned) into a :class:`TopoMatrix`.
+
+    ``text`` is the command's output as printed or pasted: an optional leading blank line, the header, one
+    row per device column (in any order), then optionally a blank line, ``Legend:`` and ``NIC Legend:``
+    blocks. Link texts are kept exactly as printed (``NV12``, ``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS``,
+    the legacy ``SOC``); ``topo -mp`` simply has no ``NV#`` cells.
+
+    Raises :class:`app.errors.InvalidInput` (``path="topo"``, ``details["line"]`` 1-based) when the header
+    names no GPU, a row is unknown, repeated, missing or short, a cell is not a link kind, the diagonal is
+    not ``X``, a NIC row carries values, a CPU/NUMA value is not a list or id, a line follows the matrix that
+    is no legend, or a ``NIC Legend`` entry names an unknown NIC.
+    """
+    if not isinstance(text, str):
+        raise _error("expected text", 1)
+    lines = [_ANSI_RE.sub("", ln).rstrip("\r\n").rstrip() for ln in text.split("\n")]
+    idx = 0
+    while idx < len(lines) and not lines[idx].strip():
+        idx += 1
+    if idx == len(lines):
+        raise _error("empty input (expected the output of nvidia-smi topo -m)", 1)
+    header_no = idx + 1
+    devices, labels = _parse_header(lines[idx], header_no)
+    n = len(devices)
+    col = {name: i for i, name in enumerate(devices)}
+    gpus = [d for d in devices if _GPU_RE.fullmatch(d)]
+    nics = [d for d in devices if d not in gpus]
+
+    matrix: dict[str, list[str]] = {}
+    trailing_by_gpu: dict[str, tuple[dict[str, str], int]] = {}
+    tab_rows = 0
+    idx += 1
+    while (
+        idx < len(lines)
+        and lines[idx].strip()
+        and not lines[idx].lstrip().startswith(("Legend", "NIC Legend"))
+    ):
+        lineno = idx + 1
+        cells, was_tab = _split_row(lines[idx])
+        tab_rows += was_tab
+        label = cells[0]
+        if label not in col:
+            raise _error(f"row {label!r} is not a column of the header", lineno)
+        if label in matrix:
+            raise _error(f"row {label} appears twice", lineno)
+        links = cells[1 : 1 + n]
+        if len(links) < n:
+            raise _error(f"row {label} has {len(links)} link cells, expected {n}", lineno)
+        for j, cell in enumerate(links):
+            if j == col[label]:
+                if cell != "X":
+                    raise _error(f"row {label}: diagonal cell is {cell!r}, expected X", lineno)
+            elif cell == "X" or not _LINK_RE.fullmatch(cell):
+                raise _error(f"row {label}, column {devices[j]}: {cell!r} is not a link kind", lineno)
+        matrix[label] = links
+        trailing = cells[1 + n :]
+        if label in gpus:
+            trailing_by_gpu[label] = (_trailing_values(trailing, labels, label, lineno), lineno)
+        elif any(trailing):
+            raise _error(
+                f"NIC row {label} has values beyond the matrix: {[c for c in trailing if c]}", lineno
+            )
+        idx += 1
+    missing = [d for d in devices if d not in matrix]
+    if missing:
+        raise _error(f"no row for {', '.join(missing)}", idx + 1 if idx < len(lines) else len(lines))
+
+    legend, nic_legend = _parse_legends(lines, idx, set(nics))
+
+    gpu_links: dict[tuple[str, str], str] = {}
+    gpu_nic_links: dict[tuple[str, str], str] = {}
+    nic_nic_links: dict[tuple[str, str], str] = {}
+    asymmetric: list[tuple[str, str]] = []
+    for i, a in enumerate(devices):
+        for b in devices[i + 1 :]:
+            ab, ba = matrix[a][col[b]], matrix[b][col[a]]
+            if ab != ba:
+                asymmetric.append((a, b))
+            if a in gpus and b in gpus:
+                gpu_links[(a, b)] = ab
+            elif a in gpus or b in gpus:
+                g, nic = (a, b) if a in gpus else (b, a)
+                gpu_nic_links[(g, nic)] = matrix[g][col[nic]]
+            else:
+                nic_nic_links[(a, b)] = ab
+    # Keep gpu->nic pairs in GPU order, then NIC column order.
+    gpu_nic_links = {(g, nic): gpu_nic_links[(g, nic)] for g in gpus for nic in nics}
+
+    cpu_affinity: dict[str, str | None] = {}
+    numa_affinity: dict[str, list[int] | None] = {}
+    gpu_numa: dict[str, int | None] | None = {} if GPU_NUMA_ID in labels else None
+    for g in gpus:
+        values, lineno = trailing_by_gpu[g]
+        cpu = values.get(CPU_AFFINITY) if CPU_AFFINITY in labels else None
+        if cpu is not None and cpu.upper() == "N/A":
+            cpu = None
+        if cpu:
+            try:
+                parse_cpu_list(cpu)
+            except ValueError:
+                raise _error(f"row {g}: CPU Affinity {cpu!r} is not a CPU list", lineno) from None
+        cpu_affinity[g] = cpu
+        numa_text = values.get(NUMA_AFFINITY, "")
+        if not numa_text or numa_text.upper() == "N/A":
+            numa_affinity[g] = None
+        else:
+            try:
+                numa_affinity[g] = parse_cpu_list(numa_text)
+            except ValueError:
+                raise _error(
+                    f"row {g}: NUMA Affinity {numa_text!r} is not a NUMA node list", lineno
+                ) from None
+        if gpu_numa is not None:
+            gid = values.get(GPU_NUMA_ID, "")
+            if not gid or gid.upper() == "N/A":
+                gpu_numa[g] = None
+            elif gid.isdigit():
+                gpu_numa[g] = int(gid)
+            else:
+                raise _error(f"row {g}: GPU NUMA ID {gid!r} is not a number", lineno)
+
+    return TopoMatrix(
+        gpus=tuple(gpus),
+        nics=tuple(nics),
+        nic_legend=nic_legend,
+        gpu_links=gpu_links,
+        gpu_nic_links=gpu_nic_links,
+        nic_nic_links=nic_nic_links,
+        cpu_affinity=cpu_affinity,
+        numa_affinity=numa_affinity,
+        gpu_numa_id=gpu_numa,
+        legend=legend,
+        layout="tab" if tab_rows else "space",
+        asymmetric_pairs=tuple(asymmetric),
+    )
+
+
+def _parse_legends(lines: list[str], idx: int, nics: set[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Read the optional ``Legend:`` and ``NIC Legend:`` blocks after the matrix (from line index ``idx``)."""
+    legend: dict[str, str] = {}
+    nic_legend: dict[str, str] = {}
+    block: str | None = None
+    for i in range(idx, len(lines)):
+        raw = lines[i]
+        stripped = raw.strip()
+        if not stripped:
+            continue
+        lineno = i + 1
+        if stripped == "Legend:":
+            block = "legend"
+            continue
+        if stripped == "NIC Legend:":
+            block = "nic"
+            continue
+        if block == "legend":
+            m = _LEGEND_ENTRY_RE.fullmatch(raw)
+            if m:
+                legend[m.group(1)] = m.group(2)
+            # Free text inside the legend (a wrapped description) is tolerated.
+            continue
+        if block == "nic":
+            m = _NIC_LEGEND_RE.fullmatch(raw)
+            if not m:
+                raise _error(f"NIC Legend entry {stripped!r} is not 'NICn: name'", lineno)
+            if m.group(1) not in nics:
+                raise _error(f"NIC Legend names {m.group(1)}, which is not a NIC column", lineno)
+            nic_legend[m.group(1)] = m.group(2)
+            continue
+        raise _error(f"unexpected line after the matrix: {stripped[:60]!r}", lineno)
+    return legend, nic_legend
