@@ -61,7 +61,7 @@ TARGET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+/:@-]{0,199}$"
 
 class FieldError(ValueError):
     """A model-level check that names the field at fault (``field`` is a dotted suffix of the model's
-    path). :func:`_invalid_input` appends it to the location pydantic reports."""
+    path). :func:`as_invalid_input` appends it to the location pydantic reports."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
@@ -338,7 +338,7 @@ def _path(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc)
 
 
-def _invalid_input(error: ValidationError, what: str) -> InvalidInput:
+def as_invalid_input(error: ValidationError, what: str) -> InvalidInput:
     """The first validation error as :class:`InvalidInput` naming the field; all errors in details."""
     problems: list[dict[str, str]] = []
     for item in error.errors(include_url=False):
@@ -383,7 +383,7 @@ def load_fleet(data: dict[str, Any]) -> PlacementFleet:
     try:
         return PlacementFleet.model_validate(data)
     except ValidationError as error:
-        raise _invalid_input(error, "fleet") from None
+        raise as_invalid_input(error, "fleet") from None
 
 
 def load_request(data: dict[str, Any]) -> PlacementRequestDoc:
@@ -396,7 +396,7 @@ def load_request(data: dict[str, Any]) -> PlacementRequestDoc:
     try:
         return PlacementRequestDoc.model_validate(data)
     except ValidationError as error:
-        raise _invalid_input(error, "request") from None
+        raise as_invalid_input(error, "request") from None
 
 
 def plain_number(value: float | int) -> float | int:
