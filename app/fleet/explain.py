@@ -828,3 +828,40 @@ def render_text(explanation: Explanation) -> str:
         )
         lines.extend(f"    - {reason}" for reason in rejection.reasons)
     return "\n".join(lines) + "\n"
+
+
+def explain_documents(
+    fleet: Any,
+    request: Any,
+    now: datetime,
+    max_age_seconds: int = DEFAULT_MAX_AGE_SECONDS,
+    estimate: Any = None,
+) -> dict[str, Any]:
+    """Explain from parsed JSON documents (the HTTP body's ``fleet``, ``request``, ``estimate``) to the
+    ``vq.placement-explanation/1`` object. Raises :class:`InvalidInput` whose path is prefixed with the
+    document, e.g. ``fleet.targets.3.node.cpus``."""
+    from app.fleet.documents import load_fleet, load_request
+    from app.fleet.estimate import load_estimate
+
+    loaded: dict[str, Any] = {}
+    loaders: list[tuple[str, Any, Callable[[Any], Any]]] = [
+        ("fleet", fleet, load_fleet),
+        ("request", request, load_request),
+    ]
+    if estimate is not None:
+        loaders.append(("estimate", estimate, load_estimate))
+    for what, data, loader in loaders:
+        try:
+            loaded[what] = loader(data)
+        except InvalidInput as error:
+            path = f"{what}.{error.path}" if error.path else what
+            details = {**error.details, "path": path}
+            raise InvalidInput(error.message, path=path, details=details) from None
+    explanation = explain_placement(
+        loaded["fleet"],
+        loaded["request"],
+        now,
+        max_age_seconds=max_age_seconds,
+        estimate=loaded.get("estimate"),
+    )
+    return to_json(explanation)
