@@ -1,0 +1,39 @@
+"""Health and metrics (no key needed)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from app.api.deps import Services, services
+from app.errors import AppError
+
+router = APIRouter(tags=["health"])
+
+
+class NotReady(AppError):
+    code = "NOT_READY"
+    status = 503
+
+
+@router.get("/healthz", operation_id="healthz")
+async def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", operation_id="readyz")
+async def readyz(svc: Services = Depends(services)) -> dict[str, str]:
+    """The database answers."""
+    try:
+        async with svc.engine.connect() as conn:
+            await conn.exec_driver_sql("SELECT 1")
+    except Exception as exc:  # any failure to reach the database means not ready
+        raise NotReady(f"database unavailable: {type(exc).__name__}") from exc
+    return {"status": "ready"}
+
+
+@router.get("/metrics", operation_id="metrics", response_class=Response)
+async def metrics() -> Response:
+    """Prometheus metrics."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,62 @@
+"""IAM routes: create and revoke API keys."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.api.deps import Principal, Services, current_principal, services
+from app.api.errors import responses
+from app.db.tx import in_transaction
+from app.iam.authorize import Grant, authorize
+from app.iam.service import create_api_key, revoke_api_key
+
+router = APIRouter(tags=["iam"])
+
+
+class GrantBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action: str = Field(min_length=1, max_length=128)
+    resource: str = Field(min_length=1, max_length=256)
+
+
+class ApiKeyCreate(BaseModel):
+    """``{principal, tenantId?, grants: [{action, resource}]}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    principal: str = Field(min_length=1, max_length=128)
+    tenantId: str | None = Field(default=None, min_length=1, max_length=128)
+    grants: list[GrantBody] = Field(default_factory=list, max_length=256)
+
+
+class ApiKeyCreated(BaseModel):
+    """The new key, shown once."""
+
+    id: str
+    key: str
+    principal: str
+    tenantId: str | None
+
+
+@router.post(
+    "/v1/api-keys", status_code=201, response_model=ApiKeyCreated, responses=responses(401, 403, 422),
+    operation_id="createApiKey",
+)
+async def create_key(
+    body: ApiKeyCreate, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+) -> ApiKeyCreated:
+    authorize(principal, "compute:iam:admin", "*")
+    key_id, key = await in_transaction(
+        svc.engine, create_api_key, body.principal, body.tenantId, [Grant(g.action, g.resource) for g in body.grants]
+    )
+    return ApiKeyCreated(id=key_id, key=key, principal=body.principal, tenantId=body.tenantId)
+
+
+@router.delete(
+    "/v1/api-keys/{key_id}", status_code=204, responses=responses(401, 403, 404), operation_id="revokeApiKey"
+)
+async def revoke_key(
+    key_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+) -> None:
+    authorize(principal, "compute:iam:admin", "*")
+    await in_transaction(svc.engine, revoke_api_key, key_id)

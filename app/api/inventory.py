@@ -1,0 +1,134 @@
+"""Inventory routes: pools, nodes, node import from nvidia-smi, cordon, taints, labels, health."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+
+from app.api.deps import Principal, Services, current_principal, services
+from app.api.errors import responses
+from app.db.tx import in_transaction, read_only
+from app.iam.authorize import authorize, is_allowed
+from app.inventory import service as inventory
+from app.inventory.schemas import HealthBody, LabelsBody, NodeCreate, NodeImport, PoolCreate, TaintsBody
+
+router = APIRouter(tags=["inventory"])
+WRITE, READ = "compute:inventory:write", "compute:inventory:read"
+
+
+async def _node_pool(svc: Services, node_id: str) -> str:
+    return await read_only(svc.engine, inventory.node_pool_id, node_id)
+
+
+@router.post("/v1/pools", status_code=201, responses=responses(401, 403, 409, 422), operation_id="createPool")
+async def create_pool(
+    body: PoolCreate, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+) -> dict[str, Any]:
+    authorize(principal, WRITE, "*")
+    return await in_transaction(svc.engine, inventory.create_pool, body.name)
+
+
+@router.get("/v1/pools", responses=responses(401), operation_id="listPools")
+async def list_pools(
+    principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+) -> dict[str, list[dict[str, Any]]]:
+    pools = await read_only(svc.engine, inventory.list_pools)
+    visible = [
+        p
+        for p in pools
+        if is_allowed(principal, READ, f"pool:{p['id']}") or is_allowed(principal, "compute:capacity:read", f"pool:{p['id']}")
+    ]
+    return {"items": visible}
+
+
+@router.get("/v1/pools/{pool_id}", responses=responses(401, 403, 404), operation_id="getPool")
+async def get_pool(
+    pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+) -> dict[str, Any]:
+    if not is_allowed(principal, "compute:capacity:read", f"pool:{pool_id}"):
+        authorize(principal, READ, f"pool:{pool_id}")
+    return await read_only(svc.engine, inventory.get_pool, pool_id)
+
+
+@router.post("/v1/pools/{pool_id}/archive", responses=responses(401, 403, 404), operation_id="archivePool")
+async def archive_pool(
+    pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+) -> dict[str, Any]:
+    authorize(principal, WRITE, f"pool:{pool_id}")
+    return await in_transaction(svc.engine, inventory.archive_pool, pool_id)
+
+
+@router.post(
+    "/v1/pools/{pool_id}/nodes", status_code=201, responses=responses(401, 403, 404, 409, 422),
+    operation_id="createNode",
+)
+async def create_node(
+    pool_id: str, body: NodeCreate, principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    authorize(principal, WRITE, f"pool:{pool_id}")
+    return await in_transaction(svc.engine, inventory.add_node, pool_id, body)
+
+
+@router.post(
+    "/v1/pools/{pool_id}/nodes/import", status_code=201, responses=responses(401, 403, 404, 409, 422),
+    operation_id="importNode",
+)
+async def import_node(
+    pool_id: str, body: NodeImport, principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    authorize(principal, WRITE, f"pool:{pool_id}")
+    return await in_transaction(svc.engine, inventory.import_node, pool_id, body)
+
+
+@router.get("/v1/nodes/{node_id}", responses=responses(401, 403, 404), operation_id="getNode")
+async def get_node(
+    node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+) -> dict[str, Any]:
+    authorize(principal, READ, f"pool:{await _node_pool(svc, node_id)}")
+    return await read_only(svc.engine, inventory.get_node, node_id)
+
+
+@router.post("/v1/nodes/{node_id}/cordon", responses=responses(401, 403, 404), operation_id="cordonNode")
+async def cordon(
+    node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+) -> dict[str, Any]:
+    authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
+    return await in_transaction(svc.engine, inventory.set_cordon, node_id, True)
+
+
+@router.post("/v1/nodes/{node_id}/uncordon", responses=responses(401, 403, 404), operation_id="uncordonNode")
+async def uncordon(
+    node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+) -> dict[str, Any]:
+    authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
+    return await in_transaction(svc.engine, inventory.set_cordon, node_id, False)
+
+
+@router.put("/v1/nodes/{node_id}/taints", responses=responses(401, 403, 404, 422), operation_id="setNodeTaints")
+async def set_taints(
+    node_id: str, body: TaintsBody, principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
+    return await in_transaction(svc.engine, inventory.set_taints, node_id, body.taints)
+
+
+@router.put("/v1/nodes/{node_id}/labels", responses=responses(401, 403, 404, 422), operation_id="setNodeLabels")
+async def set_labels(
+    node_id: str, body: LabelsBody, principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
+    return await in_transaction(svc.engine, inventory.set_labels, node_id, body.labels)
+
+
+@router.post("/v1/nodes/{node_id}/health", responses=responses(401, 403, 404, 422), operation_id="setNodeHealth")
+async def set_health(
+    node_id: str, body: HealthBody, principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
+    return await in_transaction(svc.engine, inventory.set_health, node_id, body)

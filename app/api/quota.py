@@ -1,0 +1,69 @@
+"""Quota routes: set and read a tenant's limits in a pool."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.api.deps import Principal, Services, current_principal, services
+from app.api.errors import responses
+from app.capacity.snapshot import read_pool_head
+from app.db.tx import in_transaction, read_only
+from app.iam.authorize import authorize
+from app.jsonnum import num
+from app.quota import service as quota
+
+router = APIRouter(tags=["quota"])
+TENANT = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class QuotaBody(BaseModel):
+    """``{limits: {gpu: 16, cpu: 256}}``: resource (device class or scalar) -> limit."""
+
+    model_config = ConfigDict(extra="forbid")
+    limits: dict[
+        Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)],
+        Annotated[Decimal, Field(ge=0, max_digits=24, decimal_places=6, allow_inf_nan=False)],
+    ]
+
+
+async def _set(conn: Any, tenant_id: str, pool_id: str, limits: dict[str, Decimal]) -> dict[str, Any]:
+    await read_pool_head(conn, pool_id)
+    await quota.set_limits(conn, tenant_id, pool_id, limits)
+    return await _get(conn, tenant_id, pool_id)
+
+
+async def _get(conn: Any, tenant_id: str, pool_id: str) -> dict[str, Any]:
+    await read_pool_head(conn, pool_id)
+    state = await quota.get_quota(conn, tenant_id, pool_id)
+    return {
+        "tenantId": tenant_id,
+        "poolId": pool_id,
+        "limits": {r: num(v["limit"]) for r, v in state.items() if v["limit"] is not None},
+        "used": {r: num(v["used"]) for r, v in state.items()},
+    }
+
+
+@router.put(
+    "/v1/tenants/{tenant_id}/quotas/{pool_id}", responses=responses(401, 403, 404, 422), operation_id="setQuota"
+)
+async def set_quota(
+    tenant_id: Annotated[str, Field(pattern=TENANT, max_length=128)],
+    pool_id: str,
+    body: QuotaBody,
+    principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    authorize(principal, "compute:quota:write", f"pool:{pool_id}")
+    return await in_transaction(svc.engine, _set, tenant_id, pool_id, dict(body.limits))
+
+
+@router.get("/v1/tenants/{tenant_id}/quotas/{pool_id}", responses=responses(401, 403, 404), operation_id="getQuota")
+async def get_quota(
+    tenant_id: str, pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+) -> dict[str, Any]:
+    authorize(principal, "compute:reservations:read", f"tenant:{tenant_id}")
+    return await read_only(svc.engine, _get, tenant_id, pool_id)

@@ -1,0 +1,226 @@
+"""The guarded commit of one planned node (seed 000, "Commit and lock order").
+
+Inside ``SAVEPOINT capacity_place_<attempt>`` every statement re-checks what the plan assumed and
+answers with fewer rows instead of raising:
+
+1. the node is still schedulable for the tenant (``FOR SHARE OF n``) and still carries the labels the
+   request asks for (re-read under that lock: a label that went away is a lost race, seed 000
+   nodeLabels paragraph);
+2. the picked atoms are still healthy and bookable (``FOR SHARE``);
+3. the bookings insert with ``ON CONFLICT DO NOTHING RETURNING``: fewer rows = booked meanwhile;
+4. each scalar ``UPDATE ... WHERE allocated + n <= floor(allocatable * ratio) RETURNING``: no row = ran out;
+5. the allocation row, then the pool rollup delta.
+
+A short answer rolls back to the savepoint and returns a :class:`LostRace` with one of the four reasons;
+the placer excludes the node and replans. Under READ COMMITTED two conflicting booking inserts may also
+end in a deadlock (40P01) or an exclusion violation (23P01) instead of DO NOTHING: both are the same lost
+race, never a 500 (DESIGN.md, "Concurrency facts"). Lock order: nodes -> devices -> node_resources ->
+pool_capacity_rollup (quota_usage and pools are taken by the caller before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.capacity.predicates import schedulable_sql_tolerating
+from app.capacity.snapshot import window
+from app.db.tables import allocations, device_bookings, devices, node_labels, node_resources, nodes, pool_capacity_rollup, pools
+from app.ids import new_id
+from app.placement.model import Candidate, PlacementRequest
+
+LOST_RACE_SQLSTATES = frozenset({"40P01", "23P01"})  # deadlock detected, exclusion violation
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """The allocation written for a candidate: ``{id, nodeId, atoms, resources, start, end}``."""
+
+    allocation_id: str
+    node_id: str
+    atoms: tuple[str, ...]
+    resources: Mapping[str, Decimal]
+
+
+@dataclass(frozen=True, slots=True)
+class LostRace:
+    """The commit lost a race; ``reason`` is one of seed 000's four texts."""
+
+    node_id: str
+    reason: str
+
+
+def _sqlstate(exc: DBAPIError) -> str | None:
+    orig = exc.orig
+    return getattr(orig, "sqlstate", None) or getattr(getattr(orig, "__cause__", None), "sqlstate", None)
+
+
+def labels_hold(wanted: Mapping[str, str], have: Mapping[str, tuple[str, str]]) -> bool:
+    """Do the node's labels (key -> (value, source)) satisfy ``wanted`` (``'*'`` = any value)?
+    A ``bc.dev/`` label counts only when its source is ``system`` (seed 000)."""
+    for key, value in wanted.items():
+        got = have.get(key)
+        if got is None or (key.startswith("bc.dev/") and got[1] != "system"):
+            return False
+        if value != "*" and got[0] != value:
+            return False
+    return True
+
+
+async def commit_candidate(
+    conn: AsyncConnection,
+    request: PlacementRequest,
+    candidate: Candidate,
+    reservation_id: str,
+    attempt: int,
+    start: datetime,
+    end: datetime,
+) -> Committed | LostRace:
+    """Write ``candidate`` for ``request`` inside ``SAVEPOINT capacity_place_<attempt>``.
+
+    Returns :class:`Committed` (savepoint released) or :class:`LostRace` (rolled back to the savepoint,
+    nothing written). Raises only for errors that are not lost races.
+    """
+    savepoint = f"capacity_place_{int(attempt)}"
+    await conn.exec_driver_sql(f"SAVEPOINT {savepoint}")
+    try:
+        outcome = await _guarded_writes(conn, request, candidate, reservation_id, start, end)
+    except DBAPIError as exc:
+        if _sqlstate(exc) not in LOST_RACE_SQLSTATES:
+            raise
+        outcome = LostRace(candidate.node_id, f"an atom on {candidate.node_name} was booked concurrently")
+    if isinstance(outcome, LostRace):
+        await conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {savepoint}")
+    await conn.exec_driver_sql(f"RELEASE SAVEPOINT {savepoint}")
+    return outcome
+
+
+async def _guarded_writes(
+    conn: AsyncConnection,
+    request: PlacementRequest,
+    candidate: Candidate,
+    reservation_id: str,
+    start: datetime,
+    end: datetime,
+) -> Committed | LostRace:
+    node, name = candidate.node_id, candidate.node_name
+    # SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
+    #  WHERE n.id = :node AND n.pool_id = :pool AND <schedulable for tenant> FOR SHARE OF n
+    still = (
+        await conn.execute(
+            sa.select(nodes.c.id)
+            .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
+            .where(nodes.c.id == node, nodes.c.pool_id == request.pool_id, schedulable_sql_tolerating(request.tenant_id))
+            .with_for_update(read=True, of=nodes)
+        )
+    ).first()
+    if still is None:
+        return LostRace(node, f"{name} is no longer schedulable")
+    if request.node_labels:
+        # the locked node's labels again: one that went away since the plan is a lost race
+        have = {
+            r.key: (r.value, r.source)
+            for r in (
+                await conn.execute(
+                    sa.select(node_labels.c.key, node_labels.c.value, node_labels.c.source).where(
+                        node_labels.c.node_id == node, node_labels.c.key.in_(list(request.node_labels))
+                    )
+                )
+            ).all()
+        }
+        if not labels_hold(request.node_labels, have):
+            return LostRace(node, f"{name} is no longer schedulable")
+
+    atoms = list(candidate.atoms)
+    classes: dict[str, Decimal] = {}
+    if atoms:
+        # SELECT id, class FROM devices WHERE id = ANY(:atoms) AND node_id = :node
+        #   AND healthy AND bookable ORDER BY id FOR SHARE
+        healthy = (
+            await conn.execute(
+                sa.select(devices.c.id, devices.c["class"])
+                .where(devices.c.id.in_(atoms), devices.c.node_id == node, devices.c.healthy, devices.c.bookable)
+                .order_by(devices.c.id)
+                .with_for_update(read=True)
+            )
+        ).all()
+        if len(healthy) != len(atoms):
+            return LostRace(node, f"an atom on {name} turned unhealthy or unbookable")
+        for r in healthy:
+            classes[r[1]] = classes.get(r[1], Decimal(0)) + 1
+
+    allocation_id = new_id("alloc")
+    during = window(start, end)
+    await conn.execute(
+        sa.insert(allocations).values(
+            id=allocation_id,
+            reservation_id=reservation_id,
+            pool_id=request.pool_id,
+            node_id=node,
+            atoms=atoms,
+            resources={k: str(v) for k, v in candidate.resources.items()},
+            during=during,
+        )
+    )
+    if atoms:
+        # INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
+        #   SELECT pk, id, :pool, :alloc, tstzrange(:start, :end, '[)') FROM devices WHERE id = ANY(:atoms)
+        #   ON CONFLICT DO NOTHING RETURNING device_id                  -- fewer rows: booked meanwhile
+        source = sa.select(
+            devices.c.pk,
+            devices.c.id,
+            sa.literal(request.pool_id, sa.Text),
+            sa.literal(allocation_id, sa.Text),
+            sa.literal(during, device_bookings.c.during.type),
+        ).where(devices.c.id.in_(atoms))
+        booked = (
+            await conn.execute(
+                pg_insert(device_bookings)
+                .from_select(["device_pk", "device_id", "pool_id", "allocation_id", "during"], source)
+                .on_conflict_do_nothing()
+                .returning(device_bookings.c.device_id)
+            )
+        ).all()
+        if len(booked) != len(atoms):
+            return LostRace(node, f"an atom on {name} was booked concurrently")
+
+    for resource, n in sorted(candidate.resources.items()):
+        # UPDATE node_resources SET allocated = allocated + :n
+        #  WHERE node_id = :node AND resource = :r AND allocated + :n <= floor(allocatable * ratio)
+        #  RETURNING allocated                                          -- no row: ran out
+        row = (
+            await conn.execute(
+                sa.update(node_resources)
+                .where(
+                    node_resources.c.node_id == node,
+                    node_resources.c.resource == resource,
+                    node_resources.c.allocated + n <= sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
+                )
+                .values(allocated=node_resources.c.allocated + n)
+                .returning(node_resources.c.allocated)
+            )
+        ).first()
+        if row is None:
+            return LostRace(node, f"{resource} on {name} ran out")
+
+    await apply_rollup_delta(conn, request.pool_id, {**classes, **dict(candidate.resources)}, sign=1)
+    return Committed(allocation_id, node, tuple(atoms), dict(candidate.resources))
+
+
+async def apply_rollup_delta(
+    conn: AsyncConnection, pool_id: str, amounts: Mapping[str, Decimal], sign: int
+) -> None:
+    """``UPDATE pool_capacity_rollup SET allocated = allocated +/- n`` per resource, in sorted order."""
+    for resource, n in sorted(amounts.items()):
+        await conn.execute(
+            sa.update(pool_capacity_rollup)
+            .where(pool_capacity_rollup.c.pool_id == pool_id, pool_capacity_rollup.c.resource == resource)
+            .values(allocated=sa.func.greatest(pool_capacity_rollup.c.allocated + sign * Decimal(n), 0))
+        )

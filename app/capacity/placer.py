@@ -1,0 +1,96 @@
+"""The inline placer (seed 000, "Two placers", "Commit and lock order").
+
+Plan on plain reads, take the pool row lock (``FOR SHARE``) right before the first commit, commit the
+chosen candidate with guarded statements inside ``SAVEPOINT capacity_place_<attempt>``; a lost race
+excludes that node and replans on fresh reads, at most ``max_attempts`` times. The critical section is
+the commit alone. The caller has charged quota already (lock order: quota_usage -> pools -> ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.capacity.commit import Committed, LostRace, commit_candidate
+from app.capacity.snapshot import PoolCache, read_snapshot
+from app.inventory.service import lock_pool
+from app.placement.model import Plan, PlacementRequest, Rejections
+from app.placement.options import SchedulerOptions
+from app.placement.pipeline import plan_placement
+
+POOL_ARCHIVED_REASON = "the pool is archived"
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Placed: the allocations written in the caller's transaction."""
+
+    allocations: tuple[Committed, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Nothing fit (or every attempt lost a race): the Unschedulable reason."""
+
+    reason: str
+
+
+def plan_seed(reservation_id: str, attempt: int) -> int:
+    """The seeded random of the topN pick: derived from the reservation id, so a placement replays."""
+    digest = hashlib.sha256(f"{reservation_id}:{attempt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+async def place_inline(
+    conn: AsyncConnection,
+    cache: PoolCache,
+    request: PlacementRequest,
+    reservation_id: str,
+    options: SchedulerOptions,
+    max_attempts: int,
+) -> Placed | Pending:
+    """Place ``request`` now, inside the caller's open transaction.
+
+    Returns :class:`Placed` with the allocation written, or :class:`Pending` with the reason: the
+    pending summary of the last plan, ``the pool is archived``, or ``Unschedulable after <n>
+    conflicting attempts: <reason>; ...`` when every attempt lost a race.
+    """
+    assert request.start is not None and request.end is not None
+    lost: list[LostRace] = []
+    pool_locked = False
+    for attempt in range(1, max_attempts + 1):
+        head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end)
+        if head.archived:
+            return Pending(POOL_ARCHIVED_REASON)
+        attempt_options = replace(
+            options,
+            seed=plan_seed(reservation_id, attempt),
+            excluded_nodes=frozenset(r.node_id for r in lost),
+            exclusion_reasons={r.node_id: r.reason for r in lost},
+        )
+        plan = plan_placement(request, snapshot, attempt_options)
+        if isinstance(plan, Rejections):
+            return Pending(plan.summary)
+        assert isinstance(plan, Plan)
+        if not pool_locked:
+            # SELECT ... FROM pools WHERE id = :pool FOR SHARE  -- archive (FOR UPDATE) waits for us
+            pool = await lock_pool(conn, request.pool_id, for_update=False)
+            pool_locked = True
+            if pool.archived_at is not None:
+                return Pending(POOL_ARCHIVED_REASON)
+        outcome = await commit_candidate(
+            conn, request, plan.chosen, reservation_id, attempt, request.start, request.end
+        )
+        if isinstance(outcome, Committed):
+            return Placed((outcome,))
+        lost.append(outcome)
+    reasons = "; ".join(r.reason for r in lost)
+    return Pending(f"Unschedulable after {len(lost)} conflicting attempts: {reasons}")
+
+
+async def db_now(conn: AsyncConnection) -> datetime:
+    """The database clock (``SELECT now()``): the default start of a request."""
+    return (await conn.exec_driver_sql("SELECT now()")).scalar_one()

@@ -1,0 +1,320 @@
+"""Reservations service: create (idempotent), get, list, release, and preview (seed 000).
+
+create: one transaction. The reservation row is inserted first with ``ON CONFLICT (tenant_id,
+idempotency_key) DO NOTHING``: concurrent creates with one key queue on that index entry, and the
+losers read the winner's row (same body -> the same reservation; another body -> 409
+IDEMPOTENCY_KEY_REUSED). Then quota is charged (guarded UPDATE, 409 QUOTA_EXCEEDED rolls everything
+back), then the inline placer plans and commits. A request that cannot be placed is stored ``pending``
+with its Unschedulable condition (reason ``NoFit``) and its quota is refunded in the same transaction:
+quota usage always equals the tenant's placed reservations.
+
+release: locks the reservation row, refunds quota first, then frees bookings and scalars (lock order
+quota_usage -> pools -> nodes -> devices -> node_resources -> pool_capacity_rollup).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.capacity.commit import apply_rollup_delta
+from app.capacity.placer import Pending, Placed, db_now, place_inline
+from app.capacity.snapshot import PoolCache, read_snapshot
+from app.db.tables import allocations, device_bookings, devices, node_resources, reservations
+from app.errors import IdempotencyKeyReused, NotFound
+from app.ids import new_id
+from app.jsonnum import num
+from app.placement.model import Plan, PlacementRequest
+from app.placement.options import SchedulerOptions
+from app.placement.pipeline import plan_placement
+from app.placement.request import ReservationRequest, to_placement_request
+from app.quota import service as quota
+
+PREVIEW_CANDIDATES = 10
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityConfig:
+    """What the capacity service needs from settings: scheduler options and ``max_attempts``."""
+
+    options: SchedulerOptions
+    max_attempts: int = 3
+
+
+def spec_hash(spec: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of a reservation spec (idempotent retries compare it)."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def quota_amounts(request: PlacementRequest) -> dict[str, Decimal]:
+    """What a request charges: atoms per device class and scalar amounts, times gang members."""
+    members = request.gang.members if request.gang else 1
+    amounts: dict[str, Decimal] = defaultdict(Decimal)
+    for d in request.devices:
+        amounts[d.device_class] += Decimal(d.count * members)
+    for name, n in request.resources.items():
+        amounts[name] += Decimal(n) * members
+    return dict(amounts)
+
+
+def _condition(reason: str) -> list[dict[str, Any]]:
+    return [{"type": "Unschedulable", "status": "True", "reason": "NoFit", "message": reason}]
+
+
+async def create_reservation(
+    engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
+) -> tuple[dict[str, Any], bool]:
+    """Create (or find, for an idempotent retry) a reservation; returns ``(view, created)``.
+
+    Raises NotFound (pool), QuotaExceeded, IdempotencyKeyReused; on any error nothing is written.
+    """
+    spec = body.spec()
+    digest = spec_hash(spec)
+    async with engine.begin() as conn:
+        await read_pool_exists(conn, body.poolId)
+        reservation_id = new_id("res")
+        inserted = (
+            await conn.execute(
+                pg_insert(reservations)
+                .values(
+                    id=reservation_id,
+                    tenant_id=body.tenantId,
+                    pool_id=body.poolId,
+                    status="pending",
+                    spec=spec,
+                    spec_hash=digest,
+                    idempotency_key=body.idempotencyKey,
+                )
+                .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+                .returning(reservations.c.id)
+            )
+        ).first()
+        if inserted is None:
+            existing = (
+                await conn.execute(
+                    sa.select(reservations).where(
+                        reservations.c.tenant_id == body.tenantId,
+                        reservations.c.idempotency_key == body.idempotencyKey,
+                    )
+                )
+            ).first()
+            assert existing is not None
+            if existing.spec_hash != digest:
+                raise IdempotencyKeyReused(
+                    f"idempotency key {body.idempotencyKey} was used with another body",
+                    {"idempotencyKey": body.idempotencyKey, "reservationId": existing.id},
+                )
+            return await _view(conn, existing), False
+
+        now = await db_now(conn)
+        request = to_placement_request(body, now)
+        amounts = quota_amounts(request)
+        await quota.charge(conn, body.tenantId, body.poolId, amounts)
+        outcome = await place_inline(conn, cache, request, reservation_id, config.options, config.max_attempts)
+        if isinstance(outcome, Placed):
+            await conn.execute(
+                sa.update(reservations)
+                .where(reservations.c.id == reservation_id)
+                .values(status="placed", conditions=[], updated_at=sa.func.now())
+            )
+        else:
+            assert isinstance(outcome, Pending)
+            await quota.refund(conn, body.tenantId, body.poolId, amounts)
+            await conn.execute(
+                sa.update(reservations)
+                .where(reservations.c.id == reservation_id)
+                .values(status="pending", conditions=_condition(outcome.reason), updated_at=sa.func.now())
+            )
+        row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).one()
+        return await _view(conn, row), True
+
+
+async def read_pool_exists(conn: AsyncConnection, pool_id: str) -> None:
+    """Raise NotFound unless the pool exists."""
+    from app.capacity.snapshot import read_pool_head
+
+    await read_pool_head(conn, pool_id)
+
+
+async def _allocations(conn: AsyncConnection, reservation_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    if not reservation_ids:
+        return out
+    rows = (
+        await conn.execute(
+            sa.select(allocations)
+            .where(allocations.c.reservation_id.in_(reservation_ids))
+            .order_by(allocations.c.created_at, allocations.c.id)
+        )
+    ).all()
+    for a in rows:
+        out[a.reservation_id].append(
+            {
+                "id": a.id,
+                "nodeId": a.node_id,
+                "atoms": list(a.atoms),
+                "resources": {k: num(Decimal(v)) for k, v in (a.resources or {}).items()},
+                "start": a.during.lower.isoformat(),
+                "end": a.during.upper.isoformat(),
+                "releasedAt": a.released_at.isoformat() if a.released_at else None,
+            }
+        )
+    return out
+
+
+def _shape(row: Any, allocs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "tenantId": row.tenant_id,
+        "poolId": row.pool_id,
+        "status": row.status,
+        "idempotencyKey": row.idempotency_key,
+        "spec": row.spec,
+        "allocations": allocs,
+        "conditions": row.conditions or [],
+        "createdAt": row.created_at.isoformat(),
+        "releasedAt": row.released_at.isoformat() if row.released_at else None,
+    }
+
+
+async def _view(conn: AsyncConnection, row: Any) -> dict[str, Any]:
+    allocs = await _allocations(conn, [row.id])
+    return _shape(row, allocs.get(row.id, []))
+
+
+async def get_reservation(conn: AsyncConnection, reservation_id: str, tenant_id: str | None) -> dict[str, Any]:
+    """The reservation view; another tenant's reservation (``tenant_id`` set) is NotFound, not 403."""
+    row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).first()
+    if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
+        raise NotFound(f"reservation {reservation_id} not found")
+    return await _view(conn, row)
+
+
+async def list_reservations(
+    conn: AsyncConnection, tenant_id: str | None, status: str | None, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Reservations newest first, filtered by tenant and status."""
+    stmt = sa.select(reservations).order_by(reservations.c.created_at.desc(), reservations.c.id.desc()).limit(limit)
+    if tenant_id is not None:
+        stmt = stmt.where(reservations.c.tenant_id == tenant_id)
+    if status is not None:
+        stmt = stmt.where(reservations.c.status == status)
+    rows = (await conn.execute(stmt)).all()
+    allocs = await _allocations(conn, [r.id for r in rows])
+    return [_shape(r, allocs.get(r.id, [])) for r in rows]
+
+
+async def reservation_tenant(conn: AsyncConnection, reservation_id: str) -> tuple[str, str] | None:
+    """``(tenant_id, pool_id)`` of a reservation, or None (for authorization before the service call)."""
+    row = (
+        await conn.execute(
+            sa.select(reservations.c.tenant_id, reservations.c.pool_id).where(reservations.c.id == reservation_id)
+        )
+    ).first()
+    return (row.tenant_id, row.pool_id) if row else None
+
+
+async def release_reservation(engine: AsyncEngine, reservation_id: str, tenant_id: str | None) -> dict[str, Any]:
+    """Release a reservation: refund quota, then free its bookings and scalars. Releasing twice is a
+    no-op that answers the released reservation. Another tenant's reservation is NotFound."""
+    async with engine.begin() as conn:
+        row = (
+            await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id).with_for_update())
+        ).first()
+        if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
+            raise NotFound(f"reservation {reservation_id} not found")
+        if row.status in ("released", "preempted"):
+            return await _view(conn, row)
+        if row.status == "placed":
+            body = ReservationRequest.model_validate({**row.spec, "idempotencyKey": row.idempotency_key})
+            request = to_placement_request(body, row.created_at)
+            await quota.refund(conn, row.tenant_id, row.pool_id, quota_amounts(request))
+            await free_allocations(conn, row.id, row.pool_id)
+        await conn.execute(
+            sa.update(reservations)
+            .where(reservations.c.id == reservation_id)
+            .values(status="released", released_at=sa.func.now(), updated_at=sa.func.now())
+        )
+        row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).one()
+        return await _view(conn, row)
+
+
+async def free_allocations(conn: AsyncConnection, reservation_id: str, pool_id: str) -> None:
+    """Free a reservation's live allocations: bookings, scalar ``allocated``, rollup (lock order)."""
+    live = (
+        await conn.execute(
+            sa.select(allocations)
+            .where(allocations.c.reservation_id == reservation_id, allocations.c.released_at.is_(None))
+            .order_by(allocations.c.node_id)
+        )
+    ).all()
+    if not live:
+        return
+    from app.inventory.service import lock_pool
+
+    await lock_pool(conn, pool_id, for_update=False)
+    delta: dict[str, Decimal] = defaultdict(Decimal)
+    for a in live:
+        classes = (
+            await conn.execute(
+                sa.select(devices.c["class"], sa.func.count())
+                .where(devices.c.id.in_(list(a.atoms)))
+                .group_by(devices.c["class"])
+            )
+        ).all()
+        for cls, count in classes:
+            delta[cls] += Decimal(count)
+        await conn.execute(sa.delete(device_bookings).where(device_bookings.c.allocation_id == a.id))
+        for resource, amount in sorted((a.resources or {}).items()):
+            n = Decimal(amount)
+            delta[resource] += n
+            await conn.execute(
+                sa.update(node_resources)
+                .where(node_resources.c.node_id == a.node_id, node_resources.c.resource == resource)
+                .values(allocated=sa.func.greatest(node_resources.c.allocated - n, 0))
+            )
+    await conn.execute(
+        sa.update(allocations)
+        .where(allocations.c.id.in_([a.id for a in live]))
+        .values(released_at=sa.func.now())
+    )
+    await apply_rollup_delta(conn, pool_id, delta, sign=-1)
+
+
+async def preview(
+    engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
+) -> dict[str, Any]:
+    """The pipeline without the commit: ``{fits, candidates: [{nodeId, atoms, score, scores}], reason?}``
+    with up to 10 candidates, best first. Checks neither quota nor writes anything."""
+    async with engine.connect() as conn:
+        now = await db_now(conn)
+        request = to_placement_request(body, now)
+        assert request.start is not None and request.end is not None
+        head, snapshot = await read_snapshot(conn, cache, body.poolId, request.start, request.end)
+    if head.archived:
+        return {"fits": False, "candidates": [], "reason": "the pool is archived"}
+    plan = plan_placement(request, snapshot, config.options)
+    if not isinstance(plan, Plan):
+        return {"fits": False, "candidates": [], "reason": plan.summary}
+    return {
+        "fits": True,
+        "candidates": [
+            {
+                "nodeId": c.node_id,
+                "nodeName": c.node_name,
+                "atoms": list(c.atoms),
+                "score": round(c.score, 6),
+                "scores": {k: round(v, 6) for k, v in c.scores.items()},
+            }
+            for c in plan.ranked[:PREVIEW_CANDIDATES]
+        ],
+    }

@@ -1,0 +1,242 @@
+"""Snapshot reads for the pipeline (DESIGN.md, "Performance architecture").
+
+The static part of a pool (nodes' names, labels, devices with attributes and NUMA nodes, links) is
+cached in process per pool and ``pools.inventory_version``; every inventory change bumps the version in
+its own transaction, so a request that reads a newer version reloads, and replicas stay correct. The
+volatile part (NoSchedule reasons, unhealthy or unbookable atoms, bookings overlapping the window,
+allocated scalars) is read per request with narrow indexed queries. All reads here are plain reads
+(no locks): plans are made on them and the guarded commit re-checks what they assumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import Range
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.db.tables import capacity_device_links, device_bookings, devices, node_labels, node_resources, nodes, pools
+from app.errors import NotFound
+from app.placement.model import Atom, NodeInventory, NodeSnapshot, NodeState, PoolSnapshot, ScalarResource
+
+
+@dataclass(frozen=True, slots=True)
+class PoolHead:
+    """The pool row as a request sees it: id, archived flag, inventory version."""
+
+    id: str
+    archived: bool
+    inventory_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolInventory:
+    """The cached static part of one pool at one inventory version: node id -> NodeInventory."""
+
+    version: int
+    nodes: dict[str, NodeInventory]
+    order: tuple[str, ...]
+
+
+class PoolCache:
+    """In-process cache of each pool's static inventory, keyed by pool id and inventory version.
+
+    One per process; safe under asyncio (a per-pool lock makes concurrent misses load once).
+    """
+
+    def __init__(self) -> None:
+        self._pools: dict[str, PoolInventory] = {}
+        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.loads = 0  # how many times a pool's static part was read (tests and benchmarks look)
+
+    async def inventory(self, conn: AsyncConnection, head: PoolHead) -> PoolInventory:
+        """The static inventory of ``head.id`` at ``head.inventory_version`` (or newer)."""
+        cached = self._pools.get(head.id)
+        if cached is not None and cached.version >= head.inventory_version:
+            return cached
+        async with self._locks[head.id]:
+            cached = self._pools.get(head.id)
+            if cached is not None and cached.version >= head.inventory_version:
+                return cached
+            loaded = await load_pool_inventory(conn, head.id)
+            self.loads += 1
+            self._pools[head.id] = loaded
+            return loaded
+
+    def clear(self) -> None:
+        """Forget every pool (tests)."""
+        self._pools.clear()
+
+
+async def read_pool_head(conn: AsyncConnection, pool_id: str) -> PoolHead:
+    """``SELECT id, archived_at, inventory_version FROM pools WHERE id = :pool``; NotFound if absent."""
+    row = (
+        await conn.execute(
+            sa.select(pools.c.id, pools.c.archived_at, pools.c.inventory_version).where(pools.c.id == pool_id)
+        )
+    ).first()
+    if row is None:
+        raise NotFound(f"pool {pool_id} not found")
+    return PoolHead(row.id, row.archived_at is not None, row.inventory_version)
+
+
+async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInventory:
+    """Read the whole static part of a pool (nodes, labels, devices, links) in four queries.
+
+    The version is read first, so a change committed during the load makes the next request reload.
+    """
+    version = (
+        await conn.execute(sa.select(pools.c.inventory_version).where(pools.c.id == pool_id))
+    ).scalar_one()
+    node_rows = (
+        await conn.execute(
+            sa.select(nodes.c.id, nodes.c.name).where(nodes.c.pool_id == pool_id).order_by(nodes.c.id)
+        )
+    ).all()
+    labels: dict[str, dict[str, str]] = defaultdict(dict)
+    sources: dict[str, dict[str, str]] = defaultdict(dict)
+    for r in (
+        await conn.execute(
+            sa.select(node_labels.c.node_id, node_labels.c.key, node_labels.c.value, node_labels.c.source)
+            .join(nodes, nodes.c.id == node_labels.c.node_id)
+            .where(nodes.c.pool_id == pool_id)
+        )
+    ).all():
+        labels[r.node_id][r.key] = r.value
+        sources[r.node_id][r.key] = r.source
+    atoms: dict[str, list[Atom]] = defaultdict(list)
+    for r in (
+        await conn.execute(
+            sa.select(
+                devices.c.node_id,
+                devices.c.id,
+                devices.c["class"],
+                devices.c.attributes,
+                devices.c.numa_node,
+                devices.c.parent_id,
+            )
+            .join(nodes, nodes.c.id == devices.c.node_id)
+            .where(nodes.c.pool_id == pool_id)
+            .order_by(devices.c.node_id, devices.c.ordinal, devices.c.id)
+        )
+    ).all():
+        atoms[r.node_id].append(Atom(r.id, r[2], r.attributes or {}, r.numa_node, r.parent_id))
+    links: dict[str, dict[tuple[str, str], str]] = defaultdict(dict)
+    for r in (
+        await conn.execute(
+            sa.select(capacity_device_links.c.node_id, capacity_device_links.c.a, capacity_device_links.c.b,
+                      capacity_device_links.c.link)
+            .join(nodes, nodes.c.id == capacity_device_links.c.node_id)
+            .where(nodes.c.pool_id == pool_id)
+        )
+    ).all():
+        links[r.node_id][(r.a, r.b)] = r.link
+    inventory = {
+        r.id: NodeInventory(
+            id=r.id,
+            name=r.name,
+            labels=dict(labels.get(r.id, {})),
+            label_sources=dict(sources.get(r.id, {})),
+            atoms=tuple(atoms.get(r.id, ())),
+            links=dict(links.get(r.id, {})),
+        )
+        for r in node_rows
+    }
+    return PoolInventory(version=version, nodes=inventory, order=tuple(r.id for r in node_rows))
+
+
+def window(start: datetime, end: datetime) -> Range[datetime]:
+    """The half-open booking window ``[start, end)``."""
+    return Range(start, end, bounds="[)")
+
+
+async def read_node_states(
+    conn: AsyncConnection,
+    pool_id: str,
+    start: datetime,
+    end: datetime,
+    node_ids: Iterable[str] | None = None,
+) -> dict[str, NodeState]:
+    """The volatile state of the pool's nodes (or of ``node_ids``) for the window ``[start, end)``."""
+    ids = list(node_ids) if node_ids is not None else None
+    node_filter: list[Any] = [nodes.c.pool_id == pool_id]
+    if ids is not None:
+        node_filter.append(nodes.c.id.in_(ids))
+    base_rows = (
+        await conn.execute(sa.select(nodes.c.id, nodes.c.no_schedule_reasons, nodes.c.leasable).where(*node_filter))
+    ).all()
+    # SELECT d.node_id, d.id FROM devices d JOIN nodes n ON n.id = d.node_id
+    #  WHERE n.pool_id = :pool AND NOT (d.healthy AND d.bookable)
+    unavailable: dict[str, set[str]] = defaultdict(set)
+    for r in (
+        await conn.execute(
+            sa.select(devices.c.node_id, devices.c.id)
+            .join(nodes, nodes.c.id == devices.c.node_id)
+            .where(*node_filter, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable)))
+        )
+    ).all():
+        unavailable[r.node_id].add(r.id)
+    # SELECT d.node_id, b.device_id FROM device_bookings b JOIN devices d ON d.pk = b.device_pk
+    #  WHERE b.pool_id = :pool AND b.during && tstzrange(:start, :end)
+    booked: dict[str, set[str]] = defaultdict(set)
+    booking_filter: list[Any] = [
+        device_bookings.c.pool_id == pool_id,
+        device_bookings.c.during.op("&&")(window(start, end)),
+    ]
+    if ids is not None:
+        booking_filter.append(devices.c.node_id.in_(ids))
+    for r in (
+        await conn.execute(
+            sa.select(devices.c.node_id, device_bookings.c.device_id)
+            .join(devices, devices.c.pk == device_bookings.c.device_pk)
+            .where(*booking_filter)
+        )
+    ).all():
+        booked[r.node_id].add(r.device_id)
+    resources: dict[str, dict[str, ScalarResource]] = defaultdict(dict)
+    for r in (
+        await conn.execute(
+            sa.select(node_resources.c.node_id, node_resources.c.resource, node_resources.c.allocatable,
+                      node_resources.c.ratio, node_resources.c.allocated)
+            .join(nodes, nodes.c.id == node_resources.c.node_id)
+            .where(*node_filter)
+        )
+    ).all():
+        resources[r.node_id][r.resource] = ScalarResource(r.allocatable, r.ratio, r.allocated)
+    return {
+        r.id: NodeState(
+            no_schedule_reasons=tuple(r.no_schedule_reasons),
+            leasable=r.leasable,
+            unavailable=frozenset(unavailable.get(r.id, ())),
+            booked=frozenset(booked.get(r.id, ())),
+            resources=resources.get(r.id, {}),
+        )
+        for r in base_rows
+    }
+
+
+async def read_snapshot(
+    conn: AsyncConnection,
+    cache: PoolCache,
+    pool_id: str,
+    start: datetime,
+    end: datetime,
+    node_ids: Iterable[str] | None = None,
+) -> tuple[PoolHead, PoolSnapshot]:
+    """The pool head and a :class:`PoolSnapshot` (whole pool, or ``node_ids``) for ``[start, end)``."""
+    head = await read_pool_head(conn, pool_id)
+    inventory = await cache.inventory(conn, head)
+    states = await read_node_states(conn, pool_id, start, end, node_ids)
+    order = inventory.order if node_ids is None else tuple(n for n in inventory.order if n in states)
+    snapshot_nodes = tuple(
+        NodeSnapshot(inventory.nodes[node_id], states[node_id])
+        for node_id in order
+        if node_id in states and node_id in inventory.nodes
+    )
+    return head, PoolSnapshot(id=pool_id, archived=head.archived, nodes=snapshot_nodes)

@@ -1,0 +1,88 @@
+"""IAM service: create and revoke API keys, resolve a presented key to a principal."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.db.tables import api_keys, grants, principals
+from app.errors import InvalidInput, NotFound, Unauthenticated
+from app.iam.authorize import ACTIONS, Grant, Principal
+from app.iam.keys import generate_key, hash_key, same_key
+from app.ids import new_id
+
+BOOTSTRAP_PRINCIPAL = Principal(id="principal_bootstrap", name="bootstrap-admin", grants=(Grant("*", "*"),))
+RESOURCE_PREFIXES = ("pool:", "tenant:")
+
+
+def validate_grants(items: list[Grant]) -> None:
+    """Refuse unknown actions and resources other than ``*``, ``pool:<id>``, ``tenant:<id>``.
+
+    Raises :class:`~app.errors.InvalidInput` with the path ``grants.<i>.action|resource``.
+    """
+    for i, g in enumerate(items):
+        if g.action != "*" and g.action not in ACTIONS and not g.action.endswith(":*"):
+            raise InvalidInput(f"unknown action {g.action!r}", path=f"grants.{i}.action")
+        if g.resource != "*" and not (
+            g.resource.startswith(RESOURCE_PREFIXES) and len(g.resource.split(":", 1)[1]) > 0
+        ):
+            raise InvalidInput(
+                "a resource is '*', 'pool:<id>' or 'tenant:<id>'", path=f"grants.{i}.resource"
+            )
+
+
+async def create_api_key(
+    conn: AsyncConnection, name: str, tenant_id: str | None, key_grants: list[Grant]
+) -> tuple[str, str]:
+    """Create a principal with ``key_grants`` and one key; returns ``(key_id, key)`` (key shown once)."""
+    validate_grants(key_grants)
+    principal_id = new_id("principal")
+    key_id = new_id("key")
+    key = generate_key()
+    await conn.execute(sa.insert(principals).values(id=principal_id, name=name, tenant_id=tenant_id))
+    if key_grants:
+        await conn.execute(
+            sa.insert(grants),
+            [{"principal_id": principal_id, "action": g.action, "resource": g.resource} for g in set(key_grants)],
+        )
+    await conn.execute(
+        sa.insert(api_keys).values(id=key_id, principal_id=principal_id, key_hash=hash_key(key))
+    )
+    return key_id, key
+
+
+async def revoke_api_key(conn: AsyncConnection, key_id: str) -> None:
+    """Revoke a key; raises :class:`~app.errors.NotFound` for an unknown or already revoked id."""
+    result = await conn.execute(
+        sa.update(api_keys)
+        .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+        .values(revoked_at=sa.func.now())
+        .returning(api_keys.c.id)
+    )
+    if result.first() is None:
+        raise NotFound(f"api key {key_id} not found")
+
+
+async def principal_for_key(conn: AsyncConnection, key: str, bootstrap_key: str | None) -> Principal:
+    """The principal behind ``key``; raises :class:`~app.errors.Unauthenticated` when unknown or revoked."""
+    if bootstrap_key and same_key(key, bootstrap_key):
+        return BOOTSTRAP_PRINCIPAL
+    # SELECT p.id, p.name, p.tenant_id, g.action, g.resource FROM api_keys k
+    #   JOIN principals p ON p.id = k.principal_id LEFT JOIN grants g ON g.principal_id = p.id
+    #  WHERE k.key_hash = :hash AND k.revoked_at IS NULL
+    rows = (
+        await conn.execute(
+            sa.select(principals.c.id, principals.c.name, principals.c.tenant_id, grants.c.action, grants.c.resource)
+            .select_from(
+                api_keys.join(principals, principals.c.id == api_keys.c.principal_id).outerjoin(
+                    grants, grants.c.principal_id == principals.c.id
+                )
+            )
+            .where(api_keys.c.key_hash == hash_key(key), api_keys.c.revoked_at.is_(None))
+        )
+    ).all()
+    if not rows:
+        raise Unauthenticated("unknown or revoked API key")
+    first = rows[0]
+    held = tuple(Grant(r.action, r.resource) for r in rows if r.action is not None)
+    return Principal(id=first.id, name=first.name, tenant_id=first.tenant_id, grants=held)

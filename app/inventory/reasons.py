@@ -1,0 +1,31 @@
+"""NoSchedule reasons of a node (DESIGN.md, "Filters", 1): kept in ``nodes.no_schedule_reasons`` in the
+same transaction as their cause, in this order: ``cordoned``, ``not ready``, ``heartbeat lost``, then
+``tainted <key>=<value>`` for each NoSchedule / NoExecute taint sorted by key and value."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+NO_SCHEDULE_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+DEDICATED = "dedicated"
+
+
+def taint_reason(key: str, value: str) -> str:
+    """``tainted <key>=<value>``; ``tainted dedicated=acme`` is tolerated by tenant acme only."""
+    return f"tainted {key}={value}"
+
+
+def no_schedule_reasons(
+    cordoned: bool, ready: bool, heartbeat_lost: bool, taints: Iterable[tuple[str, str, str]]
+) -> list[str]:
+    """The reasons for a node with these conditions and ``(key, value, effect)`` taints."""
+    reasons: list[str] = []
+    if cordoned:
+        reasons.append("cordoned")
+    if not ready:
+        reasons.append("not ready")
+    if heartbeat_lost:
+        reasons.append("heartbeat lost")
+    tainted = sorted({(k, v) for k, v, effect in taints if effect in NO_SCHEDULE_EFFECTS})
+    reasons.extend(taint_reason(k, v) for k, v in tainted)
+    return reasons

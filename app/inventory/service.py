@@ -1,0 +1,466 @@
+"""Inventory service: pools, nodes, devices, labels, taints, cordon, health, device links.
+
+Every change that alters a pool's static inventory (nodes, devices, links, labels) bumps
+``pools.inventory_version`` in the same transaction, so every replica's pool cache sees it on its next
+request. Lock order (seed 000): pools -> nodes -> devices -> node_resources -> pool_capacity_rollup.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.db.tables import (
+    capacity_device_links,
+    devices,
+    node_labels,
+    node_resources,
+    node_taints,
+    nodes,
+    pool_capacity_rollup,
+    pools,
+)
+from app.errors import Conflict, InvalidInput, NotFound
+from app.ids import new_id
+from app.inventory.reasons import no_schedule_reasons
+from app.inventory.schemas import (
+    DeviceBody,
+    HealthBody,
+    LinkBody,
+    NodeCreate,
+    NodeImport,
+    ResourceBody,
+    TaintBody,
+    jsonable_attributes,
+)
+from app.jsonnum import num
+
+SYSTEM_LABEL_PREFIX = "bc.dev/"
+
+
+def scalar_capacity(allocatable: Decimal, ratio: Decimal) -> Decimal:
+    """floor(allocatable x ratio) with exact Decimal arithmetic: 100 x 0.29 -> 29 (seed 000)."""
+    return Decimal(math.floor(Decimal(allocatable) * Decimal(ratio)))
+
+
+# --------------------------------------------------------------------------------------------- pools
+
+
+async def create_pool(conn: AsyncConnection, name: str) -> dict[str, Any]:
+    """Create a pool; raises :class:`~app.errors.Conflict` when the name is taken."""
+    pool_id = new_id("pool")
+    row = (
+        await conn.execute(
+            pg_insert(pools)
+            .values(id=pool_id, name=name)
+            .on_conflict_do_nothing(index_elements=["name"])
+            .returning(pools.c.id)
+        )
+    ).first()
+    if row is None:
+        raise Conflict(f"a pool named {name} exists", {"name": name})
+    return await get_pool(conn, pool_id)
+
+
+async def list_pools(conn: AsyncConnection) -> list[dict[str, Any]]:
+    """Every pool, oldest first, with node counts and capacity rollup."""
+    ids = (await conn.execute(sa.select(pools.c.id).order_by(pools.c.created_at, pools.c.id))).scalars().all()
+    return [await get_pool(conn, pool_id) for pool_id in ids]
+
+
+async def get_pool(conn: AsyncConnection, pool_id: str) -> dict[str, Any]:
+    """``{id, name, createdAt, archivedAt, nodeCount, capacity: {resource: {total, allocated}}}``."""
+    row = (await conn.execute(sa.select(pools).where(pools.c.id == pool_id))).first()
+    if row is None:
+        raise NotFound(f"pool {pool_id} not found")
+    count = (
+        await conn.execute(sa.select(sa.func.count()).select_from(nodes).where(nodes.c.pool_id == pool_id))
+    ).scalar_one()
+    rollup = (
+        await conn.execute(
+            sa.select(pool_capacity_rollup)
+            .where(pool_capacity_rollup.c.pool_id == pool_id)
+            .order_by(pool_capacity_rollup.c.resource)
+        )
+    ).all()
+    return {
+        "id": row.id,
+        "name": row.name,
+        "createdAt": row.created_at.isoformat(),
+        "archivedAt": row.archived_at.isoformat() if row.archived_at else None,
+        "nodeCount": count,
+        "capacity": {r.resource: {"total": num(r.total), "allocated": num(r.allocated)} for r in rollup},
+    }
+
+
+async def lock_pool(conn: AsyncConnection, pool_id: str, *, for_update: bool = True) -> Any:
+    """Lock the pool row (first in the lock order after quota) and return it; NotFound if absent."""
+    stmt = sa.select(pools).where(pools.c.id == pool_id)
+    stmt = stmt.with_for_update() if for_update else stmt.with_for_update(read=True)
+    row = (await conn.execute(stmt)).first()
+    if row is None:
+        raise NotFound(f"pool {pool_id} not found")
+    return row
+
+
+async def bump_inventory_version(conn: AsyncConnection, pool_id: str) -> None:
+    """``UPDATE pools SET inventory_version = inventory_version + 1`` (locks the pool row)."""
+    await conn.execute(
+        sa.update(pools).where(pools.c.id == pool_id).values(inventory_version=pools.c.inventory_version + 1)
+    )
+
+
+async def archive_pool(conn: AsyncConnection, pool_id: str) -> dict[str, Any]:
+    """Archive a pool: nothing new is placed in it; existing reservations stay until released."""
+    await lock_pool(conn, pool_id)
+    await conn.execute(
+        sa.update(pools)
+        .where(pools.c.id == pool_id, pools.c.archived_at.is_(None))
+        .values(archived_at=sa.func.now(), inventory_version=pools.c.inventory_version + 1)
+    )
+    return await get_pool(conn, pool_id)
+
+
+# --------------------------------------------------------------------------------------------- nodes
+
+
+async def add_node(
+    conn: AsyncConnection,
+    pool_id: str,
+    body: NodeCreate,
+    system_labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Register a node with its labels, taints, scalar resources, devices (atoms) and links.
+
+    Operator labels under ``bc.dev/`` are stored with source ``operator`` and never count as system
+    capabilities. Raises NotFound (pool), Conflict (archived pool, duplicate node name or device id).
+    """
+    pool = await lock_pool(conn, pool_id)
+    if pool.archived_at is not None:
+        raise Conflict(f"pool {pool_id} is archived", {"poolId": pool_id})
+    node_id = new_id("node")
+    taints = [(t.key, t.value, t.effect) for t in body.taints]
+    inserted = (
+        await conn.execute(
+            pg_insert(nodes)
+            .values(
+                id=node_id,
+                pool_id=pool_id,
+                name=body.name,
+                cordoned=body.cordoned,
+                leasable=body.leasable,
+                no_schedule_reasons=no_schedule_reasons(body.cordoned, True, False, taints),
+            )
+            .on_conflict_do_nothing(index_elements=["pool_id", "name"])
+            .returning(nodes.c.id)
+        )
+    ).first()
+    if inserted is None:
+        raise Conflict(f"pool {pool_id} already has a node named {body.name}", {"name": body.name})
+    await _write_labels(conn, node_id, body.labels, system_labels or {})
+    if body.taints:
+        await conn.execute(
+            sa.insert(node_taints),
+            [{"node_id": node_id, "key": t.key, "value": t.value, "effect": t.effect} for t in _dedupe(body.taints)],
+        )
+    await _write_devices(conn, node_id, body.devices, body.links)
+    await _write_resources(conn, node_id, body.resources)
+    await _add_rollup(conn, pool_id, body.devices, body.resources)
+    await bump_inventory_version(conn, pool_id)
+    return await get_node(conn, node_id)
+
+
+def _dedupe(taints: list[TaintBody]) -> list[TaintBody]:
+    seen: dict[tuple[str, str], TaintBody] = {}
+    for t in taints:
+        seen[(t.key, t.effect)] = t
+    return list(seen.values())
+
+
+async def _write_labels(
+    conn: AsyncConnection, node_id: str, operator: dict[str, str], system: dict[str, str]
+) -> None:
+    rows = {k: {"node_id": node_id, "key": k, "value": v, "source": "system"} for k, v in system.items()}
+    for k, v in operator.items():
+        if k in system:
+            continue  # a system label is not overwritten by an operator's
+        rows[k] = {"node_id": node_id, "key": k, "value": v, "source": "operator"}
+    if rows:
+        await conn.execute(sa.insert(node_labels), list(rows.values()))
+
+
+async def _write_devices(
+    conn: AsyncConnection, node_id: str, device_list: list[DeviceBody], links: list[LinkBody]
+) -> None:
+    if device_list:
+        taken = (
+            await conn.execute(sa.select(devices.c.id).where(devices.c.id.in_([d.id for d in device_list])))
+        ).scalars().all()
+        if taken:
+            raise Conflict(f"device {taken[0]} is registered on another node", {"deviceId": taken[0]})
+        await conn.execute(
+            sa.insert(devices),
+            [
+                {
+                    "id": d.id,
+                    "node_id": node_id,
+                    "class": d.device_class,
+                    "attributes": jsonable_attributes(d.attributes),
+                    "numa_node": d.numaNode,
+                    "parent_id": d.parent,
+                    "healthy": d.healthy,
+                    "bookable": d.bookable,
+                    "ordinal": i,
+                }
+                for i, d in enumerate(device_list)
+            ],
+        )
+    pairs: dict[tuple[str, str], str] = {}
+    for link in links:
+        a, b = sorted((link.a, link.b))
+        pairs[(a, b)] = link.link
+    if pairs:
+        await conn.execute(
+            sa.insert(capacity_device_links),
+            [{"node_id": node_id, "a": a, "b": b, "link": kind} for (a, b), kind in sorted(pairs.items())],
+        )
+
+
+async def _write_resources(conn: AsyncConnection, node_id: str, resources: dict[str, ResourceBody]) -> None:
+    if resources:
+        await conn.execute(
+            sa.insert(node_resources),
+            [
+                {"node_id": node_id, "resource": name, "allocatable": r.allocatable, "ratio": r.ratio}
+                for name, r in sorted(resources.items())
+            ],
+        )
+
+
+async def _add_rollup(
+    conn: AsyncConnection, pool_id: str, device_list: list[DeviceBody], resources: dict[str, ResourceBody]
+) -> None:
+    totals: dict[str, Decimal] = {}
+    for d in device_list:
+        totals[d.device_class] = totals.get(d.device_class, Decimal(0)) + 1
+    for name, r in resources.items():
+        totals[name] = totals.get(name, Decimal(0)) + scalar_capacity(r.allocatable, r.ratio)
+    if not totals:
+        return
+    stmt = pg_insert(pool_capacity_rollup).values(
+        [{"pool_id": pool_id, "resource": k, "total": v, "allocated": 0} for k, v in sorted(totals.items())]
+    )
+    await conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["pool_id", "resource"],
+            set_={"total": pool_capacity_rollup.c.total + stmt.excluded.total},
+        )
+    )
+
+
+async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> dict[str, Any]:
+    """Register a node from real ``nvidia-smi topo -m`` text (and optionally ``nvidia-smi -q -x`` XML).
+
+    GPUs become atoms (UUIDs with XML, ``<name>-GPU<i>`` without); GPU-GPU links go to
+    ``capacity_device_links``; hardware-derived labels are stored with source ``system``.
+    Raises InvalidInput(path ``topo`` / ``nvidiaSmiXml``) for text that does not parse.
+    """
+    from app.inventory.importer import build_imported_node
+
+    imported = build_imported_node(body.name, body.topo, body.nvidiaSmiXml)
+    node = NodeCreate(
+        name=body.name,
+        labels=body.labels,
+        taints=body.taints,
+        resources=body.resources,
+        devices=[
+            DeviceBody.model_validate(
+                {
+                    "id": d.id,
+                    "class": d.device_class,
+                    "attributes": d.attributes,
+                    "numaNode": d.numa_node,
+                    "parent": d.parent,
+                }
+            )
+            for d in imported.devices
+        ],
+        links=[LinkBody(a=a, b=b, link=kind) for a, b, kind in imported.links],
+    )
+    return await add_node(conn, pool_id, node, system_labels=dict(imported.labels))
+
+
+async def _node_row(conn: AsyncConnection, node_id: str, *, lock: bool = False) -> Any:
+    stmt = sa.select(nodes).where(nodes.c.id == node_id)
+    if lock:
+        stmt = stmt.with_for_update()
+    row = (await conn.execute(stmt)).first()
+    if row is None:
+        raise NotFound(f"node {node_id} not found")
+    return row
+
+
+async def node_pool_id(conn: AsyncConnection, node_id: str) -> str:
+    """The pool a node belongs to (for authorization); NotFound if absent."""
+    pool_id = (await conn.execute(sa.select(nodes.c.pool_id).where(nodes.c.id == node_id))).scalar()
+    if pool_id is None:
+        raise NotFound(f"node {node_id} not found")
+    return pool_id
+
+
+async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
+    """The node view of DESIGN.md ("Response shapes"): labels, taints, resources, devices, links."""
+    node = await _node_row(conn, node_id)
+    labels = (
+        await conn.execute(sa.select(node_labels).where(node_labels.c.node_id == node_id).order_by(node_labels.c.key))
+    ).all()
+    taints = (
+        await conn.execute(
+            sa.select(node_taints).where(node_taints.c.node_id == node_id).order_by(node_taints.c.key)
+        )
+    ).all()
+    resources = (
+        await conn.execute(
+            sa.select(node_resources).where(node_resources.c.node_id == node_id).order_by(node_resources.c.resource)
+        )
+    ).all()
+    device_rows = (
+        await conn.execute(
+            sa.select(devices).where(devices.c.node_id == node_id).order_by(devices.c.ordinal, devices.c.id)
+        )
+    ).all()
+    links = (
+        await conn.execute(
+            sa.select(capacity_device_links)
+            .where(capacity_device_links.c.node_id == node_id)
+            .order_by(capacity_device_links.c.a, capacity_device_links.c.b)
+        )
+    ).all()
+    return {
+        "id": node.id,
+        "poolId": node.pool_id,
+        "name": node.name,
+        "labels": {r.key: r.value for r in labels},
+        "labelSources": {r.key: r.source for r in labels},
+        "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints],
+        "cordoned": node.cordoned,
+        "ready": node.ready,
+        "heartbeatLost": node.heartbeat_lost,
+        "leasable": node.leasable,
+        "noScheduleReasons": list(node.no_schedule_reasons),
+        "resources": {
+            r.resource: {"allocatable": num(r.allocatable), "ratio": num(r.ratio), "allocated": num(r.allocated)}
+            for r in resources
+        },
+        "devices": [
+            {
+                "id": d.id,
+                "class": d._mapping["class"],
+                "attributes": d.attributes,
+                "numaNode": d.numa_node,
+                "parent": d.parent_id,
+                "healthy": d.healthy,
+                "bookable": d.bookable,
+            }
+            for d in device_rows
+        ],
+        "links": [{"a": r.a, "b": r.b, "link": r.link} for r in links],
+    }
+
+
+async def _refresh_reasons(conn: AsyncConnection, node_id: str) -> None:
+    """Recompute ``no_schedule_reasons`` from the node's locked row and taints (same transaction)."""
+    node = await _node_row(conn, node_id)
+    taints = (
+        await conn.execute(
+            sa.select(node_taints.c.key, node_taints.c.value, node_taints.c.effect).where(
+                node_taints.c.node_id == node_id
+            )
+        )
+    ).all()
+    reasons = no_schedule_reasons(node.cordoned, node.ready, node.heartbeat_lost, [tuple(t) for t in taints])
+    await conn.execute(sa.update(nodes).where(nodes.c.id == node_id).values(no_schedule_reasons=reasons))
+
+
+async def _lock_node_in_order(conn: AsyncConnection, node_id: str) -> Any:
+    """Lock the node's pool row (FOR SHARE) then the node row (FOR UPDATE): the seed's lock order."""
+    pool_id = await node_pool_id(conn, node_id)
+    await lock_pool(conn, pool_id, for_update=False)
+    return await _node_row(conn, node_id, lock=True)
+
+
+async def set_cordon(conn: AsyncConnection, node_id: str, cordoned: bool) -> dict[str, Any]:
+    """Cordon or uncordon a node; its NoSchedule reasons change in the same transaction."""
+    await _lock_node_in_order(conn, node_id)
+    await conn.execute(sa.update(nodes).where(nodes.c.id == node_id).values(cordoned=cordoned))
+    await _refresh_reasons(conn, node_id)
+    return await get_node(conn, node_id)
+
+
+async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody]) -> dict[str, Any]:
+    """Replace the node's taints (``dedicated=<tenant>`` NoSchedule dedicates it to that tenant)."""
+    await _lock_node_in_order(conn, node_id)
+    await conn.execute(sa.delete(node_taints).where(node_taints.c.node_id == node_id))
+    if taints:
+        await conn.execute(
+            sa.insert(node_taints),
+            [{"node_id": node_id, "key": t.key, "value": t.value, "effect": t.effect} for t in _dedupe(taints)],
+        )
+    await _refresh_reasons(conn, node_id)
+    return await get_node(conn, node_id)
+
+
+async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]) -> dict[str, Any]:
+    """Replace the node's operator labels; system labels stay. Bumps the pool's inventory version."""
+    pool_id = await node_pool_id(conn, node_id)
+    await bump_inventory_version(conn, pool_id)  # locks the pool row first (lock order)
+    await _node_row(conn, node_id, lock=True)
+    await conn.execute(
+        sa.delete(node_labels).where(node_labels.c.node_id == node_id, node_labels.c.source == "operator")
+    )
+    system = set(
+        (
+            await conn.execute(
+                sa.select(node_labels.c.key).where(node_labels.c.node_id == node_id, node_labels.c.source == "system")
+            )
+        ).scalars()
+    )
+    rows = [
+        {"node_id": node_id, "key": k, "value": v, "source": "operator"} for k, v in labels.items() if k not in system
+    ]
+    if rows:
+        await conn.execute(sa.insert(node_labels), rows)
+    return await get_node(conn, node_id)
+
+
+async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> dict[str, Any]:
+    """Record node conditions (ready, heartbeat) and per-atom health/bookability."""
+    node = await _lock_node_in_order(conn, node_id)
+    values: dict[str, Any] = {}
+    if body.ready is not None:
+        values["ready"] = body.ready
+    if body.heartbeatLost is not None:
+        values["heartbeat_lost"] = body.heartbeatLost
+    if values:
+        await conn.execute(sa.update(nodes).where(nodes.c.id == node.id).values(**values))
+    known = set(
+        (await conn.execute(sa.select(devices.c.id).where(devices.c.node_id == node_id))).scalars().all()
+    )
+    for i, d in enumerate(body.devices):
+        if d.id not in known:
+            raise InvalidInput(f"device {d.id} is not on node {node_id}", path=f"devices.{i}.id")
+    for d in sorted(body.devices, key=lambda x: x.id):
+        change: dict[str, Any] = {}
+        if d.healthy is not None:
+            change["healthy"] = d.healthy
+        if d.bookable is not None:
+            change["bookable"] = d.bookable
+        if change:
+            await conn.execute(sa.update(devices).where(devices.c.id == d.id).values(**change))
+    await _refresh_reasons(conn, node_id)
+    return await get_node(conn, node_id)

@@ -1,0 +1,63 @@
+"""``create_app()``: routers, error handlers and the lifespan (engine, embedded database, pool cache)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.api import health, iam, inventory, quota, reservations
+from app.api.deps import Services
+from app.api.errors import install_error_handlers
+from app.capacity.reservations import CapacityConfig
+from app.capacity.snapshot import PoolCache
+from app.db.engine import create_engine, migrate_async, resolve_database_url
+from app.placement.options import SchedulerOptions
+from app.placement.plugins import load_plugins
+from app.settings import Settings, get_settings
+
+API_VERSION = "0.1.0"
+
+
+def capacity_config(settings: Settings) -> CapacityConfig:
+    """Scheduler options and max attempts from settings (plugins loaded by import path)."""
+    options = SchedulerOptions(
+        weights=dict(settings.scheduler_weights),
+        top_n=settings.scheduler_top_n,
+        plugins=tuple(load_plugins(settings.scheduler_plugins)),
+    )
+    return CapacityConfig(options=options, max_attempts=settings.capacity_max_attempts)
+
+
+def create_app(settings: Settings | None = None, *, run_migrations: bool = True) -> FastAPI:
+    """The FastAPI application. On start it resolves the database (``DATABASE_URL`` or the embedded
+    PostgreSQL), migrates it to head when ``run_migrations``, and builds the shared services."""
+    settings = settings or get_settings()
+    config = capacity_config(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        url = resolve_database_url(settings.database_url, settings.data_dir)
+        if run_migrations:
+            await migrate_async(url)
+        engine = create_engine(url, pool_size=settings.db_pool_size)
+        app.state.services = Services(engine=engine, cache=PoolCache(), capacity=config, settings=settings)
+        try:
+            yield
+        finally:
+            await engine.dispose()
+
+    app = FastAPI(
+        title="better-compute",
+        version=API_VERSION,
+        description="Reserve, preview and release GPUs on pools of nodes; explain where work should run.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    for module in (health, iam, inventory, quota, reservations):
+        app.include_router(module.router)
+    from app.api import placement
+
+    app.include_router(placement.router)
+    return app

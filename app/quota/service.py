@@ -1,0 +1,138 @@
+"""Quota: limits per tenant, pool and resource (a device class such as ``gpu``, or a scalar such as
+``cpu``), charged with a guarded UPDATE before placement and refunded before a release.
+
+A resource without a limit row is not limited (its usage is still counted), as a Kubernetes namespace
+without a ResourceQuota is not. ``quota_usage`` rows are locked first in every capacity transaction
+(seed 000, "Commit and lock order"), always in sorted resource order so two charges never deadlock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.db.tables import quota_limits, quota_usage
+from app.errors import QuotaExceeded
+
+
+async def set_limits(
+    conn: AsyncConnection, tenant_id: str, pool_id: str, limits: Mapping[str, Decimal]
+) -> None:
+    """Replace the tenant's limits in the pool with ``limits`` (resource -> amount >= 0).
+
+    Lowering a limit below current usage is allowed: new charges fail until usage falls under it.
+    """
+    await _ensure_usage_rows(conn, tenant_id, pool_id, sorted(limits))
+    await conn.execute(
+        sa.delete(quota_limits).where(quota_limits.c.tenant_id == tenant_id, quota_limits.c.pool_id == pool_id)
+    )
+    if limits:
+        await conn.execute(
+            sa.insert(quota_limits),
+            [
+                {"tenant_id": tenant_id, "pool_id": pool_id, "resource": r, "limit": amount}
+                for r, amount in sorted(limits.items())
+            ],
+        )
+
+
+async def get_quota(conn: AsyncConnection, tenant_id: str, pool_id: str) -> dict[str, dict[str, Decimal | None]]:
+    """``{resource: {"limit": Decimal | None, "used": Decimal}}`` for the tenant in the pool."""
+    rows = (
+        await conn.execute(
+            sa.select(quota_usage.c.resource, quota_usage.c.used, quota_limits.c.limit)
+            .select_from(
+                quota_usage.outerjoin(
+                    quota_limits,
+                    sa.and_(
+                        quota_limits.c.tenant_id == quota_usage.c.tenant_id,
+                        quota_limits.c.pool_id == quota_usage.c.pool_id,
+                        quota_limits.c.resource == quota_usage.c.resource,
+                    ),
+                )
+            )
+            .where(quota_usage.c.tenant_id == tenant_id, quota_usage.c.pool_id == pool_id)
+            .order_by(quota_usage.c.resource)
+        )
+    ).all()
+    return {r.resource: {"limit": r.limit, "used": r.used} for r in rows}
+
+
+async def _ensure_usage_rows(conn: AsyncConnection, tenant_id: str, pool_id: str, resources: list[str]) -> None:
+    if not resources:
+        return
+    await conn.execute(
+        pg_insert(quota_usage)
+        .values([{"tenant_id": tenant_id, "pool_id": pool_id, "resource": r, "used": 0} for r in resources])
+        .on_conflict_do_nothing()
+    )
+
+
+async def charge(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: Mapping[str, Decimal]) -> None:
+    """Add ``amounts`` to the tenant's usage, each under its limit, in sorted resource order.
+
+    Raises :class:`~app.errors.QuotaExceeded` (409) naming the resource when one would pass its limit;
+    the caller's transaction is then rolled back, so nothing is written.
+    """
+    wanted = {r: Decimal(n) for r, n in amounts.items() if Decimal(n) > 0}
+    await _ensure_usage_rows(conn, tenant_id, pool_id, sorted(wanted))
+    for resource, n in sorted(wanted.items()):
+        limit = (
+            sa.select(quota_limits.c.limit)
+            .where(
+                quota_limits.c.tenant_id == tenant_id,
+                quota_limits.c.pool_id == pool_id,
+                quota_limits.c.resource == resource,
+            )
+            .scalar_subquery()
+        )
+        # UPDATE quota_usage SET used = used + :n
+        #  WHERE tenant_id = :t AND pool_id = :p AND resource = :r
+        #    AND (limit IS NULL OR used + :n <= limit) RETURNING used   -- no row: over the limit
+        row = (
+            await conn.execute(
+                sa.update(quota_usage)
+                .where(
+                    quota_usage.c.tenant_id == tenant_id,
+                    quota_usage.c.pool_id == pool_id,
+                    quota_usage.c.resource == resource,
+                    sa.or_(limit.is_(None), quota_usage.c.used + n <= limit),
+                )
+                .values(used=quota_usage.c.used + n)
+                .returning(quota_usage.c.used)
+            )
+        ).first()
+        if row is None:
+            state = (await get_quota(conn, tenant_id, pool_id)).get(resource, {})
+            raise QuotaExceeded(
+                f"quota for {resource} in pool {pool_id} exceeded: {state.get('used')} used of "
+                f"{state.get('limit')}, {n} requested",
+                {
+                    "tenantId": tenant_id,
+                    "poolId": pool_id,
+                    "resource": resource,
+                    "limit": str(state.get("limit")),
+                    "used": str(state.get("used")),
+                    "requested": str(n),
+                },
+            )
+
+
+async def refund(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: Mapping[str, Decimal]) -> None:
+    """Subtract ``amounts`` from usage (never below zero), in sorted resource order."""
+    for resource, n in sorted((r, Decimal(n)) for r, n in amounts.items()):
+        if n <= 0:
+            continue
+        await conn.execute(
+            sa.update(quota_usage)
+            .where(
+                quota_usage.c.tenant_id == tenant_id,
+                quota_usage.c.pool_id == pool_id,
+                quota_usage.c.resource == resource,
+            )
+            .values(used=sa.func.greatest(quota_usage.c.used - n, 0))
+        )
