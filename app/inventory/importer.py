@@ -33,6 +33,7 @@ __all__ = [
 # Best first, as DESIGN.md's topology scorer and the seed rank them (NV > PIX > PXB > PHB > NODE > SYS).
 LINK_RANK: tuple[str, ...] = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 _NV_RE = re.compile(r"NV\d+")
+_ATOM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
 _SELECTOR_UNSAFE = re.compile(r"[\s,()=!<>]+")
 
 
@@ -114,9 +115,10 @@ def build_imported_node(name: str, topo_text: str, xml_text: str | None = None) 
     ``gpu.product`` (when all GPUs share one), ``mig.capable`` (``true`` when every GPU is) and
     ``cuda.driver.major`` (``580`` from driver ``580.159.04``).
 
-    Raises :class:`app.errors.InvalidInput`: ``path="name"`` for an empty name, ``path="topo"`` for a bad
-    matrix (see :func:`parse_topo_matrix`), ``path="nvidiaSmiXml"`` for bad XML or when its GPU count differs
-    from the matrix's.
+    Raises :class:`app.errors.InvalidInput`: ``path="name"`` for an empty name (or, without XML, one that
+    cannot start an atom id: letters, digits, ``._:-``, at most 128 characters with the suffix);
+    ``path="topo"`` for a bad matrix (see :func:`parse_topo_matrix`); ``path="nvidiaSmiXml"`` for bad XML
+    or when its GPU count differs from the matrix's.
     """
     if not isinstance(name, str) or not name.strip():
         raise InvalidInput("node name must be a non-empty string", path="name")
@@ -146,6 +148,11 @@ def build_imported_node(name: str, topo_text: str, xml_text: str | None = None) 
         topo_numa = matrix.numa_node(gpu_name)
         if not gpus:
             atom = f"{name}-{gpu_name}"
+            if not _ATOM_ID_RE.fullmatch(atom) or len(atom) > 128:
+                raise InvalidInput(
+                    f"node name {name!r} cannot name atoms (<name>-GPU<i>): use letters, digits, . _ : -",
+                    path="name",
+                )
             attrs: dict[str, Any] = {} if topo_numa is None else {"numaNode": topo_numa}
             devices.append(ImportedDevice(id=atom, attributes=attrs, numa_node=topo_numa))
             atom_of[gpu_name] = atom
