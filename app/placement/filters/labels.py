@@ -1,0 +1,28 @@
+"""Filter 2, ``labels``: the request's ``node_labels`` (seed 000, nodeLabels). ``'*'`` asks only that
+the label exist; a ``bc.dev/`` label counts only when its source is ``system``.
+Reasons: ``labels: missing <key>``, ``labels: <key> is <value>, want <wanted>``."""
+
+from __future__ import annotations
+
+from app.placement.context import NodeWork, PlanContext
+
+NAME = "labels"
+ANY_LABEL_VALUE = "*"
+SYSTEM_PREFIX = "bc.dev/"
+
+
+def check(ctx: PlanContext, work: NodeWork) -> str | None:
+    """The first wanted label (in request order) the node lacks or holds with another value."""
+    if not ctx.node_labels:
+        return None
+    inventory = work.node.inventory
+    labels, sources = inventory.labels, inventory.label_sources
+    for key, wanted in ctx.node_labels:
+        value = labels.get(key)
+        if value is not None and key.startswith(SYSTEM_PREFIX) and sources.get(key) != "system":
+            value = None
+        if value is None:
+            return f"labels: missing {key}"
+        if wanted != ANY_LABEL_VALUE and value != wanted:
+            return f"labels: {key} is {value}, want {wanted}"
+    return None

@@ -1,0 +1,133 @@
+"""``plan_placement``: the pure half of placement (seed 000, "The pipeline").
+
+Snapshot in, plan out: no SQL, no clock, no I/O. For every node of the snapshot the filters run in
+registry order (:mod:`app.placement.filters`) and the first reason rejects it; the survivors are scored
+(:mod:`app.placement.scorers` plus plugin scorers), ranked by total score (ties on node id), and the
+chosen one is a ``random.Random(options.seed)`` pick among the best ``top_n``.
+
+Speed (issue 3: 10,000 nodes x 8 GPUs under 200 ms, i.e. 20 µs a node): the atom pick is memoized in
+:mod:`app.placement.topology`; the built-in scores of a one-device-request plan depend only on (link
+signature, free-of-class mask, free-and-matching mask), so nodes alike share one read-only scores
+mapping; and the cyclic garbage collector is paused during the loop, because the loop allocates a few
+short-lived, acyclic objects per node and a collection in the middle would walk the whole snapshot
+(millions of objects) for nothing: that alone cost 50-90 ms on a 10,000-node pool.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+from types import MappingProxyType
+
+from app.placement.context import NodeWork, PlanContext
+from app.placement.filters import CHECKS
+from app.placement.model import Candidate, PlacementRequest, Plan, PoolSnapshot, Rejections
+from app.placement.options import LOST_RACE_REASON, SchedulerOptions
+from app.placement.plugins import admission_refusal, clamp_score
+from app.placement.schedulable import POOL_ARCHIVED
+from app.placement.scorers import SCORERS
+from app.placement.summary import ARCHIVED_POOL, EMPTY_POOL, summarize
+
+DEFAULT_OPTIONS = SchedulerOptions()
+
+
+def plan_placement(
+    request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerOptions = DEFAULT_OPTIONS
+) -> Plan | Rejections:
+    """Plan ``request`` on ``snapshot``.
+
+    Returns a :class:`Plan` (``chosen``, every candidate ``ranked`` best first, ``rejections`` node id
+    -> reason) or :class:`Rejections` (``by_node`` and the pending ``summary``). Nodes in
+    ``options.excluded_nodes`` are rejected with ``options.exclusion_reasons`` (or "excluded after a
+    lost commit race"). A plugin's admit hook refusing gives ``Rejections({}, "admit <id>: <reason>")``;
+    an empty pool ``the pool has no nodes``; an archived pool ``the pool is archived``.
+    """
+    refusal = admission_refusal(options.plugins, request)
+    if refusal is not None:
+        return Rejections(by_node={}, summary=refusal)
+    nodes = snapshot.nodes
+    if not nodes:
+        return Rejections(by_node={}, summary=EMPTY_POOL)
+    if snapshot.archived:
+        return Rejections(by_node={n.id: POOL_ARCHIVED for n in nodes}, summary=ARCHIVED_POOL)
+
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        return _plan(request, snapshot, options)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _plan(request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerOptions) -> Plan | Rejections:
+    nodes = snapshot.nodes
+    ctx = PlanContext.build(request, snapshot, options)
+    n_devices = len(ctx.devices)
+    excluded = options.excluded_nodes
+    weighted = [(s.NAME, s.score, options.weight(s.NAME, s.DEFAULT_WEIGHT)) for s in SCORERS]
+    plugin_scorers = ctx.plugin_scorers
+    resources = dict(ctx.resources)
+    rejections: dict[str, str] = {}
+    candidates: list[Candidate] = []
+    # Built-in scores shared by alike nodes (see the module docstring); only when every input of the
+    # built-in scorers is in the key: one device request (or none) and no plugin picker.
+    share_scores = n_devices <= 1 and not ctx.pickers
+    shared: dict[tuple[int, int, int], tuple[MappingProxyType[str, float], float]] = {}
+
+    for node in nodes:
+        node_id = node.inventory.id
+        if excluded and node_id in excluded:
+            rejections[node_id] = options.exclusion_reasons.get(node_id, LOST_RACE_REASON)
+            continue
+        work = NodeWork(node, n_devices)
+        reason = None
+        for check in CHECKS:
+            reason = check(ctx, work)
+            if reason is not None:
+                break
+        if reason is not None:
+            rejections[node_id] = reason
+            continue
+        key = (
+            (work.classes[0].signature, work.available_masks[0], work.free_masks[0])  # type: ignore[union-attr]
+            if n_devices
+            else (0, 0, 0)
+        )
+        found = shared.get(key) if share_scores else None
+        if found is None:
+            builtin: dict[str, float] = {}
+            total = 0.0
+            for name, score, weight in weighted:
+                value = score(ctx, work)
+                builtin[name] = value
+                total += weight * value
+            found = (MappingProxyType(builtin), total)
+            if share_scores:
+                shared[key] = found
+        scores, total = found
+        if plugin_scorers:
+            with_plugins = dict(scores)
+            for scorer, weight in plugin_scorers:
+                value = clamp_score(scorer.score(request, node))
+                with_plugins[scorer.id] = value
+                total += weight * value
+            scores = MappingProxyType(with_plugins)
+        candidates.append(
+            Candidate(
+                node_id=node_id,
+                node_name=node.inventory.name,
+                atoms_by_request=tuple(work.atoms),
+                resources=resources,
+                score=total,
+                scores=scores,
+            )
+        )
+
+    if not candidates:
+        return Rejections(by_node=rejections, summary=summarize(rejections, len(nodes)))
+    candidates.sort(key=lambda c: (-c.score, c.node_id))
+    best = min(max(options.top_n, 1), len(candidates))
+    chosen = candidates[random.Random(options.seed).randrange(best)]
+    return Plan(chosen=chosen, ranked=tuple(candidates), rejections=rejections)
