@@ -700,8 +700,8 @@ def _age_text(age: float | None) -> str:
 
 
 def _request_lines(request: PlacementRequestDoc) -> list[str]:
-    runtime = request.runtime_digest or "current runtime of each target"
-    first = [f"program {request.program}, runtime {runtime}"]
+    runtime = request.runtime_digest or "any (each target's current runtime)"
+    first = [f"program {request.program}, runtime digest {runtime}"]
     for label, value in (
         ("os", request.os),
         ("ISA", request.isa_level),
@@ -771,7 +771,7 @@ def _candidate_lines(candidate: Candidate) -> list[str]:
     target = candidate.target
     lines = [
         f"  {candidate.rank}. {target.name} ({target.kind}, {_age_text(candidate.data_age_seconds)}, "
-        f"runtime {candidate.runtime_digest})"
+        f"runtime digest {candidate.runtime_digest})"
     ]
     for component in candidate.components:
         label = COMPONENT_LABELS[component.name]
@@ -811,7 +811,7 @@ def render_text(explanation: Explanation) -> str:
     if selected is None:
         lines.append(f"Held: {explanation.held_reason}")
     else:
-        lines.append(f"Selected: {selected.target.name}, runtime {selected.runtime_digest}")
+        lines.append(f"Selected: {selected.target.name}, runtime digest {selected.runtime_digest}")
     lines.append("")
     lines.append(f"Candidates ({len(explanation.candidates)}, ranked by predicted completion):")
     if not explanation.candidates:
