@@ -61,3 +61,8 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
 
     app.include_router(placement.router)
     return app
+
+
+def create_app_without_migrations() -> FastAPI:
+    """The app for ``better-compute serve`` (uvicorn factory): the CLI migrated before starting."""
+    return create_app(run_migrations=False)

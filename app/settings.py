@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     """Service settings; capacity and scheduler options follow seed 000 ("Two placers")."""
 
-    model_config = SettingsConfigDict(env_prefix="BC_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="BC_", extra="ignore", populate_by_name=True)
 
     database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
     bootstrap_admin_key: str | None = None

@@ -39,7 +39,10 @@ class ApiKeyCreated(BaseModel):
 
 
 @router.post(
-    "/v1/api-keys", status_code=201, response_model=ApiKeyCreated, responses=responses(401, 403, 422),
+    "/v1/api-keys",
+    status_code=201,
+    response_model=ApiKeyCreated,
+    responses=responses(401, 403, 422),
     operation_id="createApiKey",
 )
 async def create_key(
@@ -47,7 +50,11 @@ async def create_key(
 ) -> ApiKeyCreated:
     authorize(principal, "compute:iam:admin", "*")
     key_id, key = await in_transaction(
-        svc.engine, create_api_key, body.principal, body.tenantId, [Grant(g.action, g.resource) for g in body.grants]
+        svc.engine,
+        create_api_key,
+        body.principal,
+        body.tenantId,
+        [Grant(g.action, g.resource) for g in body.grants],
     )
     return ApiKeyCreated(id=key_id, key=key, principal=body.principal, tenantId=body.tenantId)
 

@@ -37,7 +37,8 @@ async def list_pools(
     visible = [
         p
         for p in pools
-        if is_allowed(principal, READ, f"pool:{p['id']}") or is_allowed(principal, "compute:capacity:read", f"pool:{p['id']}")
+        if is_allowed(principal, READ, f"pool:{p['id']}")
+        or is_allowed(principal, "compute:capacity:read", f"pool:{p['id']}")
     ]
     return {"items": visible}
 
@@ -60,11 +61,15 @@ async def archive_pool(
 
 
 @router.post(
-    "/v1/pools/{pool_id}/nodes", status_code=201, responses=responses(401, 403, 404, 409, 422),
+    "/v1/pools/{pool_id}/nodes",
+    status_code=201,
+    responses=responses(401, 403, 404, 409, 422),
     operation_id="createNode",
 )
 async def create_node(
-    pool_id: str, body: NodeCreate, principal: Principal = Depends(current_principal),
+    pool_id: str,
+    body: NodeCreate,
+    principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{pool_id}")
@@ -72,11 +77,15 @@ async def create_node(
 
 
 @router.post(
-    "/v1/pools/{pool_id}/nodes/import", status_code=201, responses=responses(401, 403, 404, 409, 422),
+    "/v1/pools/{pool_id}/nodes/import",
+    status_code=201,
+    responses=responses(401, 403, 404, 409, 422),
     operation_id="importNode",
 )
 async def import_node(
-    pool_id: str, body: NodeImport, principal: Principal = Depends(current_principal),
+    pool_id: str,
+    body: NodeImport,
+    principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{pool_id}")
@@ -107,27 +116,39 @@ async def uncordon(
     return await in_transaction(svc.engine, inventory.set_cordon, node_id, False)
 
 
-@router.put("/v1/nodes/{node_id}/taints", responses=responses(401, 403, 404, 422), operation_id="setNodeTaints")
+@router.put(
+    "/v1/nodes/{node_id}/taints", responses=responses(401, 403, 404, 422), operation_id="setNodeTaints"
+)
 async def set_taints(
-    node_id: str, body: TaintsBody, principal: Principal = Depends(current_principal),
+    node_id: str,
+    body: TaintsBody,
+    principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
     return await in_transaction(svc.engine, inventory.set_taints, node_id, body.taints)
 
 
-@router.put("/v1/nodes/{node_id}/labels", responses=responses(401, 403, 404, 422), operation_id="setNodeLabels")
+@router.put(
+    "/v1/nodes/{node_id}/labels", responses=responses(401, 403, 404, 422), operation_id="setNodeLabels"
+)
 async def set_labels(
-    node_id: str, body: LabelsBody, principal: Principal = Depends(current_principal),
+    node_id: str,
+    body: LabelsBody,
+    principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
     return await in_transaction(svc.engine, inventory.set_labels, node_id, body.labels)
 
 
-@router.post("/v1/nodes/{node_id}/health", responses=responses(401, 403, 404, 422), operation_id="setNodeHealth")
+@router.post(
+    "/v1/nodes/{node_id}/health", responses=responses(401, 403, 404, 422), operation_id="setNodeHealth"
+)
 async def set_health(
-    node_id: str, body: HealthBody, principal: Principal = Depends(current_principal),
+    node_id: str,
+    body: HealthBody,
+    principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")

@@ -48,7 +48,9 @@ async def _get(conn: Any, tenant_id: str, pool_id: str) -> dict[str, Any]:
 
 
 @router.put(
-    "/v1/tenants/{tenant_id}/quotas/{pool_id}", responses=responses(401, 403, 404, 422), operation_id="setQuota"
+    "/v1/tenants/{tenant_id}/quotas/{pool_id}",
+    responses=responses(401, 403, 404, 422),
+    operation_id="setQuota",
 )
 async def set_quota(
     tenant_id: Annotated[str, Field(pattern=TENANT, max_length=128)],
@@ -61,9 +63,14 @@ async def set_quota(
     return await in_transaction(svc.engine, _set, tenant_id, pool_id, dict(body.limits))
 
 
-@router.get("/v1/tenants/{tenant_id}/quotas/{pool_id}", responses=responses(401, 403, 404), operation_id="getQuota")
+@router.get(
+    "/v1/tenants/{tenant_id}/quotas/{pool_id}", responses=responses(401, 403, 404), operation_id="getQuota"
+)
 async def get_quota(
-    tenant_id: str, pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+    tenant_id: str,
+    pool_id: str,
+    principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, "compute:reservations:read", f"tenant:{tenant_id}")
     return await read_only(svc.engine, _get, tenant_id, pool_id)

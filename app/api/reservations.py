@@ -18,11 +18,15 @@ router = APIRouter(tags=["reservations"])
 
 
 @router.post(
-    "/v1/capacity/preview", responses=responses(401, 403, 404, 422), operation_id="previewCapacity",
+    "/v1/capacity/preview",
+    responses=responses(401, 403, 404, 422),
+    operation_id="previewCapacity",
     tags=["capacity"],
 )
 async def preview(
-    body: ReservationRequest, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+    body: ReservationRequest,
+    principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
 ) -> dict[str, Any]:
     """The placement pipeline without the commit: ``{fits, candidates, reason?}``."""
     authorize(principal, "compute:capacity:read", f"pool:{body.poolId}")
@@ -30,7 +34,9 @@ async def preview(
 
 
 @router.post(
-    "/v1/reservations", status_code=201, responses=responses(401, 403, 404, 409, 422),
+    "/v1/reservations",
+    status_code=201,
+    responses=responses(401, 403, 404, 409, 422),
     operation_id="createReservation",
 )
 async def create_reservation(
@@ -56,7 +62,9 @@ async def _authorized_tenant(svc: Services, principal: Principal, reservation_id
     return owner[0]
 
 
-@router.get("/v1/reservations/{reservation_id}", responses=responses(401, 403, 404), operation_id="getReservation")
+@router.get(
+    "/v1/reservations/{reservation_id}", responses=responses(401, 403, 404), operation_id="getReservation"
+)
 async def get_reservation(
     reservation_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
@@ -79,7 +87,8 @@ async def list_reservations(
 
 
 @router.post(
-    "/v1/reservations/{reservation_id}/release", responses=responses(401, 403, 404),
+    "/v1/reservations/{reservation_id}/release",
+    responses=responses(401, 403, 404),
     operation_id="releaseReservation",
 )
 async def release_reservation(

@@ -32,7 +32,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.predicates import schedulable_sql_tolerating
 from app.capacity.snapshot import window
-from app.db.tables import allocations, device_bookings, devices, node_labels, node_resources, nodes, pool_capacity_rollup, pools
+from app.db.tables import (
+    allocations,
+    device_bookings,
+    devices,
+    node_labels,
+    node_resources,
+    nodes,
+    pool_capacity_rollup,
+    pools,
+)
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
 
@@ -117,7 +126,11 @@ async def _guarded_writes(
         await conn.execute(
             sa.select(nodes.c.id)
             .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
-            .where(nodes.c.id == node, nodes.c.pool_id == request.pool_id, schedulable_sql_tolerating(request.tenant_id))
+            .where(
+                nodes.c.id == node,
+                nodes.c.pool_id == request.pool_id,
+                schedulable_sql_tolerating(request.tenant_id),
+            )
             .with_for_update(read=True, of=nodes)
         )
     ).first()
@@ -146,7 +159,9 @@ async def _guarded_writes(
         healthy = (
             await conn.execute(
                 sa.select(devices.c.id, devices.c["class"])
-                .where(devices.c.id.in_(atoms), devices.c.node_id == node, devices.c.healthy, devices.c.bookable)
+                .where(
+                    devices.c.id.in_(atoms), devices.c.node_id == node, devices.c.healthy, devices.c.bookable
+                )
                 .order_by(devices.c.id)
                 .with_for_update(read=True)
             )
@@ -201,7 +216,8 @@ async def _guarded_writes(
                 .where(
                     node_resources.c.node_id == node,
                     node_resources.c.resource == resource,
-                    node_resources.c.allocated + n <= sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
+                    node_resources.c.allocated + n
+                    <= sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
                 )
                 .values(allocated=node_resources.c.allocated + n)
                 .returning(node_resources.c.allocated)

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.capacity.commit import Committed, LostRace, commit_candidate
 from app.capacity.snapshot import PoolCache, read_snapshot
 from app.inventory.service import lock_pool
-from app.placement.model import Plan, PlacementRequest, Rejections
+from app.placement.model import PlacementRequest, Plan, Rejections
 from app.placement.options import SchedulerOptions
 from app.placement.pipeline import plan_placement
 

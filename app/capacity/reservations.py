@@ -33,7 +33,7 @@ from app.db.tables import allocations, device_bookings, devices, node_resources,
 from app.errors import IdempotencyKeyReused, NotFound
 from app.ids import new_id
 from app.jsonnum import num
-from app.placement.model import Plan, PlacementRequest
+from app.placement.model import PlacementRequest, Plan
 from app.placement.options import SchedulerOptions
 from app.placement.pipeline import plan_placement
 from app.placement.request import ReservationRequest, to_placement_request
@@ -119,7 +119,9 @@ async def create_reservation(
         request = to_placement_request(body, now)
         amounts = quota_amounts(request)
         await quota.charge(conn, body.tenantId, body.poolId, amounts)
-        outcome = await place_inline(conn, cache, request, reservation_id, config.options, config.max_attempts)
+        outcome = await place_inline(
+            conn, cache, request, reservation_id, config.options, config.max_attempts
+        )
         if isinstance(outcome, Placed):
             await conn.execute(
                 sa.update(reservations)
@@ -191,7 +193,9 @@ async def _view(conn: AsyncConnection, row: Any) -> dict[str, Any]:
     return _shape(row, allocs.get(row.id, []))
 
 
-async def get_reservation(conn: AsyncConnection, reservation_id: str, tenant_id: str | None) -> dict[str, Any]:
+async def get_reservation(
+    conn: AsyncConnection, reservation_id: str, tenant_id: str | None
+) -> dict[str, Any]:
     """The reservation view; another tenant's reservation (``tenant_id`` set) is NotFound, not 403."""
     row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).first()
     if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
@@ -203,7 +207,11 @@ async def list_reservations(
     conn: AsyncConnection, tenant_id: str | None, status: str | None, limit: int = 100
 ) -> list[dict[str, Any]]:
     """Reservations newest first, filtered by tenant and status."""
-    stmt = sa.select(reservations).order_by(reservations.c.created_at.desc(), reservations.c.id.desc()).limit(limit)
+    stmt = (
+        sa.select(reservations)
+        .order_by(reservations.c.created_at.desc(), reservations.c.id.desc())
+        .limit(limit)
+    )
     if tenant_id is not None:
         stmt = stmt.where(reservations.c.tenant_id == tenant_id)
     if status is not None:
@@ -217,18 +225,24 @@ async def reservation_tenant(conn: AsyncConnection, reservation_id: str) -> tupl
     """``(tenant_id, pool_id)`` of a reservation, or None (for authorization before the service call)."""
     row = (
         await conn.execute(
-            sa.select(reservations.c.tenant_id, reservations.c.pool_id).where(reservations.c.id == reservation_id)
+            sa.select(reservations.c.tenant_id, reservations.c.pool_id).where(
+                reservations.c.id == reservation_id
+            )
         )
     ).first()
     return (row.tenant_id, row.pool_id) if row else None
 
 
-async def release_reservation(engine: AsyncEngine, reservation_id: str, tenant_id: str | None) -> dict[str, Any]:
+async def release_reservation(
+    engine: AsyncEngine, reservation_id: str, tenant_id: str | None
+) -> dict[str, Any]:
     """Release a reservation: refund quota, then free its bookings and scalars. Releasing twice is a
     no-op that answers the released reservation. Another tenant's reservation is NotFound."""
     async with engine.begin() as conn:
         row = (
-            await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id).with_for_update())
+            await conn.execute(
+                sa.select(reservations).where(reservations.c.id == reservation_id).with_for_update()
+            )
         ).first()
         if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
             raise NotFound(f"reservation {reservation_id} not found")

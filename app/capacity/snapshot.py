@@ -21,7 +21,15 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import Range
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.db.tables import capacity_device_links, device_bookings, devices, node_labels, node_resources, nodes, pools
+from app.db.tables import (
+    capacity_device_links,
+    device_bookings,
+    devices,
+    node_labels,
+    node_resources,
+    nodes,
+    pools,
+)
 from app.errors import NotFound
 from app.placement.model import Atom, NodeInventory, NodeSnapshot, NodeState, PoolSnapshot, ScalarResource
 
@@ -130,8 +138,12 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
     links: dict[str, dict[tuple[str, str], str]] = defaultdict(dict)
     for r in (
         await conn.execute(
-            sa.select(capacity_device_links.c.node_id, capacity_device_links.c.a, capacity_device_links.c.b,
-                      capacity_device_links.c.link)
+            sa.select(
+                capacity_device_links.c.node_id,
+                capacity_device_links.c.a,
+                capacity_device_links.c.b,
+                capacity_device_links.c.link,
+            )
             .join(nodes, nodes.c.id == capacity_device_links.c.node_id)
             .where(nodes.c.pool_id == pool_id)
         )
@@ -169,7 +181,9 @@ async def read_node_states(
     if ids is not None:
         node_filter.append(nodes.c.id.in_(ids))
     base_rows = (
-        await conn.execute(sa.select(nodes.c.id, nodes.c.no_schedule_reasons, nodes.c.leasable).where(*node_filter))
+        await conn.execute(
+            sa.select(nodes.c.id, nodes.c.no_schedule_reasons, nodes.c.leasable).where(*node_filter)
+        )
     ).all()
     # SELECT d.node_id, d.id FROM devices d JOIN nodes n ON n.id = d.node_id
     #  WHERE n.pool_id = :pool AND NOT (d.healthy AND d.bookable)
@@ -202,8 +216,13 @@ async def read_node_states(
     resources: dict[str, dict[str, ScalarResource]] = defaultdict(dict)
     for r in (
         await conn.execute(
-            sa.select(node_resources.c.node_id, node_resources.c.resource, node_resources.c.allocatable,
-                      node_resources.c.ratio, node_resources.c.allocated)
+            sa.select(
+                node_resources.c.node_id,
+                node_resources.c.resource,
+                node_resources.c.allocatable,
+                node_resources.c.ratio,
+                node_resources.c.allocated,
+            )
             .join(nodes, nodes.c.id == node_resources.c.node_id)
             .where(*node_filter)
         )

@@ -127,9 +127,7 @@ reservations = sa.Table(
     sa.Column("updated_at", TS, nullable=False, server_default=NOW),
     sa.Column("released_at", TS),
     sa.UniqueConstraint("tenant_id", "idempotency_key"),
-    sa.CheckConstraint(
-        "status IN ('placed', 'pending', 'queued', 'released', 'preempted')", name="status"
-    ),
+    sa.CheckConstraint("status IN ('placed', 'pending', 'queued', 'released', 'preempted')", name="status"),
     sa.Index("ix_reservations_tenant_status", "tenant_id", "status"),
 )
 
@@ -153,9 +151,7 @@ device_bookings = sa.Table(
     sa.Column("device_pk", sa.BigInteger, sa.ForeignKey("devices.pk"), nullable=False),
     sa.Column("device_id", sa.Text, nullable=False),
     sa.Column("pool_id", sa.Text, nullable=False),
-    sa.Column(
-        "allocation_id", sa.Text, sa.ForeignKey("allocations.id", ondelete="CASCADE"), nullable=False
-    ),
+    sa.Column("allocation_id", sa.Text, sa.ForeignKey("allocations.id", ondelete="CASCADE"), nullable=False),
     sa.Column("during", pg.TSTZRANGE, nullable=False),
     sa.PrimaryKeyConstraint("device_pk", "allocation_id"),
     # no two bookings of one device overlap: int8range over the bigint key instead of btree_gist

@@ -58,7 +58,8 @@ def _resource_matches(granted: str, wanted: str) -> bool:
 def is_allowed(principal: Principal, action: str, resource: str) -> bool:
     """True when some grant covers ``action`` on ``resource``."""
     return any(
-        _action_matches(g.action, action) and _resource_matches(g.resource, resource) for g in principal.grants
+        _action_matches(g.action, action) and _resource_matches(g.resource, resource)
+        for g in principal.grants
     )
 
 
@@ -76,4 +77,6 @@ def authorize(principal: Principal, action: str, *resources: str) -> None:
         ):
             raise Forbidden(f"this key acts for tenant {principal.tenant_id} only", {"resource": resource})
         if not is_allowed(principal, action, resource):
-            raise Forbidden(f"{action} is not granted on {resource}", {"action": action, "resource": resource})
+            raise Forbidden(
+                f"{action} is not granted on {resource}", {"action": action, "resource": resource}
+            )

@@ -26,9 +26,7 @@ def validate_grants(items: list[Grant]) -> None:
         if g.resource != "*" and not (
             g.resource.startswith(RESOURCE_PREFIXES) and len(g.resource.split(":", 1)[1]) > 0
         ):
-            raise InvalidInput(
-                "a resource is '*', 'pool:<id>' or 'tenant:<id>'", path=f"grants.{i}.resource"
-            )
+            raise InvalidInput("a resource is '*', 'pool:<id>' or 'tenant:<id>'", path=f"grants.{i}.resource")
 
 
 async def create_api_key(
@@ -43,7 +41,10 @@ async def create_api_key(
     if key_grants:
         await conn.execute(
             sa.insert(grants),
-            [{"principal_id": principal_id, "action": g.action, "resource": g.resource} for g in set(key_grants)],
+            [
+                {"principal_id": principal_id, "action": g.action, "resource": g.resource}
+                for g in set(key_grants)
+            ],
         )
     await conn.execute(
         sa.insert(api_keys).values(id=key_id, principal_id=principal_id, key_hash=hash_key(key))
@@ -72,7 +73,9 @@ async def principal_for_key(conn: AsyncConnection, key: str, bootstrap_key: str 
     #  WHERE k.key_hash = :hash AND k.revoked_at IS NULL
     rows = (
         await conn.execute(
-            sa.select(principals.c.id, principals.c.name, principals.c.tenant_id, grants.c.action, grants.c.resource)
+            sa.select(
+                principals.c.id, principals.c.name, principals.c.tenant_id, grants.c.action, grants.c.resource
+            )
             .select_from(
                 api_keys.join(principals, principals.c.id == api_keys.c.principal_id).outerjoin(
                     grants, grants.c.principal_id == principals.c.id

@@ -166,7 +166,10 @@ async def add_node(
     if body.taints:
         await conn.execute(
             sa.insert(node_taints),
-            [{"node_id": node_id, "key": t.key, "value": t.value, "effect": t.effect} for t in _dedupe(body.taints)],
+            [
+                {"node_id": node_id, "key": t.key, "value": t.value, "effect": t.effect}
+                for t in _dedupe(body.taints)
+            ],
         )
     await _write_devices(conn, node_id, body.devices, body.links)
     await _write_resources(conn, node_id, body.resources)
@@ -199,8 +202,10 @@ async def _write_devices(
 ) -> None:
     if device_list:
         taken = (
-            await conn.execute(sa.select(devices.c.id).where(devices.c.id.in_([d.id for d in device_list])))
-        ).scalars().all()
+            (await conn.execute(sa.select(devices.c.id).where(devices.c.id.in_([d.id for d in device_list]))))
+            .scalars()
+            .all()
+        )
         if taken:
             raise Conflict(f"device {taken[0]} is registered on another node", {"deviceId": taken[0]})
         await conn.execute(
@@ -317,7 +322,9 @@ async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
     """The node view of DESIGN.md ("Response shapes"): labels, taints, resources, devices, links."""
     node = await _node_row(conn, node_id)
     labels = (
-        await conn.execute(sa.select(node_labels).where(node_labels.c.node_id == node_id).order_by(node_labels.c.key))
+        await conn.execute(
+            sa.select(node_labels).where(node_labels.c.node_id == node_id).order_by(node_labels.c.key)
+        )
     ).all()
     taints = (
         await conn.execute(
@@ -326,7 +333,9 @@ async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
     ).all()
     resources = (
         await conn.execute(
-            sa.select(node_resources).where(node_resources.c.node_id == node_id).order_by(node_resources.c.resource)
+            sa.select(node_resources)
+            .where(node_resources.c.node_id == node_id)
+            .order_by(node_resources.c.resource)
         )
     ).all()
     device_rows = (
@@ -354,7 +363,11 @@ async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
         "leasable": node.leasable,
         "noScheduleReasons": list(node.no_schedule_reasons),
         "resources": {
-            r.resource: {"allocatable": num(r.allocatable), "ratio": num(r.ratio), "allocated": num(r.allocated)}
+            r.resource: {
+                "allocatable": num(r.allocatable),
+                "ratio": num(r.ratio),
+                "allocated": num(r.allocated),
+            }
             for r in resources
         },
         "devices": [
@@ -409,7 +422,10 @@ async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody
     if taints:
         await conn.execute(
             sa.insert(node_taints),
-            [{"node_id": node_id, "key": t.key, "value": t.value, "effect": t.effect} for t in _dedupe(taints)],
+            [
+                {"node_id": node_id, "key": t.key, "value": t.value, "effect": t.effect}
+                for t in _dedupe(taints)
+            ],
         )
     await _refresh_reasons(conn, node_id)
     return await get_node(conn, node_id)
@@ -426,12 +442,16 @@ async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]
     system = set(
         (
             await conn.execute(
-                sa.select(node_labels.c.key).where(node_labels.c.node_id == node_id, node_labels.c.source == "system")
+                sa.select(node_labels.c.key).where(
+                    node_labels.c.node_id == node_id, node_labels.c.source == "system"
+                )
             )
         ).scalars()
     )
     rows = [
-        {"node_id": node_id, "key": k, "value": v, "source": "operator"} for k, v in labels.items() if k not in system
+        {"node_id": node_id, "key": k, "value": v, "source": "operator"}
+        for k, v in labels.items()
+        if k not in system
     ]
     if rows:
         await conn.execute(sa.insert(node_labels), rows)

@@ -203,9 +203,9 @@ class ReservationRequest(BaseModel):
     tenantId: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     poolId: str = Field(min_length=1, max_length=128)
     devices: list[DeviceRequestBody] = Field(default_factory=list, max_length=16)
-    resources: dict[
-        Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceAmount
-    ] = Field(default_factory=dict)
+    resources: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceAmount] = (
+        Field(default_factory=dict)
+    )
     start: datetime | None = None
     duration: str | int
     binding: Literal["device", "node", "kubernetes"] = "device"

@@ -28,7 +28,9 @@ async def set_limits(
     """
     await _ensure_usage_rows(conn, tenant_id, pool_id, sorted(limits))
     await conn.execute(
-        sa.delete(quota_limits).where(quota_limits.c.tenant_id == tenant_id, quota_limits.c.pool_id == pool_id)
+        sa.delete(quota_limits).where(
+            quota_limits.c.tenant_id == tenant_id, quota_limits.c.pool_id == pool_id
+        )
     )
     if limits:
         await conn.execute(
@@ -40,7 +42,9 @@ async def set_limits(
         )
 
 
-async def get_quota(conn: AsyncConnection, tenant_id: str, pool_id: str) -> dict[str, dict[str, Decimal | None]]:
+async def get_quota(
+    conn: AsyncConnection, tenant_id: str, pool_id: str
+) -> dict[str, dict[str, Decimal | None]]:
     """``{resource: {"limit": Decimal | None, "used": Decimal}}`` for the tenant in the pool."""
     rows = (
         await conn.execute(
@@ -62,7 +66,9 @@ async def get_quota(conn: AsyncConnection, tenant_id: str, pool_id: str) -> dict
     return {r.resource: {"limit": r.limit, "used": r.used} for r in rows}
 
 
-async def _ensure_usage_rows(conn: AsyncConnection, tenant_id: str, pool_id: str, resources: list[str]) -> None:
+async def _ensure_usage_rows(
+    conn: AsyncConnection, tenant_id: str, pool_id: str, resources: list[str]
+) -> None:
     if not resources:
         return
     await conn.execute(

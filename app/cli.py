@@ -1,0 +1,274 @@
+"""The ``better-compute`` command (typer): serve, migrate, reserve / preview / release (HTTP clients of
+a running service), api-key creation, and ``placement explain|fleet|compare`` (local, seed 004)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from app.fleet.cli import placement_app
+
+app = typer.Typer(help="better-compute: decide where GPU work lands.", no_args_is_help=True)
+app.add_typer(placement_app, name="placement")
+console = Console()
+err = Console(stderr=True)
+
+URL_OPTION = typer.Option("--url", envvar="BC_URL", help="Service base URL.")
+KEY_OPTION = typer.Option("--key", envvar="BC_API_KEY", help="API key (or BC_API_KEY).")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+    demo: Annotated[bool, typer.Option("--demo", help="Load the demo pool and print an admin key.")] = False,
+    workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
+) -> None:
+    """Run the HTTP service (on the embedded PostgreSQL when DATABASE_URL is unset)."""
+    import uvicorn
+
+    from app.db.engine import migrate, resolve_database_url
+    from app.settings import get_settings
+
+    settings = get_settings()
+    url = resolve_database_url(settings.database_url, settings.data_dir)
+    migrate(url)
+    os.environ["DATABASE_URL"] = url  # workers and the app use the same database
+    if demo:
+        import asyncio
+
+        from app.inventory.demo_pool import install_demo
+
+        summary = asyncio.run(install_demo(url, settings.bootstrap_admin_key))
+        console.print(
+            f"[bold]demo pool[/bold] {summary['poolId']} ({summary['nodes']} nodes, "
+            f"{summary['gpus']} GPUs); tenant [bold]demo[/bold] quota {summary['quota']}"
+        )
+        if summary.get("adminKey"):
+            console.print(f"[bold]admin key[/bold] (shown once): {summary['adminKey']}")
+        else:
+            console.print("admin key: BC_BOOTSTRAP_ADMIN_KEY")
+        console.print(f"try: curl -s -H 'Authorization: Bearer <key>' http://{host}:{port}/v1/pools")
+    uvicorn.run(
+        "app.main:create_app_without_migrations",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+    )
+
+
+@app.command()
+def migrate() -> None:
+    """Migrate the database (DATABASE_URL, or the embedded PostgreSQL) to the latest schema."""
+    from app.db.engine import migrate as run_migrate
+    from app.db.engine import resolve_database_url
+    from app.settings import get_settings
+
+    settings = get_settings()
+    run_migrate(resolve_database_url(settings.database_url, settings.data_dir))
+    console.print("migrated to head")
+
+
+def _client(url: str, key: str | None) -> httpx.Client:
+    if not key:
+        err.print("an API key is needed: --key or BC_API_KEY")
+        raise typer.Exit(2)
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+
+def _answer(response: httpx.Response) -> Any:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"error": {"code": "HTTP", "message": response.text}}
+    if response.status_code >= 400:
+        e = body.get("error", {}) if isinstance(body, dict) else {}
+        err.print(f"[red]{response.status_code} {e.get('code')}[/red]: {e.get('message')}")
+        raise typer.Exit(1)
+    return body
+
+
+def _request_body(
+    tenant: str,
+    pool: str,
+    gpus: int,
+    duration: str,
+    selector: str | None,
+    nvlink: bool,
+    cpu: float | None,
+    memory: float | None,
+    key: str,
+    device_class: str,
+) -> dict[str, Any]:
+    devices = []
+    if gpus:
+        d: dict[str, Any] = {"class": device_class, "count": gpus}
+        if selector:
+            d["selector"] = selector
+        if nvlink:
+            d["topology"] = "nvlink-all"
+        devices.append(d)
+    resources = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
+    return {
+        "tenantId": tenant,
+        "poolId": pool,
+        "devices": devices,
+        "resources": resources,
+        "duration": duration,
+        "idempotencyKey": key,
+    }
+
+
+def _common(**kw: Any) -> dict[str, Any]:
+    import secrets
+
+    return _request_body(
+        kw["tenant"],
+        kw["pool"],
+        kw["gpus"],
+        kw["duration"],
+        kw["selector"],
+        kw["nvlink"],
+        kw["cpu"],
+        kw["memory"],
+        kw["idempotency_key"] or f"cli-{secrets.token_hex(8)}",
+        kw["device_class"],
+    )
+
+
+TenantOpt = Annotated[str, typer.Option("--tenant", help="Tenant id.")]
+PoolOpt = Annotated[str, typer.Option("--pool", help="Pool id.")]
+GpusOpt = Annotated[int, typer.Option("--gpus", help="Number of atoms of --class.")]
+ForOpt = Annotated[str, typer.Option("--for", help="Duration: 90m, 2h, 1d, or seconds.")]
+SelectorOpt = Annotated[str | None, typer.Option("--selector", help="Selector shorthand.")]
+NvlinkOpt = Annotated[bool, typer.Option("--nvlink", help="topology: nvlink-all.")]
+CpuOpt = Annotated[float | None, typer.Option("--cpu", help="CPU cores.")]
+MemOpt = Annotated[float | None, typer.Option("--memory", help="Memory (MiB).")]
+IdemOpt = Annotated[str | None, typer.Option("--idempotency-key", help="Retry key (default: random).")]
+ClassOpt = Annotated[str, typer.Option("--class", help="Device class.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the JSON answer.")]
+
+
+@app.command()
+def preview(
+    tenant: TenantOpt,
+    pool: PoolOpt,
+    gpus: GpusOpt = 0,
+    for_: ForOpt = "1d",
+    selector: SelectorOpt = None,
+    nvlink: NvlinkOpt = False,
+    cpu: CpuOpt = None,
+    memory: MemOpt = None,
+    idempotency_key: IdemOpt = None,
+    device_class: ClassOpt = "gpu",
+    as_json: JsonOpt = False,
+    url: Annotated[str, URL_OPTION] = "http://127.0.0.1:8000",
+    key: Annotated[str | None, KEY_OPTION] = None,
+) -> None:
+    """Would this fit, where, and if not, why not."""
+    body = _common(
+        tenant=tenant,
+        pool=pool,
+        gpus=gpus,
+        duration=for_,
+        selector=selector,
+        nvlink=nvlink,
+        cpu=cpu,
+        memory=memory,
+        idempotency_key=idempotency_key,
+        device_class=device_class,
+    )
+    with _client(url, key) as c:
+        answer = _answer(c.post("/v1/capacity/preview", json=body))
+    if as_json:
+        print(json.dumps(answer, indent=2))
+        return
+    if not answer["fits"]:
+        console.print(f"[yellow]does not fit[/yellow]: {answer.get('reason')}")
+        return
+    table = Table("node", "score", "atoms")
+    for cand in answer["candidates"]:
+        table.add_row(cand.get("nodeName", cand["nodeId"]), f"{cand['score']:.3f}", ", ".join(cand["atoms"]))
+    console.print(table)
+
+
+@app.command()
+def reserve(
+    tenant: TenantOpt,
+    pool: PoolOpt,
+    gpus: GpusOpt = 0,
+    for_: ForOpt = "1d",
+    selector: SelectorOpt = None,
+    nvlink: NvlinkOpt = False,
+    cpu: CpuOpt = None,
+    memory: MemOpt = None,
+    idempotency_key: IdemOpt = None,
+    device_class: ClassOpt = "gpu",
+    as_json: JsonOpt = False,
+    url: Annotated[str, URL_OPTION] = "http://127.0.0.1:8000",
+    key: Annotated[str | None, KEY_OPTION] = None,
+) -> None:
+    """Reserve GPUs (and cpu/memory) now for a duration."""
+    body = _common(
+        tenant=tenant,
+        pool=pool,
+        gpus=gpus,
+        duration=for_,
+        selector=selector,
+        nvlink=nvlink,
+        cpu=cpu,
+        memory=memory,
+        idempotency_key=idempotency_key,
+        device_class=device_class,
+    )
+    with _client(url, key) as c:
+        answer = _answer(c.post("/v1/reservations", json=body))
+    if as_json:
+        print(json.dumps(answer, indent=2))
+        return
+    console.print(f"{answer['id']} [bold]{answer['status']}[/bold]")
+    for a in answer["allocations"]:
+        console.print(f"  {a['nodeId']}: {', '.join(a['atoms'])} {a['resources']} until {a['end']}")
+    for cond in answer["conditions"]:
+        console.print(f"  [yellow]{cond['reason']}[/yellow]: {cond['message']}")
+
+
+@app.command()
+def release(
+    reservation_id: Annotated[str, typer.Argument(help="Reservation id (res_...).")],
+    url: Annotated[str, URL_OPTION] = "http://127.0.0.1:8000",
+    key: Annotated[str | None, KEY_OPTION] = None,
+) -> None:
+    """Release a reservation."""
+    with _client(url, key) as c:
+        answer = _answer(c.post(f"/v1/reservations/{reservation_id}/release"))
+    console.print(f"{answer['id']} [bold]{answer['status']}[/bold]")
+
+
+@app.command("openapi")
+def openapi_command(
+    output: Annotated[str, typer.Option("-o", help="Where to write it.")] = "openapi/openapi.json",
+) -> None:
+    """Regenerate the checked-in OpenAPI document."""
+    from app.openapi import write_openapi
+
+    write_openapi(output)
+    console.print(f"wrote {output}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="better-compute")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Reservations end to end through the real app on real PostgreSQL (issue 2, "Done when" 3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from tests.factories import add_node, gpu_node, make_pool, reservation
+
+
+async def _counts(engine: Any) -> dict[str, int]:
+    async with engine.connect() as conn:
+        out = {}
+        for table in ("reservations", "allocations", "device_bookings"):
+            out[table] = (await conn.exec_driver_sql(f"SELECT count(*) FROM {table}")).scalar_one()
+        out["used"] = (
+            await conn.exec_driver_sql("SELECT coalesce(sum(used), 0) FROM quota_usage")
+        ).scalar_one()
+        out["allocated"] = (
+            await conn.exec_driver_sql("SELECT coalesce(sum(allocated), 0) FROM node_resources")
+        ).scalar_one()
+        return out
+
+
+async def test_reserve_eight_gpus_places_on_one_node_and_release_frees_it(
+    admin_client: httpx.AsyncClient,
+) -> None:
+    pool = await make_pool(admin_client)
+    node = await add_node(admin_client, pool, gpu_node("dgx-a"))
+    r = await admin_client.post("/v1/reservations", json=reservation(pool, 8, resources={"cpu": 16}))
+    assert r.status_code == 201, r.text
+    placed = r.json()
+    assert placed["status"] == "placed"
+    [alloc] = placed["allocations"]
+    assert alloc["nodeId"] == node["id"]
+    assert sorted(alloc["atoms"]) == sorted(d["id"] for d in node["devices"])
+    assert alloc["resources"] == {"cpu": 16}
+
+    got = await admin_client.get(f"/v1/reservations/{placed['id']}")
+    assert got.status_code == 200 and got.json()["allocations"] == placed["allocations"]
+
+    # the node is full now: a second reserve of the same shape is pending with the summary reason
+    second = (await admin_client.post("/v1/reservations", json=reservation(pool, 8))).json()
+    assert second["status"] == "pending"
+    assert second["conditions"][0]["message"] == "no node fits (1 node): 1 × fits: 0 of 8 gpu free"
+
+    rel = await admin_client.post(f"/v1/reservations/{placed['id']}/release")
+    assert rel.status_code == 200 and rel.json()["status"] == "released"
+    again = (await admin_client.post("/v1/reservations", json=reservation(pool, 8))).json()
+    assert again["status"] == "placed" and again["allocations"][0]["nodeId"] == node["id"]
+    view = (await admin_client.get(f"/v1/nodes/{node['id']}")).json()
+    assert view["resources"]["cpu"]["allocated"] == 0
+
+
+async def test_pending_reason_groups_rejections(admin_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(admin_client)
+    for name in ("a", "b"):
+        await add_node(admin_client, pool, gpu_node(name, 4))
+    await add_node(admin_client, pool, gpu_node("c", 4, cordoned=True))
+    for _ in range(2):  # take 3 of 4 GPUs on a and on b
+        r = await admin_client.post("/v1/reservations", json=reservation(pool, 3))
+        assert r.json()["status"] == "placed"
+    pending = (await admin_client.post("/v1/reservations", json=reservation(pool, 2))).json()
+    assert pending["status"] == "pending"
+    [cond] = pending["conditions"]
+    assert cond == {
+        "type": "Unschedulable",
+        "status": "True",
+        "reason": "NoFit",
+        "message": "no node fits (3 nodes): 2 × fits: 1 of 4 gpu free; 1 × cordoned",
+    }
+    got = (await admin_client.get(f"/v1/reservations/{pending['id']}")).json()
+    assert got["conditions"] == pending["conditions"]
+
+
+async def test_reserve_without_key_is_401(
+    anon_client: httpx.AsyncClient, admin_client: httpx.AsyncClient
+) -> None:
+    pool = await make_pool(admin_client)
+    r = await anon_client.post("/v1/reservations", json=reservation(pool, 1))
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == "UNAUTHENTICATED"
+    bad = await anon_client.get("/v1/pools", headers={"Authorization": "Bearer nope"})
+    assert bad.status_code == 401
+
+
+async def _tenant_key(admin: httpx.AsyncClient, tenant: str, pool: str) -> str:
+    r = await admin.post(
+        "/v1/api-keys",
+        json={
+            "principal": f"{tenant}-user",
+            "tenantId": tenant,
+            "grants": [
+                {"action": "compute:reservations:*", "resource": f"tenant:{tenant}"},
+                {"action": "compute:reservations:create", "resource": f"pool:{pool}"},
+                {"action": "compute:capacity:read", "resource": f"pool:{pool}"},
+            ],
+        },
+    )
+    assert r.status_code == 201, r.text
+    return r.json()["key"]
+
+
+async def test_another_tenants_reservation_is_404(admin_client: httpx.AsyncClient, client_for: Any) -> None:
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("n1"))
+    acme_key, globex_key = (
+        await _tenant_key(admin_client, "acme", pool),
+        await _tenant_key(admin_client, "globex", pool),
+    )
+    async with client_for(acme_key) as acme, client_for(globex_key) as globex:
+        r = await acme.post("/v1/reservations", json=reservation(pool, 1, tenant="acme"))
+        assert r.status_code == 201, r.text
+        res_id = r.json()["id"]
+        assert (await acme.get(f"/v1/reservations/{res_id}")).status_code == 200
+        other = await globex.get(f"/v1/reservations/{res_id}")
+        assert other.status_code == 404 and other.json()["error"]["code"] == "NOT_FOUND"
+        assert (await globex.post(f"/v1/reservations/{res_id}/release")).status_code == 404
+        listed = (await globex.get("/v1/reservations")).json()["items"]
+        assert listed == []
+        # a tenant key cannot reserve for another tenant
+        forbidden = await globex.post("/v1/reservations", json=reservation(pool, 1, tenant="acme"))
+        assert forbidden.status_code == 403
+        # and a revoked key is 401
+    keys = (await admin_client.post("/v1/api-keys", json={"principal": "tmp", "grants": []})).json()
+    assert (await admin_client.delete(f"/v1/api-keys/{keys['id']}")).status_code == 204
+    async with client_for(keys["key"]) as revoked:
+        assert (await revoked.get("/v1/pools")).status_code == 401
+
+
+async def test_quota_exhaustion_is_409_and_writes_nothing(
+    admin_client: httpx.AsyncClient, engine: Any
+) -> None:
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("n1"))
+    q = await admin_client.put(f"/v1/tenants/acme/quotas/{pool}", json={"limits": {"gpu": 4, "cpu": 100}})
+    assert q.status_code == 200 and q.json()["limits"] == {"cpu": 100, "gpu": 4}
+    ok = await admin_client.post("/v1/reservations", json=reservation(pool, 3))
+    assert ok.json()["status"] == "placed"
+    before = await _counts(engine)
+    over = await admin_client.post("/v1/reservations", json=reservation(pool, 2))
+    assert over.status_code == 409
+    err = over.json()["error"]
+    assert err["code"] == "QUOTA_EXCEEDED" and err["details"]["resource"] == "gpu"
+    assert await _counts(engine) == before
+    usage = (await admin_client.get(f"/v1/tenants/acme/quotas/{pool}")).json()
+    assert usage["used"]["gpu"] == 3
+
+
+async def test_malformed_request_is_422_with_path_and_writes_nothing(
+    admin_client: httpx.AsyncClient, engine: Any
+) -> None:
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("n1"))
+    before = await _counts(engine)
+    cases: list[tuple[dict[str, Any], str]] = [
+        (reservation(pool, 1, devices=[{"class": "gpu", "count": -1}]), "devices.0.count"),
+        (reservation(pool, 1, devices=[{"class": "gpu", "count": 0}]), "devices.0.count"),
+        (reservation(pool, 1, duration="soon"), "duration"),
+        (reservation(pool, 0), ""),
+        (reservation(pool, 1, nodeLabels={"a": "b"}), "nodeLabels"),
+        (
+            reservation(
+                pool,
+                1,
+                devices=[
+                    {
+                        "class": "gpu",
+                        "count": 1,
+                        "selector": {
+                            "matchExpressions": [{"key": "vramGiB", "op": "Gt", "values": ["lots"]}]
+                        },
+                    }
+                ],
+            ),
+            "devices.0.selector",
+        ),
+        (
+            reservation(pool, 1, devices=[{"class": "gpu", "count": 1, "selector": "vramGiB >> 3"}]),
+            "devices.0.selector",
+        ),
+        (reservation(pool, 1, idempotencyKey=""), "idempotencyKey"),
+        (reservation(pool, 1, resources={"cpu": -2}), "resources.cpu"),
+    ]
+    for body, path in cases:
+        r = await admin_client.post("/v1/reservations", json=body)
+        assert r.status_code == 422, (body, r.text)
+        err = r.json()["error"]
+        assert err["code"] == "INVALID_INPUT"
+        assert err["details"]["path"].startswith(path), (path, err)
+        p = await admin_client.post("/v1/capacity/preview", json=body)
+        assert p.status_code == 422
+    assert await _counts(engine) == before
+
+
+async def test_idempotent_retry_returns_the_same_reservation(
+    admin_client: httpx.AsyncClient, engine: Any
+) -> None:
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("n1"))
+    body = reservation(pool, 2, key="retry-1")
+    first = await admin_client.post("/v1/reservations", json=body)
+    again = await admin_client.post("/v1/reservations", json=body)
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json() == first.json()
+    other = await admin_client.post("/v1/reservations", json=reservation(pool, 3, key="retry-1"))
+    assert other.status_code == 409 and other.json()["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+    counts = await _counts(engine)
+    assert counts["reservations"] == 1 and counts["device_bookings"] == 2
+
+
+async def test_preview_answers_candidates_or_reason(admin_client: httpx.AsyncClient, engine: Any) -> None:
+    pool = await make_pool(admin_client)
+    for name in ("n1", "n2"):
+        await add_node(admin_client, pool, gpu_node(name))
+    before = await _counts(engine)
+    r = await admin_client.post("/v1/capacity/preview", json=reservation(pool, 8))
+    assert r.status_code == 200
+    body = r.json()
+    assert body["fits"] is True and len(body["candidates"]) == 2
+    assert all(len(c["atoms"]) == 8 and "binpack" in c["scores"] for c in body["candidates"])
+    none = (await admin_client.post("/v1/capacity/preview", json=reservation(pool, 9))).json()
+    assert none == {
+        "fits": False,
+        "candidates": [],
+        "reason": "no node fits (2 nodes): 2 × fits: 8 of 8 gpu free",
+    }
+    empty = await make_pool(admin_client)
+    nothing = (await admin_client.post("/v1/capacity/preview", json=reservation(empty, 1))).json()
+    assert nothing["reason"] == "the pool has no nodes"
+    assert await _counts(engine) == before

@@ -1,0 +1,140 @@
+"""Shared fixtures: a real PostgreSQL database per test run, migrated with Alembic, and the real app.
+
+``DATABASE_URL`` (CI, or the machine's PostgreSQL) names the server; without it an embedded PostgreSQL
+(pgserver) is started in a temporary folder. Each run creates its own uniquely named database and drops
+it at the end, so two runs never collide. Tests that commit get clean tables (TRUNCATE) before they run.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.engine import create_engine, migrate
+from app.db.tables import metadata
+from app.settings import Settings
+
+ADMIN_KEY = "test-admin-key-" + "0" * 32
+DATA = Path(__file__).parent / "data"
+
+
+def _server_url() -> str:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    import pgserver
+
+    folder = Path(tempfile.gettempdir()) / "bc-test-pgdata"
+    server = pgserver.get_server(str(folder), cleanup_mode="stop")
+    _servers.append(server)
+    return server.get_uri()
+
+
+_servers: list[Any] = []
+
+
+def _admin_exec(server_url: str, statement: str) -> None:
+    """Run one statement on the server's ``postgres`` database (CREATE / DROP DATABASE)."""
+    import asyncio
+
+    import asyncpg
+
+    dsn = make_url(server_url).set(drivername="postgresql", database="postgres")
+
+    async def run() -> None:
+        conn = await asyncpg.connect(dsn.render_as_string(hide_password=False))
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A fresh, migrated database for this test run (dropped afterwards)."""
+    server_url = _server_url()
+    name = f"bc_test_{os.getpid()}_{secrets.token_hex(4)}"
+    _admin_exec(server_url, f'CREATE DATABASE "{name}"')
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        migrate(url)
+        yield url
+    finally:
+        _admin_exec(
+            server_url,
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' "
+            "AND pid <> pg_backend_pid()",
+        )
+        _admin_exec(server_url, f'DROP DATABASE IF EXISTS "{name}"')
+
+
+@pytest.fixture(scope="session")
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """An asyncpg engine on the test database."""
+    eng = create_engine(database_url, pool_size=20)
+    yield eng
+    await eng.dispose()
+
+
+TABLES = ", ".join(t.name for t in reversed(metadata.sorted_tables))
+
+
+@pytest.fixture
+async def clean_db(engine: AsyncEngine) -> AsyncEngine:
+    """Empty every table before the test (tests that commit, such as races, need real commits)."""
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
+    return engine
+
+
+def settings_for(database_url: str, **overrides: Any) -> Settings:
+    """Settings for a test app on ``database_url`` with the test admin key."""
+    return Settings(database_url=database_url, bootstrap_admin_key=ADMIN_KEY, **overrides)
+
+
+@pytest.fixture
+async def app(database_url: str, clean_db: AsyncEngine) -> AsyncIterator[Any]:
+    """The real FastAPI app on the test database, with its lifespan running (clean tables)."""
+    from app.main import create_app
+
+    application = create_app(settings_for(database_url), run_migrations=False)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+def _client(application: Any, key: str | None) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=application), base_url="http://test", headers=headers, timeout=60
+    )
+
+
+@pytest.fixture
+async def admin_client(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client of the real app with the bootstrap admin key."""
+    async with _client(app, ADMIN_KEY) as c:
+        yield c
+
+
+@pytest.fixture
+async def anon_client(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client of the real app without a key."""
+    async with _client(app, None) as c:
+        yield c
+
+
+@pytest.fixture
+def client_for(app: Any) -> Any:
+    """``client_for(key)`` -> an httpx client of the real app with that key (close it yourself)."""
+    return lambda key: _client(app, key)
