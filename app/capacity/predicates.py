@@ -1,0 +1,78 @@
+"""The schedulability rule as SQL (seed 000, "Eligibility filters"): the twins of
+:mod:`app.placement.schedulable`, used by the guarded commit, lease candidates, BookingRepair and the
+node controller's wake edge. ``tests/placement/test_schedulable_sql.py`` checks, over generated nodes
+against real PostgreSQL, that each predicate selects exactly the nodes its Python twin accepts.
+
+Each function returns a SQLAlchemy Core boolean over ``nodes`` and ``pools``; the statement must have
+both in its FROM (``nodes JOIN pools ON pools.id = nodes.pool_id``). ``no_schedule_reasons`` is
+``text[] NOT NULL``; the dedication a tenant tolerates is the reason ``tainted dedicated=<tenant>``.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.sql.elements import ColumnElement
+
+from app.db.tables import nodes, pools
+from app.placement.schedulable import DEDICATION_PREFIX
+
+_PREFIX_LENGTH = len(DEDICATION_PREFIX)
+
+
+def _reasons_of(node_table: sa.Table) -> ColumnElement[list[str]]:
+    return sa.func.coalesce(node_table.c.no_schedule_reasons, sa.text("'{}'::text[]"))
+
+
+def _is_dedication(reason: ColumnElement[str]) -> ColumnElement[bool]:
+    return sa.func.left(reason, _PREFIX_LENGTH) == DEDICATION_PREFIX
+
+
+# pools.archived_at IS NULL
+#   AND coalesce(nodes.no_schedule_reasons, '{}'::text[]) <@ ARRAY['tainted dedicated=' || :tenant]::text[]
+# (tenant None: ... <@ '{}'::text[], i.e. no reason at all)
+def schedulable_sql_tolerating(
+    tenant_id: str | None, node_table: sa.Table = nodes, pool_table: sa.Table = pools
+) -> ColumnElement[bool]:
+    """Schedulable for ``tenant_id``: the pool is not archived and every NoSchedule reason of the node
+    is the tenant's own dedication (there may be none). Twin of ``ineligibility(...) is None``."""
+    tolerated = [DEDICATION_PREFIX + tenant_id] if tenant_id is not None else []
+    allowed = sa.cast(pg.array(tolerated, type_=sa.Text), pg.ARRAY(sa.Text))
+    return sa.and_(pool_table.c.archived_at.is_(None), _reasons_of(node_table).contained_by(allowed))
+
+
+# pools.archived_at IS NULL AND nodes.leasable
+#   AND NOT EXISTS (SELECT 1 FROM unnest(nodes.no_schedule_reasons) AS r(reason)
+#                    WHERE left(r.reason, 18) = 'tainted dedicated='
+#                      AND r.reason IS DISTINCT FROM 'tainted dedicated=' || :tenant)
+def leasable_sql_for(
+    tenant_id: str | None, node_table: sa.Table = nodes, pool_table: sa.Table = pools
+) -> ColumnElement[bool]:
+    """Leasable whole by ``tenant_id``: the pool is not archived, the node is ``leasable``, and no
+    dedication to another tenant (other NoSchedule reasons are ignored by whole-node leases). Twin of
+    ``lease_ineligibility(...) is None``."""
+    reasons = sa.func.unnest(_reasons_of(node_table)).table_valued("reason").render_derived("r")
+    own = DEDICATION_PREFIX + tenant_id if tenant_id is not None else None
+    foreign = sa.select(sa.literal(1)).select_from(reasons).where(_is_dedication(reasons.c.reason))
+    if own is not None:
+        foreign = foreign.where(reasons.c.reason.is_distinct_from(own))
+    return sa.and_(pool_table.c.archived_at.is_(None), node_table.c.leasable.is_(True), ~foreign.exists())
+
+
+# pools.archived_at IS NULL
+#   AND NOT EXISTS (SELECT 1 FROM unnest(nodes.no_schedule_reasons) AS r(reason)
+#                    WHERE left(r.reason, 18) <> 'tainted dedicated='
+#                       OR r.reason <> nodes.no_schedule_reasons[1])
+def may_be_schedulable_sql(node_table: sa.Table = nodes, pool_table: sa.Table = pools) -> ColumnElement[bool]:
+    """Schedulable for some tenant: the pool is not archived and the node has no reason, or only
+    dedications to one tenant. Drives the wake edge of pending reservations. Twin of
+    ``may_be_schedulable``."""
+    all_reasons = _reasons_of(node_table)
+    reasons = sa.func.unnest(all_reasons).table_valued("reason").render_derived("r")
+    first = node_table.c.no_schedule_reasons[1]
+    other = (
+        sa.select(sa.literal(1))
+        .select_from(reasons)
+        .where(sa.or_(~_is_dedication(reasons.c.reason), reasons.c.reason != first))
+    )
+    return sa.and_(pool_table.c.archived_at.is_(None), ~other.exists())

@@ -1,0 +1,45 @@
+"""The pure half imports no I/O module (STYLE.md habit 2; issue 3, done-when 3)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PLACEMENT = Path(__file__).resolve().parents[2] / "app" / "placement"
+FORBIDDEN = ("sqlalchemy", "fastapi", "asyncpg", "app.db", "app.api", "app.capacity", "httpx", "asyncssh")
+FILES = {
+    "app." + ".".join(p.relative_to(PLACEMENT.parent).with_suffix("").parts).removesuffix(".__init__"): p
+    for p in PLACEMENT.rglob("*.py")
+}
+MODULES = sorted(FILES)
+
+
+def test_every_placement_module_is_listed() -> None:
+    assert "app.placement.pipeline" in MODULES and "app.placement.filters.fits" in MODULES
+
+
+@pytest.mark.parametrize("forbidden", FORBIDDEN)
+def test_importing_placement_loads_no_io_module(forbidden: str) -> None:
+    # A fresh interpreter: importing every module of app/placement must not load the forbidden one.
+    code = (
+        "import sys\n"
+        f"for m in {MODULES!r}:\n"
+        "    __import__(m)\n"
+        f"bad = [m for m in sys.modules if m == {forbidden!r} or m.startswith({forbidden!r} + '.')]\n"
+        "print(','.join(bad))\n"
+    )
+    root = str(PLACEMENT.parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_no_io_import_statement(module: str) -> None:
+    for line in FILES[module].read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith(("import ", "from ")):
+            target = stripped.split()[1]
+            assert not any(target == f or target.startswith(f + ".") for f in FORBIDDEN), line
