@@ -443,7 +443,8 @@ def parse_sinfo_shape(text: str) -> SlurmShape:
     """The lane shape from ``sinfo --noheader --partition QUEUE --format '%c|%m|%G|%l|%s'`` output.
 
     One line per node group ``cpus|mem_mb|gres|time limit|job size``. A ``+`` is a lower bound and is
-    used as the group's value. A zero time limit admits no job and is refused. Raises
+    used as the group's value. A zero time limit admits no job and is refused, as is a group with 0 CPUs or
+    0 MB (an unconfigured node, not a shape). Raises
     :class:`SlurmParseError` on empty output (no such partition) or a line that does not parse.
     """
     rows = parse_sinfo(text, SHAPE_FORMAT)
@@ -452,6 +453,8 @@ def parse_sinfo_shape(text: str) -> SlurmShape:
     cpus = min(row.cpus for row in rows if row.cpus is not None)
     mem_mb = min(row.mem_mb for row in rows if row.mem_mb is not None)
     gpus = min(row.gpus or 0 for row in rows)
+    if cpus == 0 or mem_mb == 0:
+        raise SlurmParseError("sinfo reported a node group with 0 cpus or 0 MB of memory")
     limits = [row.time_limit for row in rows]
     finite = [limit for limit in limits if isinstance(limit, int)]
     if any(limit == 0 for limit in finite):
