@@ -20,6 +20,7 @@ over its known part, and is shown as ``... + unknown``. With no eligible target 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -132,6 +133,15 @@ def _exact(value: float | int) -> Fraction:
     """A decimal figure as an exact fraction (``0.7`` is 7/10), so bounds compare without float noise:
     equality at the walltime bound fits."""
     return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+
+
+def exceeds(runtime_high: float, speed_factor: float, bound: int) -> bool:
+    """``runtime_high / speed_factor > bound``, exactly (equality fits): floats decide unless the two
+    sides are within rounding of each other, and then exact decimal fractions do (``7 / 0.7 == 10``)."""
+    upper = runtime_high / speed_factor
+    if abs(upper - bound) > 1e-9 * max(1.0, abs(upper)):
+        return upper > bound
+    return _exact(runtime_high) / _exact(speed_factor) > bound
 
 
 def _num(value: float | int) -> str:
@@ -358,18 +368,17 @@ def check_execution_bound(target: FleetTarget, request: PlacementRequestDoc, ctx
     equality fits. Without a runtime estimate there is nothing to check here."""
     if request.runtime_seconds is None:
         return []
-    upper = _exact(request.runtime_seconds.high) / _exact(target.speed_factor)
-    shown = (
-        f"execution: up to {_num(float(upper))} s ({_num(request.runtime_seconds.high)} s at speed "
-        f"{_num(target.speed_factor)})"
-    )
-    reasons = []
+    high, speed = request.runtime_seconds.high, target.speed_factor
+    exceeded = []
     limit = target.max_walltime_seconds
-    if not target.walltime_unlimited and limit is not None and upper > limit:
-        reasons.append(f"{shown} exceeds the walltime limit of {limit} s")
-    if request.wall_time_seconds is not None and upper > request.wall_time_seconds:
-        reasons.append(f"{shown} exceeds the requested walltime of {request.wall_time_seconds} s")
-    return reasons
+    if not target.walltime_unlimited and limit is not None and exceeds(high, speed, limit):
+        exceeded.append(f"the walltime limit of {limit} s")
+    if request.wall_time_seconds is not None and exceeds(high, speed, request.wall_time_seconds):
+        exceeded.append(f"the requested walltime of {request.wall_time_seconds} s")
+    if not exceeded:
+        return []
+    shown = f"execution: up to {_num(high / speed)} s ({_num(high)} s at speed {_num(speed)})"
+    return [f"{shown} exceeds {what}" for what in exceeded]
 
 
 REQUIREMENTS: tuple[tuple[str, Check], ...] = (
@@ -402,7 +411,7 @@ def _transfer_component(name: str, mb: float | None, rate: float | None, what: s
     if rate is None:
         rate_field = "staging_mb_per_second" if name == "staging" else "transfer_mb_per_second"
         return Component(name, reason=f"{rate_field} unknown ({_num(mb)} MB of {what})")
-    seconds = float(_exact(mb) / _exact(rate))
+    seconds = mb / rate
     return Component(name, seconds, seconds, source=f"{_num(mb)} MB at {_num(rate)} MB/s")
 
 
@@ -455,9 +464,8 @@ def _execution_component(
         if fill is not None and fill.reason:
             reason = f"no runtime estimate ({fill.reason})"
         return Component("execution", reason=reason)
-    speed = _exact(target.speed_factor)
-    low = float(_exact(runtime.low) / speed)
-    high = float(_exact(runtime.high) / speed)
+    low = runtime.low / target.speed_factor
+    high = runtime.high / target.speed_factor
     source = (
         f"runtime {_interval_text(runtime.low, runtime.high)} s / speed {_num(target.speed_factor)} "
         f"({target.speed_source})"
@@ -489,8 +497,8 @@ def components_for(
 def completion_of(components: tuple[Component, ...]) -> Completion:
     """Sum the components: complete when all are known; else the known part and the unknown names."""
     known = [c for c in components if c.known]
-    low = float(sum((_exact(c.low) for c in known if c.low is not None), Fraction(0)))
-    high = float(sum((_exact(c.high) for c in known if c.high is not None), Fraction(0)))
+    low = math.fsum(c.low for c in known if c.low is not None)
+    high = math.fsum(c.high for c in known if c.high is not None)
     unknown = tuple(c.name for c in components if not c.known)
     return Completion(complete=not unknown, low=low, high=high, unknown=unknown)
 
