@@ -127,3 +127,209 @@ def explain_command(
         fail_malformed(error)
         return
     typer.echo(output, nl=False)
+
+
+# ---------------------------------------------------------------------------------------------------
+# placement fleet / placement compare (seed 004, "Live daemon evidence" .. "Comparing the broker's
+# orderings"; issue 6)
+
+
+def _read_job_history(path: Path | None) -> list[Any]:
+    """Job records from a ``vq.job-history/1`` file (empty without one)."""
+    from app.fleet.history import load_job_history
+
+    if path is None:
+        return []
+    try:
+        return list(load_job_history(read_json_document(path, "job history")).jobs)
+    except InvalidInput as error:
+        raise InvalidInput(f"{path}: {error.message}", path=error.path, details=error.details) from None
+
+
+def run_fleet(
+    base_path: Path,
+    output: Path | None,
+    capacity: list[str],
+    collect: list[str],
+    queue_history: list[str],
+    scheduler_shape: list[str],
+    runtime_root: list[str],
+    hosts_path: Path | None,
+    timeout_seconds: float,
+    history_path: Path | None,
+    history_jobs: int,
+    history_days: int,
+    history_min: int,
+) -> tuple[str, list[str]]:
+    """Build the fleet (seed 004): returns the ``vq.placement-fleet/1`` JSON text and the report lines.
+    Every refusal raises :class:`InvalidInput` before any host is contacted."""
+    import asyncio
+
+    from app.fleet.build import BuildPlan, FleetBuildRefused, HistoryOptions, parse_assignment
+    from app.fleet.capacity import load_capacity_answer
+    from app.fleet.collect import build_from_hosts
+    from app.fleet.documents import dump_document, load_fleet
+    from app.fleet.ssh import load_hosts
+    from app.settings import get_settings
+
+    if output is not None and (
+        output.resolve() == base_path.resolve() or (output.exists() and output.samefile(base_path))
+    ):
+        raise FleetBuildRefused(f"-o {output}: refusing to write over the base file", path="output")
+    try:
+        base = load_fleet(read_json_document(base_path, "fleet"))
+    except InvalidInput as error:
+        raise InvalidInput(f"{base_path}: {error.message}", path=error.path, details=error.details) from None
+
+    capacity_pairs = [parse_assignment(item, "--capacity", value_required=True) for item in capacity]
+    history_pairs = [
+        parse_assignment(item, "--queue-history", value_required=False) for item in queue_history
+    ]
+    shape_pairs = [
+        parse_assignment(item, "--scheduler-shape", value_required=False) for item in scheduler_shape
+    ]
+    root_pairs = [parse_assignment(item, "--runtime-root", value_required=True) for item in runtime_root]
+    plan = BuildPlan(
+        capacity=tuple(name for name, _ in capacity_pairs),
+        collect=tuple(collect),
+        queue_history=tuple((name, value or name) for name, value in history_pairs),
+        scheduler_shape=tuple((name, value or name) for name, value in shape_pairs),
+        runtime_root=tuple((name, value or "") for name, value in root_pairs),
+    )
+    needs_ssh = bool(plan.collect or plan.scheduler_shape or plan.runtime_root)
+    hosts_file = hosts_path or get_settings().fleet_hosts_file
+    if needs_ssh and hosts_file is None:
+        raise FleetBuildRefused("no hosts file: give --hosts FILE or set BC_FLEET_HOSTS_FILE", path="hosts")
+    hosts = load_hosts(hosts_file) if needs_ssh and hosts_file is not None else {}
+    if plan.queue_history and history_path is None:
+        raise FleetBuildRefused("--queue-history needs --history FILE (vq.job-history/1)", path="history")
+    jobs = _read_job_history(history_path)
+    answers = {}
+    for name, file_name in capacity_pairs:
+        path = Path(file_name or "")
+        try:
+            answers[name] = load_capacity_answer(read_json_document(path, "capacity answer"))
+        except InvalidInput as error:
+            raise FleetBuildRefused(
+                f"--capacity {name}={path}: {error.message}", path=f"capacity.{name}", details=error.details
+            ) from None
+    result = asyncio.run(
+        build_from_hosts(
+            base,
+            plan,
+            hosts,
+            capacity=answers,
+            jobs=jobs,
+            history=HistoryOptions(jobs=history_jobs, days=history_days, minimum=history_min),
+            timeout_seconds=timeout_seconds,
+        )
+    )
+    text = json.dumps(dump_document(result.fleet), indent=2, ensure_ascii=False) + "\n"
+    return text, [entry.line() for entry in result.report]
+
+
+@placement_app.command("fleet")
+def fleet_command(
+    base: Annotated[Path, typer.Argument(help="Base vq.placement-fleet/1 JSON file (never overwritten).")],
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write the fleet here (default stdout).")
+    ] = None,
+    capacity: Annotated[
+        list[str] | None,
+        typer.Option("--capacity", help="NAME=ANSWER.json: a daemon's vq broker capacity answer."),
+    ] = None,
+    collect: Annotated[
+        list[str] | None, typer.Option("--collect", help="NAME: ask this configured daemon host over SSH.")
+    ] = None,
+    queue_history: Annotated[
+        list[str] | None,
+        typer.Option("--queue-history", help="NAME[=TARGET]: lane queue wait from recorded waits of TARGET."),
+    ] = None,
+    scheduler_shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--scheduler-shape", help="NAME[=HOST]: node shape and limits from sinfo / qstat+pbsnodes."
+        ),
+    ] = None,
+    runtime_root: Annotated[
+        list[str] | None, typer.Option("--runtime-root", help="NAME=ROOT: runtimes from a deployment root.")
+    ] = None,
+    hosts: Annotated[
+        Path | None, typer.Option("--hosts", help="Hosts TOML ([hosts.NAME]); default BC_FLEET_HOSTS_FILE.")
+    ] = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per host call.")] = 60.0,
+    history: Annotated[
+        Path | None, typer.Option("--history", help="This queue's job records (vq.job-history/1 JSON).")
+    ] = None,
+    history_jobs: Annotated[int, typer.Option("--history-jobs", min=1)] = 50,
+    history_days: Annotated[int, typer.Option("--history-days", min=1)] = 14,
+    history_min: Annotated[int, typer.Option("--history-min", min=1)] = 5,
+) -> None:
+    """Build a fleet file from live evidence: capacity answers, SSH collection, queue history, scheduler
+    shapes and runtime roots. Contacts only the --collect / --scheduler-shape / --runtime-root hosts;
+    every refusal happens before any contact (exit code 2). Each target's outcome goes to stderr."""
+    try:
+        text, lines = run_fleet(
+            base,
+            output,
+            capacity or [],
+            collect or [],
+            queue_history or [],
+            scheduler_shape or [],
+            runtime_root or [],
+            hosts,
+            timeout,
+            history,
+            history_jobs,
+            history_days,
+            history_min,
+        )
+    except InvalidInput as error:
+        fail_malformed(error)
+        return
+    for line in lines:
+        typer.echo(line, err=True)
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+
+
+def run_compare(
+    fleet_path: Path, history_path: Path, jobs: int, now_text: str | None, max_age: int, as_json: bool
+) -> str:
+    """Compare the broker's orderings on recorded jobs; the text report or ``vq.placement-compare/1``."""
+    from app.fleet.compare import compare_orderings, render_text
+    from app.fleet.documents import load_fleet
+
+    now = parse_now(now_text)
+    try:
+        fleet = load_fleet(read_json_document(fleet_path, "fleet"))
+    except InvalidInput as error:
+        raise InvalidInput(f"{fleet_path}: {error.message}", path=error.path, details=error.details) from None
+    records = _read_job_history(history_path)
+    comparison = compare_orderings(fleet, records, now, jobs=jobs, max_age_seconds=max_age)
+    if as_json:
+        return json.dumps(comparison.to_json(), indent=2, ensure_ascii=False) + "\n"
+    return render_text(comparison)
+
+
+@placement_app.command("compare")
+def compare_command(
+    fleet: Annotated[Path, typer.Argument(help="vq.placement-fleet/1 JSON file.")],
+    history: Annotated[Path, typer.Option("--history", help="This queue's job records (vq.job-history/1).")],
+    jobs: Annotated[
+        int, typer.Option("--jobs", min=1, help="Most recent finished local jobs to compare.")
+    ] = 50,
+    now: Annotated[str | None, typer.Option("--now", help="ISO 8601 time with offset; default now.")] = None,
+    max_age: Annotated[int, typer.Option("--max-age", min=0, help="Max observation age, seconds.")] = 300,
+    as_json: Annotated[bool, typer.Option("--json", help="Print vq.placement-compare/1 JSON.")] = False,
+) -> None:
+    """See what [broker] policy = "completion-time" would change on this host's recorded jobs: each job
+    placed by the capacity ordering and by the completion-time re-ranker. Read-only; contacts nothing."""
+    try:
+        output = run_compare(fleet, history, jobs, now, max_age, as_json)
+    except InvalidInput as error:
+        fail_malformed(error)
+        return
+    typer.echo(output, nl=False)
