@@ -27,7 +27,11 @@ def capacity_config(settings: Settings) -> CapacityConfig:
         top_n=settings.scheduler_top_n,
         plugins=tuple(load_plugins(settings.scheduler_plugins)),
     )
-    return CapacityConfig(options=options, max_attempts=settings.capacity_max_attempts)
+    return CapacityConfig(
+        options=options,
+        max_attempts=settings.capacity_max_attempts,
+        shortlist_min=settings.capacity_shortlist_min,
+    )
 
 
 def create_app(settings: Settings | None = None, *, run_migrations: bool = True) -> FastAPI:

@@ -9,17 +9,18 @@ the commit alone. The caller has charged quota already (lock order: quota_usage 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.commit import Committed, LostRace, commit_candidate
-from app.capacity.snapshot import PoolCache, read_snapshot
+from app.capacity.shortlist import plan_request
+from app.capacity.snapshot import PoolCache
 from app.inventory.service import lock_pool
 from app.placement.model import PlacementRequest, Plan, Rejections
 from app.placement.options import SchedulerOptions
-from app.placement.pipeline import plan_placement
 
 POOL_ARCHIVED_REASON = "the pool is archived"
 
@@ -51,27 +52,30 @@ async def place_inline(
     reservation_id: str,
     options: SchedulerOptions,
     max_attempts: int,
+    shortlist_min: int = 48,
+    before_commit: Callable[[int, Candidate], Awaitable[None]] | None = None,
 ) -> Placed | Pending:
     """Place ``request`` now, inside the caller's open transaction.
 
     Returns :class:`Placed` with the allocation written, or :class:`Pending` with the reason: the
     pending summary of the last plan, ``the pool is archived``, or ``Unschedulable after <n>
-    conflicting attempts: <reason>; ...`` when every attempt lost a race.
+    conflicting attempts: <reason>; ...`` when every attempt lost a race. ``before_commit(attempt,
+    candidate)`` runs between the plan and its commit (tests use it to lose races on purpose).
     """
     assert request.start is not None and request.end is not None
     lost: list[LostRace] = []
     pool_locked = False
     for attempt in range(1, max_attempts + 1):
-        head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end)
-        if head.archived:
-            return Pending(POOL_ARCHIVED_REASON)
         attempt_options = replace(
             options,
             seed=plan_seed(reservation_id, attempt),
             excluded_nodes=frozenset(r.node_id for r in lost),
             exclusion_reasons={r.node_id: r.reason for r in lost},
         )
-        plan = plan_placement(request, snapshot, attempt_options)
+        outcome_plan = await plan_request(conn, cache, request, attempt_options, shortlist_min)
+        if outcome_plan.head.archived:
+            return Pending(POOL_ARCHIVED_REASON)
+        plan = outcome_plan.plan
         if isinstance(plan, Rejections):
             return Pending(plan.summary)
         assert isinstance(plan, Plan)
@@ -81,6 +85,8 @@ async def place_inline(
             pool_locked = True
             if pool.archived_at is not None:
                 return Pending(POOL_ARCHIVED_REASON)
+        if before_commit is not None:
+            await before_commit(attempt, plan.chosen)
         outcome = await commit_candidate(
             conn, request, plan.chosen, reservation_id, attempt, request.start, request.end
         )

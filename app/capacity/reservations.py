@@ -28,14 +28,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit import apply_rollup_delta
 from app.capacity.placer import Pending, Placed, db_now, place_inline
-from app.capacity.snapshot import PoolCache, read_snapshot
+from app.capacity.shortlist import plan_request
+from app.capacity.snapshot import PoolCache
 from app.db.tables import allocations, device_bookings, devices, node_resources, reservations
 from app.errors import IdempotencyKeyReused, NotFound
 from app.ids import new_id
 from app.jsonnum import num
 from app.placement.model import PlacementRequest, Plan
 from app.placement.options import SchedulerOptions
-from app.placement.pipeline import plan_placement
 from app.placement.request import ReservationRequest, to_placement_request
 from app.quota import service as quota
 
@@ -48,6 +48,7 @@ class CapacityConfig:
 
     options: SchedulerOptions
     max_attempts: int = 3
+    shortlist_min: int = 48
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:
@@ -312,11 +313,17 @@ async def preview(
     async with engine.connect() as conn:
         now = await db_now(conn)
         request = to_placement_request(body, now)
-        assert request.start is not None and request.end is not None
-        head, snapshot = await read_snapshot(conn, cache, body.poolId, request.start, request.end)
-    if head.archived:
+        outcome = await plan_request(
+            conn,
+            cache,
+            request,
+            config.options,
+            config.shortlist_min,
+            max(config.options.top_n, PREVIEW_CANDIDATES),
+        )
+    if outcome.head.archived:
         return {"fits": False, "candidates": [], "reason": "the pool is archived"}
-    plan = plan_placement(request, snapshot, config.options)
+    plan = outcome.plan
     if not isinstance(plan, Plan):
         return {"fits": False, "candidates": [], "reason": plan.summary}
     return {

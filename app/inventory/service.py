@@ -291,6 +291,7 @@ async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> 
                     "attributes": d.attributes,
                     "numaNode": d.numa_node,
                     "parent": d.parent,
+                    "bookable": d.bookable,
                 }
             )
             for d in imported.devices

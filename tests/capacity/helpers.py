@@ -1,0 +1,109 @@
+"""Helpers for capacity tests that call the services directly on real PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.capacity.snapshot import window
+from app.db.tables import allocations, device_bookings, devices, reservations
+from app.ids import new_id
+from app.inventory import service as inventory
+from app.inventory.schemas import NodeCreate
+
+_names = itertools.count()
+
+
+def node_body(name: str, gpus: int = 8, link: str = "NV12", cpu: int | None = 64, **extra: Any) -> NodeCreate:
+    """A node with ``gpus`` atoms ``<name>-GPU<i>`` joined pairwise by ``link``, NUMA split in halves."""
+    ids = [f"{name}-GPU{i}" for i in range(gpus)]
+    return NodeCreate.model_validate(
+        {
+            "name": name,
+            "devices": [
+                {"id": a, "class": "gpu", "numaNode": i * 2 // max(gpus, 1), "attributes": {"vramGiB": 80}}
+                for i, a in enumerate(ids)
+            ],
+            "links": [{"a": a, "b": b, "link": link} for a, b in itertools.combinations(ids, 2)],
+            "resources": {"cpu": {"allocatable": cpu}} if cpu is not None else {},
+            **extra,
+        }
+    )
+
+
+async def make_pool_with_nodes(engine: AsyncEngine, bodies: list[NodeCreate]) -> tuple[str, list[dict]]:
+    """Create a pool holding ``bodies``; returns (pool id, node views)."""
+    async with engine.begin() as conn:
+        pool = await inventory.create_pool(conn, f"pool-{next(_names)}-{new_id('t')[-6:]}")
+        views = [await inventory.add_node(conn, pool["id"], b) for b in bodies]
+    return pool["id"], views
+
+
+async def reservation_row(conn: AsyncConnection, pool_id: str, tenant: str = "acme") -> str:
+    """Insert a bare reservation row (allocations need one) and return its id."""
+    res_id = new_id("res")
+    await conn.execute(
+        sa.insert(reservations).values(
+            id=res_id,
+            tenant_id=tenant,
+            pool_id=pool_id,
+            status="pending",
+            spec={},
+            spec_hash="-",
+            idempotency_key=res_id,
+        )
+    )
+    return res_id
+
+
+async def book(
+    conn: AsyncConnection, pool_id: str, node_id: str, atoms: list[str], start: datetime, end: datetime
+) -> str:
+    """Write an allocation with bookings of ``atoms`` for ``[start, end)`` (test set-up)."""
+    res_id = await reservation_row(conn, pool_id, tenant="someone-else")
+    alloc_id = new_id("alloc")
+    await conn.execute(
+        sa.insert(allocations).values(
+            id=alloc_id,
+            reservation_id=res_id,
+            pool_id=pool_id,
+            node_id=node_id,
+            atoms=atoms,
+            resources={},
+            during=window(start, end),
+        )
+    )
+    pks = dict(
+        (await conn.execute(sa.select(devices.c.id, devices.c.pk).where(devices.c.id.in_(atoms)))).all()
+    )
+    await conn.execute(
+        sa.insert(device_bookings),
+        [
+            {
+                "device_pk": pks[a],
+                "device_id": a,
+                "pool_id": pool_id,
+                "allocation_id": alloc_id,
+                "during": window(start, end),
+            }
+            for a in atoms
+        ],
+    )
+    return alloc_id
+
+
+async def db_time(engine: AsyncEngine) -> datetime:
+    async with engine.connect() as conn:
+        return (await conn.exec_driver_sql("SELECT now()")).scalar_one()
+
+
+def day_after(start: datetime) -> datetime:
+    return start + timedelta(days=1)
+
+
+ZERO = Decimal(0)
