@@ -19,7 +19,7 @@ from app.capacity.commit import Committed, LostRace, commit_candidate
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
 from app.inventory.service import lock_pool
-from app.placement.model import PlacementRequest, Plan, Rejections
+from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
 from app.placement.options import SchedulerOptions
 
 POOL_ARCHIVED_REASON = "the pool is archived"

@@ -15,8 +15,9 @@ two scorers are at most 1 each and there are no plugin scorers. So when the shor
 ``needed`` candidates and the ``needed``-th best total is above ``U``, no node outside could enter the top
 ``needed``: the top-``needed`` ranking (and so the seeded pick among topN) is the one the whole pool would
 give; a tie at ``U`` is safe when the inside node's id is smaller, since ties break on node id and
-the SQL orders equal count scores by id. Otherwise, and whenever the shortlist plan finds nothing (the pending reason must describe the whole
-pool), the whole pool is planned. ``needed`` is topN for a reservation and max(topN, 10) for a preview.
+the SQL orders equal count scores by id. Otherwise, and whenever the shortlist plan finds nothing (the
+pending reason must describe the whole pool), the whole pool is planned. ``needed`` is topN for a
+reservation and max(topN, 10) for a preview.
 """
 
 from __future__ import annotations
