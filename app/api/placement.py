@@ -71,3 +71,95 @@ async def explain_placement_route(
     return await run_in_threadpool(
         explain_documents, body.fleet, body.request, now, body.maxAge, body.estimate
     )
+
+
+class FleetBody(BaseModel):
+    """``{base, now?, maxAge?, capacity?, queueHistory?, schedulerShape?, runtimeRoot?}``: the base
+    ``vq.placement-fleet/1`` and evidence already collected (seed 004, "Live daemon evidence"):
+    ``capacity`` ``{NAME: vq.broker-capacity/1}``, ``queueHistory`` ``{LANE: {target?, jobs: [job
+    record]}}``, ``schedulerShape`` ``{LANE: {sinfo: TEXT} | {qstat: TEXT, pbsnodes: TEXT}}``,
+    ``runtimeRoot`` ``{NAME: vq.runtime-generations/1}``. ``now`` dates observations (default the
+    server's clock); ``maxAge`` is accepted for symmetry with explain and not used by the build."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: dict[str, Any] = Field(description="vq.placement-fleet/1")
+    now: str | None = Field(default=None, description="ISO 8601 time with a UTC offset")
+    maxAge: int = Field(default=DEFAULT_MAX_AGE_SECONDS, ge=0, description="seconds (unused by the build)")
+    capacity: dict[str, dict[str, Any]] | None = Field(
+        default=None, description="{NAME: vq.broker-capacity/1}"
+    )
+    queueHistory: dict[str, dict[str, Any]] | None = Field(
+        default=None, description="{LANE: {target?, jobs}}"
+    )
+    schedulerShape: dict[str, dict[str, str]] | None = Field(
+        default=None, description="{LANE: {sinfo} | {qstat, pbsnodes}}"
+    )
+    runtimeRoot: dict[str, dict[str, Any]] | None = Field(
+        default=None, description="{NAME: vq.runtime-generations/1}"
+    )
+    historyJobs: int = Field(default=50, ge=1, le=100_000, description="--history-jobs")
+    historyDays: int = Field(default=14, ge=1, le=3650, description="--history-days")
+    historyMin: int = Field(default=5, ge=1, le=100_000, description="--history-min")
+
+
+class CompareBody(BaseModel):
+    """``{fleet, history, jobs?, now?, maxAge?}``: the fleet, this queue's ``vq.job-history/1``, how many
+    recent finished local jobs to compare (default 50), the evaluation time and max observation age."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fleet: dict[str, Any] = Field(description="vq.placement-fleet/1")
+    history: dict[str, Any] = Field(description="vq.job-history/1")
+    jobs: int = Field(default=50, ge=1, le=100_000)
+    now: str | None = Field(default=None, description="ISO 8601 time with a UTC offset")
+    maxAge: int = Field(default=DEFAULT_MAX_AGE_SECONDS, ge=0, description="seconds")
+
+
+@router.post(
+    "/v1/placement/fleet",
+    operation_id="placement_fleet",
+    summary="Build a fleet file from collected evidence ({fleet, report})",
+    responses=ERROR_RESPONSES,
+)
+async def build_fleet_route(
+    body: FleetBody, principal: Principal = Depends(current_principal)
+) -> dict[str, Any]:
+    """The base fleet with the evidence applied, and one report entry per target and source. Opens no
+    SSH connection: the evidence is in the body. Refusals (unknown target, lane given a capacity answer,
+    lane without a queue, relative runtime root, malformed evidence) answer 422 naming the field."""
+    from app.fleet.build import HistoryOptions, build_fleet_documents
+
+    authorize(principal, "compute:placement:explain", "*")
+    now = _parse_now(body.now)
+    return await run_in_threadpool(
+        lambda: build_fleet_documents(
+            body.base,
+            now,
+            capacity=body.capacity,
+            queue_history=body.queueHistory,
+            scheduler_shape=body.schedulerShape,
+            runtime_root=body.runtimeRoot,
+            history=HistoryOptions(jobs=body.historyJobs, days=body.historyDays, minimum=body.historyMin),
+        )
+    )
+
+
+@router.post(
+    "/v1/placement/compare",
+    operation_id="placement_compare",
+    summary="Compare the broker's capacity and completion-time orderings (vq.placement-compare/1)",
+    responses=ERROR_RESPONSES,
+)
+async def compare_orderings_route(
+    body: CompareBody, principal: Principal = Depends(current_principal)
+) -> dict[str, Any]:
+    """Each recent finished local job placed by both orderings over the fleet's daemon snapshot:
+    choices, whether they differ, blockers, and totals. Read-only."""
+    from app.fleet.compare import compare_documents
+
+    authorize(principal, "compute:placement:explain", "*")
+    now = _parse_now(body.now)
+    return await run_in_threadpool(
+        lambda: compare_documents(body.fleet, body.history, now, jobs=body.jobs, max_age_seconds=body.maxAge)
+    )

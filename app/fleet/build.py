@@ -24,9 +24,11 @@ from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from app.errors import InvalidInput
 from app.fleet.capacity import CapacityAnswer, overlay_capacity
-from app.fleet.documents import PlacementFleet, dump_document, load_fleet
+from app.fleet.documents import PlacementFleet, as_invalid_input, dump_document, load_fleet
 from app.fleet.history import (
     DEFAULT_HISTORY_DAYS,
     DEFAULT_HISTORY_JOBS,
@@ -226,12 +228,14 @@ class HistoryOptions:
 @dataclass(frozen=True)
 class FleetEvidence:
     """Everything the build applies. ``capacity`` holds ``--capacity`` answers, ``collected`` the
-    ``--collect`` results; ``queue_history`` (lane, scheduler target) pairs read ``jobs``."""
+    ``--collect`` results; ``queue_history`` (lane, scheduler target) pairs read ``jobs`` (this host's
+    queue), or the lane's own ``lane_jobs`` when given (the HTTP body carries records per lane)."""
 
     capacity: Mapping[str, CapacityEvidence] = field(default_factory=dict)
     collected: Mapping[str, CapacityEvidence] = field(default_factory=dict)
     queue_history: Sequence[tuple[str, str]] = ()
     jobs: Sequence[JobRecord] = ()
+    lane_jobs: Mapping[str, Sequence[JobRecord]] = field(default_factory=dict)
     history: HistoryOptions = HistoryOptions()
     shapes: Mapping[str, ShapeEvidence] = field(default_factory=dict)
     runtimes: Mapping[str, RuntimeEvidence] = field(default_factory=dict)
@@ -373,7 +377,7 @@ def build_fleet(base: PlacementFleet, evidence: FleetEvidence, now: datetime) ->
 
     for lane, scheduler_target in evidence.queue_history:
         outcome_h = queue_wait_from_history(
-            list(evidence.jobs),
+            list(evidence.lane_jobs.get(lane, evidence.jobs)),
             scheduler_target,
             now,
             jobs=evidence.history.jobs,
@@ -416,3 +420,127 @@ def build_fleet(base: PlacementFleet, evidence: FleetEvidence, now: datetime) ->
 
     fleet = load_fleet(data)
     return BuildResult(fleet=fleet, report=tuple(report))
+
+
+_BODY_FIELDS = {
+    "capacity": "capacity",
+    "queue-history": "queueHistory",
+    "scheduler-shape": "schedulerShape",
+    "runtime-root": "runtimeRoot",
+}
+
+
+def _prefixed(error: InvalidInput, prefix: str) -> InvalidInput:
+    path = f"{prefix}.{error.path}" if error.path else prefix
+    return FleetBuildRefused(f"{prefix}: {error.message}", path=path, details={**error.details, "path": path})
+
+
+def build_fleet_documents(
+    base: Any,
+    now: datetime,
+    *,
+    capacity: Mapping[str, Any] | None = None,
+    queue_history: Mapping[str, Any] | None = None,
+    scheduler_shape: Mapping[str, Any] | None = None,
+    runtime_root: Mapping[str, Any] | None = None,
+    history: HistoryOptions = HistoryOptions(),
+) -> dict[str, Any]:
+    """The HTTP face of the build: evidence the caller already collected, as parsed JSON.
+
+    ``capacity``: ``{NAME: vq.broker-capacity/1}``; ``queue_history``: ``{LANE: {target?, jobs:
+    [job record]}}`` (target defaults to LANE); ``scheduler_shape``: ``{LANE: {sinfo: TEXT}}`` or
+    ``{LANE: {qstat: TEXT, pbsnodes?: TEXT}}``; ``runtime_root``: ``{NAME: vq.runtime-generations/1}``
+    (its ``root`` must be absolute). Same rules and refusals as the CLI, without hosts. Returns
+    ``{fleet, report}``; raises :class:`InvalidInput` whose path names the body field, e.g.
+    ``capacity.workstation.free_cpus``.
+    """
+    from app.fleet.capacity import load_capacity_answer
+    from app.fleet.history import JobRecord
+    from app.fleet.runtimes import load_runtime_listing
+
+    try:
+        fleet = load_fleet(base)
+    except InvalidInput as error:
+        raise _prefixed(error, "base") from None
+    answers: dict[str, CapacityEvidence] = {}
+    for name, data in (capacity or {}).items():
+        try:
+            answers[name] = CapacityEvidence(answer=load_capacity_answer(data))
+        except InvalidInput as error:
+            raise _prefixed(error, f"capacity.{name}") from None
+    pairs: list[tuple[str, str]] = []
+    lane_jobs: dict[str, list[JobRecord]] = {}
+    for lane, entry in (queue_history or {}).items():
+        where = f"queueHistory.{lane}"
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("jobs"), list)
+            or set(entry) - {"target", "jobs"}
+        ):
+            raise FleetBuildRefused(f"{where}: want {{target?, jobs: [job record]}}", path=where)
+        scheduler_target = entry.get("target") or lane
+        if not isinstance(scheduler_target, str):
+            raise FleetBuildRefused(f"{where}.target: must be a string", path=f"{where}.target")
+        for i, record in enumerate(entry["jobs"]):
+            try:
+                job = JobRecord.model_validate(record)
+            except ValidationError as error:
+                raise _prefixed(as_invalid_input(error, "job record"), f"{where}.jobs.{i}") from None
+            lane_jobs.setdefault(lane, []).append(job)
+        lane_jobs.setdefault(lane, [])
+        pairs.append((lane, scheduler_target))
+    shapes: dict[str, ShapeEvidence] = {}
+    for lane, entry in (scheduler_shape or {}).items():
+        where = f"schedulerShape.{lane}"
+        if isinstance(entry, dict) and set(entry) == {"sinfo"} and isinstance(entry["sinfo"], str):
+            shapes[lane] = ShapeEvidence("slurm", sinfo=entry["sinfo"])
+        elif (
+            isinstance(entry, dict)
+            and "qstat" in entry
+            and set(entry) <= {"qstat", "pbsnodes"}
+            and all(isinstance(v, str) for v in entry.values())
+        ):
+            pbsnodes = entry.get("pbsnodes")
+            shapes[lane] = ShapeEvidence(
+                "pbs",
+                qstat=entry["qstat"],
+                pbsnodes=pbsnodes,
+                pbsnodes_failure=None if pbsnodes else "not given",
+            )
+        else:
+            raise FleetBuildRefused(
+                f"{where}: want {{sinfo: TEXT}} or {{qstat: TEXT, pbsnodes: TEXT}}", path=where
+            )
+    runtimes: dict[str, RuntimeEvidence] = {}
+    for name, data in (runtime_root or {}).items():
+        try:
+            listing = load_runtime_listing(data)
+        except InvalidInput as error:
+            raise _prefixed(error, f"runtimeRoot.{name}") from None
+        if not PurePosixPath(listing.root).is_absolute():
+            raise FleetBuildRefused(
+                f"runtimeRoot.{name}.root: {listing.root!r} is not an absolute path",
+                path=f"runtimeRoot.{name}.root",
+            )
+        runtimes[name] = RuntimeEvidence(listing=listing)
+    plan = BuildPlan(
+        capacity=tuple(answers),
+        queue_history=tuple((lane, lane) for lane, _ in pairs),
+        scheduler_shape=tuple((lane, "") for lane in shapes),
+        runtime_root=tuple((name, runtimes[name].listing.root) for name in runtimes),  # type: ignore[union-attr]
+    )
+    try:
+        check_plan(fleet, plan, None, {lane: shape.scheduler for lane, shape in shapes.items()})
+    except FleetBuildRefused as refusal:  # name the body field, not the CLI option
+        option, _, rest = (refusal.path or "").partition(".")
+        path = f"{_BODY_FIELDS.get(option, option)}.{rest}"
+        raise FleetBuildRefused(refusal.message, path=path) from None
+    evidence = FleetEvidence(
+        capacity=answers,
+        queue_history=pairs,
+        lane_jobs=lane_jobs,
+        history=history,
+        shapes=shapes,
+        runtimes=runtimes,
+    )
+    return build_fleet(fleet, evidence, now).to_json()

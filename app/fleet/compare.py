@@ -245,3 +245,30 @@ def render_text(comparison: Comparison) -> str:
         f"held by either {totals['held_by_either']}; skipped {totals['skipped']}"
     )
     return "\n".join(lines) + "\n"
+
+
+def compare_documents(
+    fleet: Any,
+    history: Any,
+    now: datetime,
+    *,
+    jobs: int = DEFAULT_COMPARE_JOBS,
+    max_age_seconds: int = DEFAULT_MAX_AGE_SECONDS,
+) -> dict[str, Any]:
+    """The HTTP face: a parsed fleet and ``vq.job-history/1`` to ``vq.placement-compare/1``. Raises
+    :class:`InvalidInput` whose path names the body field (``fleet.targets.0.kind``, ``history.jobs.3``)."""
+    from app.fleet.documents import load_fleet
+    from app.fleet.history import load_job_history
+
+    loaded: list[Any] = []
+    for what, data, loader in (("fleet", fleet, load_fleet), ("history", history, load_job_history)):
+        try:
+            loaded.append(loader(data))
+        except InvalidInput as error:
+            path = f"{what}.{error.path}" if error.path else what
+            raise InvalidInput(error.message, path=path, details={**error.details, "path": path}) from None
+    fleet_doc, history_doc = loaded
+    comparison = compare_orderings(
+        fleet_doc, list(history_doc.jobs), now, jobs=jobs, max_age_seconds=max_age_seconds
+    )
+    return comparison.to_json()
