@@ -1,0 +1,173 @@
+"""The shortlist gives the same ranking as planning the whole pool (seed 000, "The shortlist"; issue 4,
+"Done when" 3), over many random pools on real PostgreSQL; a request with a selector skips it."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.capacity.shortlist import plan_request, shortlist_applies
+from app.capacity.snapshot import PoolCache, read_snapshot
+from app.db.tables import devices, node_resources
+from app.inventory import service as inventory
+from app.inventory.schemas import HealthBody, TaintBody
+from app.placement.model import DeviceRequest, MatchExpression, PlacementRequest, Plan, Selector
+from app.placement.options import SchedulerOptions
+from app.placement.pipeline import plan_placement
+from tests.capacity.helpers import book, db_time, make_pool_with_nodes, node_body
+
+LINKS = ["NV12", "NV4", "PIX", "PXB", "SYS"]
+
+
+async def _random_pool(engine: AsyncEngine, rng: random.Random, start: Any, k: int) -> str:
+    bodies = [
+        node_body(
+            f"p{k}-r{i:03d}", rng.choice([2, 4, 8]), link=rng.choice(LINKS), cpu=rng.choice([8, 16, 64])
+        )
+        for i in range(rng.randint(20, 60))
+    ]
+    pool, views = await make_pool_with_nodes(engine, bodies)
+    async with engine.begin() as conn:
+        for v in views:
+            atoms = [d["id"] for d in v["devices"]]
+            roll = rng.random()
+            if roll < 0.08:
+                await inventory.set_cordon(conn, v["id"], True)
+            elif roll < 0.14:
+                await inventory.set_taints(
+                    conn, v["id"], [TaintBody(key="dedicated", value=rng.choice(["acme", "globex"]))]
+                )
+            if rng.random() < 0.5:
+                busy = rng.sample(atoms, rng.randint(1, len(atoms)))
+                # bookings that overlap the request window, and some that end before it starts
+                await book(
+                    conn,
+                    pool,
+                    v["id"],
+                    busy,
+                    start - timedelta(hours=1),
+                    start + timedelta(hours=rng.choice([2, 48])),
+                )
+            if rng.random() < 0.1:
+                await inventory.set_health(
+                    conn,
+                    v["id"],
+                    HealthBody.model_validate({"devices": [{"id": atoms[0], "healthy": False}]}),
+                )
+            if rng.random() < 0.3:
+                await conn.execute(
+                    sa.update(node_resources)
+                    .where(node_resources.c.node_id == v["id"])
+                    .values(allocated=rng.choice([0, 4, 8]))
+                )
+    return pool
+
+
+def _comparable(plan: Any, needed: int) -> Any:
+    if not isinstance(plan, Plan):
+        return ("rejected", plan.summary)
+    return (
+        plan.chosen.node_id,
+        plan.chosen.atoms,
+        [(c.node_id, c.atoms, round(c.score, 12)) for c in plan.ranked[:needed]],
+    )
+
+
+async def test_shortlist_ranking_equals_the_whole_pool(clean_db: AsyncEngine) -> None:
+    engine = clean_db
+    rng = random.Random(20261129)
+    start = await db_time(engine)
+    paths = {"shortlist": 0, "full": 0}
+    compared = 0
+    for k in range(8):
+        pool = await _random_pool(engine, rng, start, k)
+        for _ in range(12):
+            top_n = rng.choice([1, 2, 3])
+            options = SchedulerOptions(
+                top_n=top_n,
+                seed=rng.randrange(1 << 30),
+                weights=rng.choice([{}, {"spread": 0.5}, {"numa": 0.0}]),
+            )
+            request = PlacementRequest(
+                tenant_id=rng.choice(["acme", "globex", "initech"]),
+                pool_id=pool,
+                devices=(
+                    DeviceRequest(
+                        "gpu", rng.choice([1, 1, 2, 3, 4, 8]), topology=rng.choice([None, None, "nvlink-all"])
+                    ),
+                ),
+                resources={"cpu": Decimal(rng.choice([1, 4, 16]))} if rng.random() < 0.5 else {},
+                start=start,
+                end=start + timedelta(hours=rng.choice([1, 24])),
+            )
+            assert shortlist_applies(request, options)
+            needed = rng.choice([top_n, max(top_n, 10)])
+            cache = PoolCache()
+            async with engine.connect() as conn:
+                short = await plan_request(conn, cache, request, options, shortlist_min=4, needed=needed)
+                _, snapshot = await read_snapshot(conn, cache, pool, request.start, request.end)
+            full = plan_placement(request, snapshot, options)
+            paths[short.path] += 1
+            compared += 1
+            assert _comparable(short.plan, needed) == _comparable(full, needed), (pool, request, options)
+    assert compared == 96
+    assert paths["shortlist"] >= 20, paths  # the shortlist did the work often, not just the fallback
+
+
+async def test_a_selector_request_skips_the_shortlist(clean_db: AsyncEngine) -> None:
+    engine = clean_db
+    pool, _ = await make_pool_with_nodes(engine, [node_body(f"s{i}", 8) for i in range(6)])
+    start = await db_time(engine)
+    plain = PlacementRequest(
+        "acme", pool, (DeviceRequest("gpu", 1),), start=start, end=start + timedelta(hours=1)
+    )
+    selected = replace(
+        plain,
+        devices=(DeviceRequest("gpu", 1, Selector((MatchExpression("vramGiB", "Gte", (Decimal(80),)),))),),
+    )
+    options = SchedulerOptions()
+    assert shortlist_applies(plain, options) and not shortlist_applies(selected, options)
+    async with engine.connect() as conn:
+        assert (await plan_request(conn, PoolCache(), plain, options, shortlist_min=2)).path == "shortlist"
+        outcome = await plan_request(conn, PoolCache(), selected, options, shortlist_min=2)
+    assert outcome.path == "full" and isinstance(outcome.plan, Plan)
+
+
+async def test_pool_cache_reads_static_inventory_once_per_version(clean_db: AsyncEngine) -> None:
+    engine = clean_db
+    pool, views = await make_pool_with_nodes(engine, [node_body(f"c{i}", 8) for i in range(4)])
+    start = await db_time(engine)
+    request = PlacementRequest(
+        "acme",
+        pool,
+        (DeviceRequest("gpu", 1, Selector((MatchExpression("vramGiB", "Gte", (Decimal(80),)),))),),
+        start=start,
+        end=start + timedelta(hours=1),
+    )
+    cache = PoolCache()
+    async with engine.connect() as conn:
+        for _ in range(5):
+            await plan_request(conn, cache, request, SchedulerOptions())
+    assert cache.loads == 1
+    async with engine.begin() as conn:  # an inventory change bumps the version in its transaction
+        await inventory.set_labels(conn, views[0]["id"], {"rack": "r9"})
+    async with engine.connect() as conn:
+        await plan_request(conn, cache, request, SchedulerOptions())
+        head, snap = await read_snapshot(conn, cache, pool, start, start + timedelta(hours=1))
+    assert cache.loads == 2
+    assert snap.nodes[[n.id for n in snap.nodes].index(views[0]["id"])].inventory.labels == {"rack": "r9"}
+    # health is volatile: read per request, no reload
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.update(devices).where(devices.c.node_id == views[1]["id"]).values(healthy=False)
+        )
+    async with engine.connect() as conn:
+        _, snap = await read_snapshot(conn, cache, pool, start, start + timedelta(hours=1))
+    assert cache.loads == 2
+    assert len(next(n for n in snap.nodes if n.id == views[1]["id"]).state.unavailable) == 8
