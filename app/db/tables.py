@@ -89,6 +89,12 @@ devices = sa.Table(
     sa.Column("healthy", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.Column("bookable", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.Column("ordinal", sa.Integer, nullable=False, server_default="0"),
+    # the volatile read of a request touches only unhealthy/unbookable atoms, not every device row
+    sa.Index(
+        "ix_devices_unavailable",
+        "node_id",
+        postgresql_where=sa.text("NOT (healthy AND bookable)"),
+    ),
 )
 
 capacity_device_links = sa.Table(
