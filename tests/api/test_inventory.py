@@ -1,0 +1,180 @@
+"""Inventory through the API: node import from real nvidia-smi output, cordon, taints and dedication,
+labels, health; bad input is 422 and writes nothing (issue 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.factories import add_node, gpu_node, make_pool, reservation
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+async def _table_counts(engine: Any) -> dict[str, int]:
+    async with engine.connect() as conn:
+        return {
+            t: (await conn.exec_driver_sql(f"SELECT count(*) FROM {t}")).scalar_one()
+            for t in ("nodes", "devices", "capacity_device_links", "node_labels", "node_resources")
+        }
+
+
+async def test_import_dgx1_topology_makes_atoms_and_links(admin_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(admin_client)
+    topo = (DATA / "topo" / "01-dgx1-v100-hybrid-cube-mesh-mlx5.txt").read_text()
+    expected = json.loads((DATA / "topo" / "01-dgx1-v100-hybrid-cube-mesh-mlx5.expected.json").read_text())
+    r = await admin_client.post(
+        f"/v1/pools/{pool}/nodes/import",
+        json={"name": "dgx1", "topo": topo, "resources": {"cpu": {"allocatable": 80}}},
+    )
+    assert r.status_code == 201, r.text
+    node = r.json()
+    assert [d["id"] for d in node["devices"]] == [f"dgx1-GPU{i}" for i in range(8)]
+    links = {(link["a"], link["b"]): link["link"] for link in node["links"]}
+    assert len(links) == 28  # every GPU pair; NIC rows and columns are not atoms
+    for pair, kind in expected["gpu_links"].items():
+        a, b = (f"dgx1-{g}" for g in pair.split("-"))
+        assert links[tuple(sorted((a, b)))] == kind
+    assert node["labels"]["gpu.count"] == "8" and node["labelSources"]["gpu.count"] == "system"
+
+    # a 4-GPU nvlink-all request gets an NV-complete quad; 8 cannot be NVLink-complete on a DGX-1
+    four = await admin_client.post(
+        "/v1/capacity/preview",
+        json=reservation(pool, 0, devices=[{"class": "gpu", "count": 4, "topology": "nvlink-all"}]),
+    )
+    atoms = four.json()["candidates"][0]["atoms"]
+    for i, a in enumerate(atoms):
+        for b in atoms[i + 1 :]:
+            assert links[tuple(sorted((a, b)))].startswith("NV")
+    eight = await admin_client.post(
+        "/v1/capacity/preview",
+        json=reservation(pool, 0, devices=[{"class": "gpu", "count": 8, "topology": "nvlink-all"}]),
+    )
+    assert eight.json()["reason"] == "no node fits (1 node): 1 × topology: no NVLink-complete set of 8 gpu"
+
+
+async def test_import_with_nvidia_smi_xml_takes_uuids_and_attributes(admin_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(admin_client)
+    r = await admin_client.post(
+        f"/v1/pools/{pool}/nodes/import",
+        json={
+            "name": "h200",
+            "topo": (DATA / "h200-host" / "topo-m.txt").read_text(),
+            "nvidiaSmiXml": (DATA / "h200-host" / "nvidia-smi-q.xml").read_text(),
+        },
+    )
+    assert r.status_code == 201, r.text
+    [gpu] = r.json()["devices"]
+    assert gpu["id"] == "GPU-00000000-1111-2222-3333-444444444444"
+    assert gpu["attributes"]["gpuProduct"] == "H200"
+    assert gpu["attributes"]["vramGiB"] == 140
+    assert gpu["attributes"]["computeCapability"] == "9.0"
+    assert gpu["numaNode"] == 0
+    selected = await admin_client.post(
+        "/v1/capacity/preview",
+        json=reservation(
+            pool,
+            0,
+            devices=[{"class": "gpu", "count": 1, "selector": "gpuProduct in (H200), vramGiB >= 141"}],
+        ),
+    )
+    assert selected.json()["reason"] == "no node fits (1 node): 1 × selector: 0 of 1 gpu match"
+
+
+async def test_bad_inventory_input_is_422_and_writes_nothing(
+    admin_client: httpx.AsyncClient, engine: Any
+) -> None:
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("ok"))
+    before = await _table_counts(engine)
+    bad = [
+        (f"/v1/pools/{pool}/nodes/import", {"name": "x", "topo": "this is not a matrix"}, "topo"),
+        (
+            f"/v1/pools/{pool}/nodes/import",
+            {
+                "name": "x",
+                "topo": (DATA / "h200-host" / "topo-m.txt").read_text(),
+                "nvidiaSmiXml": "<nvidia_smi_log><gpu>",
+            },
+            "nvidiaSmiXml",
+        ),
+        (
+            f"/v1/pools/{pool}/nodes",
+            {**gpu_node("y"), "resources": {"cpu": {"allocatable": -1}}},
+            "resources.cpu.allocatable",
+        ),
+        (
+            f"/v1/pools/{pool}/nodes",
+            {**gpu_node("z"), "links": [{"a": "z-GPU0", "b": "nope", "link": "NV1"}]},
+            "",
+        ),
+        (
+            f"/v1/pools/{pool}/nodes",
+            {**gpu_node("w"), "taints": [{"key": "dedicated", "value": "a", "effect": "Maybe"}]},
+            "taints.0.effect",
+        ),
+    ]
+    for path, body, field in bad:
+        r = await admin_client.post(path, json=body)
+        assert r.status_code == 422, (path, r.text)
+        assert r.json()["error"]["code"] == "INVALID_INPUT"
+        assert r.json()["error"]["details"]["path"].startswith(field)
+    dup = await admin_client.post(f"/v1/pools/{pool}/nodes", json=gpu_node("ok"))
+    assert dup.status_code == 409
+    assert await _table_counts(engine) == before
+
+
+async def test_cordon_taint_dedication_and_health_steer_placement(admin_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(admin_client)
+    node = await add_node(admin_client, pool, gpu_node("only", 2))
+    nid = node["id"]
+    def preview(tenant: str) -> Any:
+        return admin_client.post(
+            "/v1/capacity/preview", json=reservation(pool, 1, tenant=tenant)
+        )
+
+    view = (await admin_client.post(f"/v1/nodes/{nid}/cordon")).json()
+    assert view["cordoned"] and view["noScheduleReasons"] == ["cordoned"]
+    assert (await preview("acme")).json()["reason"] == "no node fits (1 node): 1 × cordoned"
+    await admin_client.post(f"/v1/nodes/{nid}/uncordon")
+
+    t = await admin_client.put(
+        f"/v1/nodes/{nid}/taints", json={"taints": [{"key": "dedicated", "value": "acme"}]}
+    )
+    assert t.json()["noScheduleReasons"] == ["tainted dedicated=acme"]
+    assert (await preview("acme")).json()["fits"] is True
+    assert (await preview("globex")).json()["reason"] == "no node fits (1 node): 1 × tainted dedicated=acme"
+    await admin_client.put(f"/v1/nodes/{nid}/taints", json={"taints": []})
+
+    h = await admin_client.post(f"/v1/nodes/{nid}/health", json={"ready": False, "heartbeatLost": True})
+    assert h.json()["noScheduleReasons"] == ["not ready", "heartbeat lost"]
+    assert (await preview("acme")).json()["reason"] == "no node fits (1 node): 1 × not ready, heartbeat lost"
+    await admin_client.post(
+        f"/v1/nodes/{nid}/health",
+        json={"ready": True, "heartbeatLost": False, "devices": [{"id": "only-GPU0", "healthy": False}]},
+    )
+    two = await admin_client.post("/v1/capacity/preview", json=reservation(pool, 2))
+    assert two.json()["reason"] == "no node fits (1 node): 1 × fits: 1 of 2 gpu free"
+    unknown = await admin_client.post(
+        f"/v1/nodes/{nid}/health", json={"devices": [{"id": "ghost", "healthy": False}]}
+    )
+    assert unknown.status_code == 422 and unknown.json()["error"]["details"]["path"] == "devices.0.id"
+
+    labels = await admin_client.put(
+        f"/v1/nodes/{nid}/labels", json={"labels": {"rack": "r7", "bc.dev/cap.x": "1"}}
+    )
+    assert labels.json()["labels"]["rack"] == "r7"
+    assert labels.json()["labelSources"]["bc.dev/cap.x"] == "operator"  # an operator cannot fake a capability
+
+
+async def test_archived_pool_places_nothing(admin_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("a"))
+    archived = await admin_client.post(f"/v1/pools/{pool}/archive")
+    assert archived.json()["archivedAt"] is not None
+    r = (await admin_client.post("/v1/reservations", json=reservation(pool, 1))).json()
+    assert r["status"] == "pending" and r["conditions"][0]["message"] == "the pool is archived"
+    assert (await admin_client.post(f"/v1/pools/{pool}/nodes", json=gpu_node("b"))).status_code == 409
