@@ -1,4 +1,4 @@
-"""Placement routes (seed 004): ``POST /v1/placement/explain``.
+"""Placement routes (seed 004): explain, fleet build, compare, and the stored job records.
 
 Thin: parse the body, authorize ``compute:placement:explain`` on ``*``, call the pure explain, return
 ``vq.placement-explanation/1``. Malformed documents raise :class:`app.errors.InvalidInput` (422) whose
@@ -8,15 +8,18 @@ Thin: parse the body, authorize ``compute:placement:explain`` on ``*``, call the
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import Principal, current_principal
+from app.api.deps import Principal, Services, current_principal, services
+from app.db.job_records import job_history, record_job
+from app.db.tx import in_transaction, read_only
 from app.errors import InvalidInput
 from app.fleet.explain import DEFAULT_MAX_AGE_SECONDS, explain_documents
+from app.fleet.history import JobRecord
 from app.iam.authorize import authorize
 
 router = APIRouter(tags=["placement"])
@@ -110,7 +113,9 @@ class CompareBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     fleet: dict[str, Any] = Field(description="vq.placement-fleet/1")
-    history: dict[str, Any] = Field(description="vq.job-history/1")
+    history: dict[str, Any] | None = Field(
+        default=None, description="vq.job-history/1; omitted: the job records stored in this service"
+    )
     jobs: int = Field(default=50, ge=1, le=100_000)
     now: str | None = Field(default=None, description="ISO 8601 time with a UTC offset")
     maxAge: int = Field(default=DEFAULT_MAX_AGE_SECONDS, ge=0, description="seconds")
@@ -152,7 +157,7 @@ async def build_fleet_route(
     responses=ERROR_RESPONSES,
 )
 async def compare_orderings_route(
-    body: CompareBody, principal: Principal = Depends(current_principal)
+    body: CompareBody, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
     """Each recent finished local job placed by both orderings over the fleet's daemon snapshot:
     choices, whether they differ, blockers, and totals. Read-only."""
@@ -160,6 +165,47 @@ async def compare_orderings_route(
 
     authorize(principal, "compute:placement:explain", "*")
     now = _parse_now(body.now)
+    history = body.history
+    if history is None:
+        history = await read_only(svc.engine, job_history)
     return await run_in_threadpool(
-        lambda: compare_documents(body.fleet, body.history, now, jobs=body.jobs, max_age_seconds=body.maxAge)
+        lambda: compare_documents(body.fleet, history, now, jobs=body.jobs, max_age_seconds=body.maxAge)
     )
+
+
+@router.put(
+    "/v1/placement/jobs/{job_id}",
+    operation_id="placement_record_job",
+    summary="Record (or replace) one job record for queue history and compare",
+    responses=ERROR_RESPONSES,
+)
+async def record_job_route(
+    job_id: str,
+    body: JobRecord,
+    principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    """Store a job record (``scheduler_submitted_at`` / ``scheduler_started_at`` feed the queue-wait
+    history of ``target``); the path's ``job_id`` must equal the body's."""
+    authorize(principal, "compute:inventory:write", "*")
+    if body.job_id != job_id:
+        raise InvalidInput(f"job_id {body.job_id!r} differs from the path's {job_id!r}", path="job_id")
+    return await in_transaction(svc.engine, record_job, body)
+
+
+@router.get(
+    "/v1/placement/jobs",
+    operation_id="placement_job_history",
+    summary="The stored job records as vq.job-history/1",
+    responses=ERROR_RESPONSES,
+)
+async def job_history_route(
+    kind: Literal["local", "scheduler"] | None = Query(default=None),
+    target: str | None = Query(default=None, max_length=256),
+    limit: int = Query(default=10_000, ge=1, le=100_000),
+    principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    """Newest recorded first."""
+    authorize(principal, "compute:placement:explain", "*")
+    return await read_only(svc.engine, job_history, kind, target, limit)
