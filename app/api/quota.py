@@ -10,10 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
-from app.capacity.snapshot import read_pool_head
 from app.db.tx import in_transaction, read_only
 from app.iam.authorize import authorize
-from app.jsonnum import num
 from app.quota import service as quota
 
 router = APIRouter(tags=["quota"])
@@ -30,23 +28,6 @@ class QuotaBody(BaseModel):
     ]
 
 
-async def _set(conn: Any, tenant_id: str, pool_id: str, limits: dict[str, Decimal]) -> dict[str, Any]:
-    await read_pool_head(conn, pool_id)
-    await quota.set_limits(conn, tenant_id, pool_id, limits)
-    return await _get(conn, tenant_id, pool_id)
-
-
-async def _get(conn: Any, tenant_id: str, pool_id: str) -> dict[str, Any]:
-    await read_pool_head(conn, pool_id)
-    state = await quota.get_quota(conn, tenant_id, pool_id)
-    return {
-        "tenantId": tenant_id,
-        "poolId": pool_id,
-        "limits": {r: num(v["limit"]) for r, v in state.items() if v["limit"] is not None},
-        "used": {r: num(v["used"]) for r, v in state.items()},
-    }
-
-
 @router.put(
     "/v1/tenants/{tenant_id}/quotas/{pool_id}",
     responses=responses(401, 403, 404, 422),
@@ -60,7 +41,7 @@ async def set_quota(
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, "compute:quota:write", f"pool:{pool_id}")
-    return await in_transaction(svc.engine, _set, tenant_id, pool_id, dict(body.limits))
+    return await in_transaction(svc.engine, quota.replace_limits, tenant_id, pool_id, dict(body.limits))
 
 
 @router.get(
@@ -73,4 +54,4 @@ async def get_quota(
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, "compute:reservations:read", f"tenant:{tenant_id}")
-    return await read_only(svc.engine, _get, tenant_id, pool_id)
+    return await read_only(svc.engine, quota.quota_view, tenant_id, pool_id)

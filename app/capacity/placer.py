@@ -16,6 +16,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.commit import Committed, LostRace, commit_candidate
+from app.capacity.metrics import LOST_RACES
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
 from app.inventory.service import lock_pool
@@ -92,6 +93,7 @@ async def place_inline(
         )
         if isinstance(outcome, Committed):
             return Placed((outcome,))
+        LOST_RACES.inc()
         lost.append(outcome)
     reasons = "; ".join(r.reason for r in lost)
     return Pending(f"Unschedulable after {len(lost)} conflicting attempts: {reasons}")

@@ -27,12 +27,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit import apply_rollup_delta
+from app.capacity.metrics import RESERVATIONS
 from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
-from app.capacity.snapshot import PoolCache
+from app.capacity.snapshot import PoolCache, read_pool_head
 from app.db.tables import allocations, device_bookings, devices, node_resources, reservations
 from app.errors import IdempotencyKeyReused, NotFound
 from app.ids import new_id
+from app.inventory.service import lock_pool
 from app.jsonnum import num
 from app.placement.model import PlacementRequest, Plan
 from app.placement.options import SchedulerOptions
@@ -81,7 +83,7 @@ async def create_reservation(
     spec = body.spec()
     digest = spec_hash(spec)
     async with engine.begin() as conn:
-        await read_pool_exists(conn, body.poolId)
+        await read_pool_head(conn, body.poolId)  # NotFound before anything is written
         reservation_id = new_id("res")
         inserted = (
             await conn.execute(
@@ -114,6 +116,7 @@ async def create_reservation(
                     f"idempotency key {body.idempotencyKey} was used with another body",
                     {"idempotencyKey": body.idempotencyKey, "reservationId": existing.id},
                 )
+            RESERVATIONS.labels("replayed").inc()
             return await _view(conn, existing), False
 
         now = await db_now(conn)
@@ -138,14 +141,8 @@ async def create_reservation(
                 .values(status="pending", conditions=_condition(outcome.reason), updated_at=sa.func.now())
             )
         row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).one()
+        RESERVATIONS.labels(row.status).inc()
         return await _view(conn, row), True
-
-
-async def read_pool_exists(conn: AsyncConnection, pool_id: str) -> None:
-    """Raise NotFound unless the pool exists."""
-    from app.capacity.snapshot import read_pool_head
-
-    await read_pool_head(conn, pool_id)
 
 
 async def _allocations(conn: AsyncConnection, reservation_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -274,8 +271,6 @@ async def free_allocations(conn: AsyncConnection, reservation_id: str, pool_id: 
     ).all()
     if not live:
         return
-    from app.inventory.service import lock_pool
-
     await lock_pool(conn, pool_id, for_update=False)
     delta: dict[str, Decimal] = defaultdict(Decimal)
     for a in live:

@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import aggregate_order_by as pg_aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.capacity.metrics import PLAN_SECONDS, PLANS
 from app.capacity.predicates import schedulable_sql_tolerating
 from app.capacity.snapshot import PoolCache, PoolHead, read_node_states, read_pool_head, read_snapshot, window
 from app.db.tables import device_bookings, devices, node_labels, node_resources, nodes, pools
@@ -205,7 +206,21 @@ async def plan_request(
     as the whole pool, else on the whole pool. ``needed`` (default topN) is how many of the best
     candidates must be exact. Raises NotFound when the pool does not exist."""
     assert request.start is not None and request.end is not None
-    needed = needed or options.top_n
+    with PLAN_SECONDS.time():
+        outcome = await _plan_request(conn, cache, request, options, shortlist_min, needed or options.top_n)
+    PLANS.labels(outcome.path).inc()
+    return outcome
+
+
+async def _plan_request(
+    conn: AsyncConnection,
+    cache: PoolCache,
+    request: PlacementRequest,
+    options: SchedulerOptions,
+    shortlist_min: int,
+    needed: int,
+) -> PlanOutcome:
+    assert request.start is not None and request.end is not None
     if shortlist_applies(request, options):
         head = await read_pool_head(conn, request.pool_id)
         if not head.archived:

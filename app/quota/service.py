@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Decimal
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.db.tables import quota_limits, quota_usage
-from app.errors import QuotaExceeded
+from app.db.tables import pools, quota_limits, quota_usage
+from app.errors import NotFound, QuotaExceeded
+from app.jsonnum import num
 
 
 async def set_limits(
@@ -142,3 +144,29 @@ async def refund(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: M
             )
             .values(used=sa.func.greatest(quota_usage.c.used - n, 0))
         )
+
+
+async def _pool_exists(conn: AsyncConnection, pool_id: str) -> None:
+    if (await conn.execute(sa.select(pools.c.id).where(pools.c.id == pool_id))).first() is None:
+        raise NotFound(f"pool {pool_id} not found")
+
+
+async def quota_view(conn: AsyncConnection, tenant_id: str, pool_id: str) -> dict[str, Any]:
+    """``{tenantId, poolId, limits: {resource: n}, used: {resource: n}}``; NotFound for an unknown pool."""
+    await _pool_exists(conn, pool_id)
+    state = await get_quota(conn, tenant_id, pool_id)
+    return {
+        "tenantId": tenant_id,
+        "poolId": pool_id,
+        "limits": {r: num(v["limit"]) for r, v in state.items() if v["limit"] is not None},
+        "used": {r: num(v["used"]) for r, v in state.items()},
+    }
+
+
+async def replace_limits(
+    conn: AsyncConnection, tenant_id: str, pool_id: str, limits: Mapping[str, Decimal]
+) -> dict[str, Any]:
+    """:func:`set_limits` on an existing pool, answering :func:`quota_view`."""
+    await _pool_exists(conn, pool_id)
+    await set_limits(conn, tenant_id, pool_id, limits)
+    return await quota_view(conn, tenant_id, pool_id)

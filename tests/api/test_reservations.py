@@ -230,3 +230,14 @@ async def test_preview_answers_candidates_or_reason(admin_client: httpx.AsyncCli
     nothing = (await admin_client.post("/v1/capacity/preview", json=reservation(empty, 1))).json()
     assert nothing["reason"] == "the pool has no nodes"
     assert await _counts(engine) == before
+
+
+async def test_metrics_and_health_need_no_key(anon_client: httpx.AsyncClient, admin_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("m1"))
+    await admin_client.post("/v1/reservations", json=reservation(pool, 1))
+    assert (await anon_client.get("/healthz")).json() == {"status": "ok"}
+    assert (await anon_client.get("/readyz")).json() == {"status": "ready"}
+    text = (await anon_client.get("/metrics")).text
+    assert 'bc_reservations_total{outcome="placed"}' in text
+    assert 'bc_plans_total{path="shortlist"}' in text
