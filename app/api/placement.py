@@ -18,6 +18,7 @@ from app.api.deps import Principal, Services, current_principal, services
 from app.db.job_records import job_history, record_job
 from app.db.tx import in_transaction, read_only
 from app.errors import InvalidInput
+from app.fleet.documents import parse_instant
 from app.fleet.explain import DEFAULT_MAX_AGE_SECONDS, explain_documents
 from app.fleet.history import JobRecord
 from app.iam.authorize import authorize
@@ -46,15 +47,7 @@ class ExplainBody(BaseModel):
 
 
 def _parse_now(value: str | None) -> datetime:
-    if value is None:
-        return datetime.now(UTC)
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidInput(f"now: {value!r} is not an ISO 8601 time", path="now") from None
-    if parsed.tzinfo is None or parsed.utcoffset() is None:
-        raise InvalidInput(f"now: {value!r} must carry a UTC offset, e.g. +00:00", path="now")
-    return parsed
+    return datetime.now(UTC) if value is None else parse_instant(value)
 
 
 @router.post(

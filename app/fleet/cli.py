@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from app.errors import InvalidInput
+from app.fleet.documents import parse_instant
 
 placement_app = typer.Typer(
     help="Explainable completion-time placement across daemon hosts and Slurm/PBS lanes (seed 004). "
@@ -50,15 +51,7 @@ def read_json_document(path: Path, what: str) -> dict[str, Any]:
 
 def parse_now(value: str | None) -> datetime:
     """``--now``: an ISO 8601 time with a UTC offset; omitted = this host's clock (UTC)."""
-    if value is None:
-        return datetime.now(UTC)
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidInput(f"--now: {value!r} is not an ISO 8601 time", path="now") from None
-    if parsed.tzinfo is None or parsed.utcoffset() is None:
-        raise InvalidInput(f"--now: {value!r} must carry a UTC offset, e.g. +00:00", path="now")
-    return parsed
+    return datetime.now(UTC) if value is None else parse_instant(value, "--now")
 
 
 def fail_malformed(error: InvalidInput, source: str | None = None) -> None:

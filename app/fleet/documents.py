@@ -423,3 +423,15 @@ def dump_document(document: BaseModel) -> dict[str, Any]:
     out, times as ISO 8601 with their offset, integral figures as integers. ``load_fleet(dump_document(
     fleet)) == fleet``."""
     return _plain(document.model_dump(mode="python", exclude_none=True))
+
+
+def parse_instant(value: str, name: str = "now") -> datetime:
+    """An ISO 8601 time that carries a UTC offset (``--now``, ``now``); raises InvalidInput(path=name)
+    for anything else. Reading the clock when it is omitted is the caller's job (this module is pure)."""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidInput(f"{name}: {value!r} is not an ISO 8601 time", path="now") from None
+    if parsed.tzinfo is None or parsed.utcoffset() is None:
+        raise InvalidInput(f"{name}: {value!r} must carry a UTC offset, e.g. +00:00", path="now")
+    return parsed
