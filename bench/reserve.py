@@ -1,0 +1,649 @@
+"""Benchmark: reserve throughput of the service beside the guarded-commit ceiling (issue 4, done-when 4).
+
+In one run and one database:
+
+1. creates ``bc_bench_<random>`` on ``DATABASE_URL``'s server, migrates it, and loads a pool of 1,000
+   nodes x 8 GPUs (and, for the preview, one of 10,000 nodes) with bulk ``INSERT ... SELECT`` statements:
+   devices, DGX-1 hybrid-cube-mesh links (NV / SYS), NUMA nodes, labels, cpu and memory;
+2. starts the service (``better-compute serve``, 1 process, then ``--workers 2``) and, for N concurrent
+   HTTP clients in (1, 4, 16), reserves 1-GPU (+4 cpu) and 8-GPU (+32 cpu) shapes for a few seconds each,
+   one tenant per client (quota rows are per tenant; a final row shows 16 clients of one tenant), and
+   prints placements per second with p50 / p99 reserve latency. Between cells every booking is released
+   with SQL (untimed), so the pool never fills;
+3. runs the ceiling: the same guarded-commit SQL as ``app/capacity/commit.py`` plus the reservation row
+   and the quota charge (reservation insert ``ON CONFLICT DO NOTHING``, quota rows, guarded quota UPDATE,
+   pool ``FOR SHARE``, node ``FOR SHARE OF n`` with the schedulable predicate, devices ``FOR SHARE``,
+   ``SAVEPOINT``, allocation insert, bookings ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, scalar
+   guarded ``UPDATE ... RETURNING``, rollup deltas, status update) directly with asyncpg at the same
+   concurrencies. The ceiling picks atoms round-robin over nodes and rolls the booking window forward
+   once every atom of the pool is used, so it never loses a race: it is the commit alone;
+4. prints the ratio service / ceiling, and preview p50 / p99 (plus the cold first request, which loads
+   the pool cache) at 1,000 and 10,000 nodes.
+
+The database is dropped at the end. Everything (PostgreSQL, the service, these clients) shares the
+machine's cores, as the ceiling does; the ratio is the figure to compare across changes.
+
+    python bench/reserve.py [--seconds 4] [--clients 1,4,16] [--workers 1,2] [--no-10k]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.db.engine import migrate  # noqa: E402
+from app.ids import new_id  # noqa: E402
+
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+GPUS = 8
+NODE_CPU = 2048  # roomy: the ceiling books many windows, and scalars are not windowed
+NODE_MEMORY = 2_000_000
+# The DGX-1 hybrid cube mesh (tests/data/topo/01-dgx1-v100-hybrid-cube-mesh-mlx5.expected.json).
+DGX1_NV = {(0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 5), (2, 3), (2, 6), (3, 7)}
+DGX1_NV |= {(4, 5), (4, 6), (4, 7), (5, 6), (5, 7), (6, 7)}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A request shape: GPUs and cpu per reservation."""
+
+    name: str
+    gpus: int
+    cpu: int
+
+
+SHAPES = (Shape("1 GPU + 4 cpu", 1, 4), Shape("8 GPU + 32 cpu", 8, 32))
+
+
+@dataclass
+class Cell:
+    """One measurement: placements, elapsed seconds, latencies (ms) and other answers."""
+
+    placed: int = 0
+    elapsed: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    other: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def rate(self) -> float:
+        """Placements per second."""
+        return self.placed / self.elapsed if self.elapsed > 0 else 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by nearest rank; NaN when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+# ------------------------------------------------------------------------------------------ database
+
+
+def dsn(url: str, database: str | None = None) -> str:
+    """A plain ``postgresql://`` DSN for asyncpg (optionally on another database of the server)."""
+    u = make_url(url).set(drivername="postgresql")
+    if database is not None:
+        u = u.set(database=database)
+    return u.render_as_string(hide_password=False)
+
+
+async def admin_exec(server_url: str, statement: str) -> None:
+    """One statement on the server's ``postgres`` database (CREATE / DROP DATABASE)."""
+    conn = await asyncpg.connect(dsn(server_url, "postgres"))
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+async def load_pool(conn: asyncpg.Connection, name: str, count: int) -> str:
+    """Insert a pool of ``count`` nodes x 8 GPUs with bulk SQL; returns the pool id."""
+    pool_id = new_id("pool")
+    tag = secrets.token_hex(3)
+    pairs = [(i, j) for i in range(GPUS) for j in range(i + 1, GPUS)]
+    async with conn.transaction():
+        await conn.execute("INSERT INTO pools (id, name) VALUES ($1, $2)", pool_id, name)
+        await conn.execute(
+            """INSERT INTO nodes (id, pool_id, name)
+               SELECT 'node_' || $2 || lpad(g::text, 6, '0'), $1, $3 || '-' || lpad(g::text, 6, '0')
+                 FROM generate_series(0, $4 - 1) g""",
+            pool_id,
+            tag,
+            name,
+            count,
+        )
+        await conn.execute(
+            """INSERT INTO node_labels (node_id, key, value, source)
+               SELECT n.id, l.key, l.value, 'operator'
+                 FROM nodes n,
+                      LATERAL (VALUES ('gpu.product', 'V100-SXM2-32GB'),
+                                      ('rack', 'r' || (right(n.id, 6)::int % 40)::text)) AS l(key, value)
+                WHERE n.pool_id = $1""",
+            pool_id,
+        )
+        await conn.execute(
+            """INSERT INTO devices (id, node_id, class, attributes, numa_node, ordinal)
+               SELECT 'GPU-' || n.id || '-' || i, n.id, 'gpu',
+                      '{"gpuProduct": "V100-SXM2-32GB", "vramGiB": 32, "migCapable": false}'::jsonb,
+                      i / 4, i
+                 FROM nodes n, generate_series(0, 7) i
+                WHERE n.pool_id = $1""",
+            pool_id,
+        )
+        await conn.execute(
+            """INSERT INTO capacity_device_links (node_id, a, b, link)
+               SELECT n.id, 'GPU-' || n.id || '-' || p.i, 'GPU-' || n.id || '-' || p.j, p.link
+                 FROM nodes n, unnest($2::int[], $3::int[], $4::text[]) AS p(i, j, link)
+                WHERE n.pool_id = $1""",
+            pool_id,
+            [i for i, _ in pairs],
+            [j for _, j in pairs],
+            ["NV2" if p in DGX1_NV else "SYS" for p in pairs],
+        )
+        await conn.execute(
+            """INSERT INTO node_resources (node_id, resource, allocatable)
+               SELECT n.id, r.resource, r.amount
+                 FROM nodes n, (VALUES ('cpu', $2::numeric), ('memory', $3::numeric)) AS r(resource, amount)
+                WHERE n.pool_id = $1""",
+            pool_id,
+            NODE_CPU,
+            NODE_MEMORY,
+        )
+        await conn.execute(
+            """INSERT INTO pool_capacity_rollup (pool_id, resource, total, allocated)
+               VALUES ($1, 'gpu', $2, 0), ($1, 'cpu', $3, 0), ($1, 'memory', $4, 0)""",
+            pool_id,
+            count * GPUS,
+            count * NODE_CPU,
+            count * NODE_MEMORY,
+        )
+    return pool_id
+
+
+async def reset(conn: asyncpg.Connection) -> None:
+    """Release everything between cells (untimed): no bookings, allocations, reservations or usage."""
+    await conn.execute("TRUNCATE device_bookings, allocations, reservations")
+    await conn.execute("UPDATE node_resources SET allocated = 0 WHERE allocated <> 0")
+    await conn.execute("UPDATE pool_capacity_rollup SET allocated = 0 WHERE allocated <> 0")
+    await conn.execute("UPDATE quota_usage SET used = 0 WHERE used <> 0")
+    await conn.execute("VACUUM ANALYZE device_bookings, allocations, reservations, node_resources")
+
+
+# ------------------------------------------------------------------------------------------ service
+
+
+@dataclass
+class Service:
+    """A running ``better-compute serve`` subprocess."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def stop(self) -> None:
+        """Terminate the service (its uvicorn workers exit with it)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=15)
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn_service(url: str, admin_key: str, workers: int, log_dir: Path) -> Service:
+    """Start ``better-compute serve --workers <n>`` on a free port of 127.0.0.1 (not yet healthy).
+
+    Runs ``python -m app.cli`` from this checkout, so the code beside the script is what is measured.
+    """
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
+    env = {**os.environ, "DATABASE_URL": url, "BC_BOOTSTRAP_ADMIN_KEY": admin_key}
+    log = log_dir / f"serve-w{workers}-{port}.log"
+    with log.open("wb") as handle:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return Service(process, f"http://127.0.0.1:{port}", log)
+
+
+async def start_service(url: str, admin_key: str, workers: int, log_dir: Path) -> Service:
+    """Start the service and wait for ``/healthz``; raises RuntimeError with its log if it fails."""
+    service = spawn_service(url, admin_key, workers, log_dir)
+    process, log = service.process, service.log
+    deadline = time.monotonic() + 60
+    async with httpx.AsyncClient(timeout=2) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"the service exited:\n{log.read_text(errors='replace')[-4000:]}")
+            try:
+                if (await client.get(service.url + "/healthz")).status_code == 200:
+                    return service
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.2)
+    service.stop()
+    raise RuntimeError(f"the service did not answer /healthz:\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def reservation_body(pool_id: str, tenant: str, shape: Shape) -> dict[str, Any]:
+    """A reservation (or preview) body for ``shape``, one day from now."""
+    return {
+        "tenantId": tenant,
+        "poolId": pool_id,
+        "devices": [{"class": "gpu", "count": shape.gpus}],
+        "resources": {"cpu": shape.cpu},
+        "duration": "1d",
+        "idempotencyKey": new_id("bench"),
+    }
+
+
+async def http_cell(
+    client: httpx.AsyncClient, pool_id: str, shape: Shape, n: int, seconds: float, cap: int, tenants: int
+) -> Cell:
+    """``n`` clients reserve ``shape`` for ``seconds`` (or until ``cap`` placements)."""
+    cell = Cell()
+    end = time.perf_counter() + seconds
+
+    async def one(k: int) -> None:
+        tenant = f"bench-t{k % tenants}"
+        while time.perf_counter() < end and cell.placed < cap:
+            t0 = time.perf_counter()
+            r = await client.post("/v1/reservations", json=reservation_body(pool_id, tenant, shape))
+            took = (time.perf_counter() - t0) * 1000
+            if r.status_code == 201 and r.json()["status"] == "placed":
+                cell.placed += 1
+                cell.latencies.append(took)
+            elif r.status_code == 201:
+                message = r.json()["conditions"][0]["message"]
+                cell.other["lost races" if message.startswith("Unschedulable after") else "pending"] += 1
+            else:
+                cell.other[f"http {r.status_code}"] += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(k) for k in range(n)))
+    cell.elapsed = time.perf_counter() - t0
+    return cell
+
+
+async def preview_latency(
+    client: httpx.AsyncClient, pool_id: str, shape: Shape, repeat: int
+) -> tuple[float, list[float]]:
+    """The first preview (cold pool cache in this process) and ``repeat`` warm previews (ms)."""
+    times: list[float] = []
+    for _ in range(repeat + 1):
+        t0 = time.perf_counter()
+        r = await client.post("/v1/capacity/preview", json=reservation_body(pool_id, "bench-preview", shape))
+        times.append((time.perf_counter() - t0) * 1000)
+        if r.status_code != 200 or not r.json()["fits"]:
+            raise RuntimeError(f"preview failed: {r.status_code} {r.text[:300]}")
+    return times[0], times[1:]
+
+
+# ------------------------------------------------------------------------------------------ ceiling
+
+SQL_RESERVATION = """
+INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key)
+VALUES ($1, $2, $3, 'pending', $4::jsonb, $5, $6)
+ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING id"""
+SQL_QUOTA_ROWS = """
+INSERT INTO quota_usage (tenant_id, pool_id, resource, used)
+SELECT $1, $2, unnest($3::text[]), 0 ON CONFLICT DO NOTHING"""
+SQL_QUOTA_CHARGE = """
+UPDATE quota_usage SET used = used + $4
+ WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3
+   AND ((SELECT l."limit" FROM quota_limits l
+          WHERE l.tenant_id = $1 AND l.pool_id = $2 AND l.resource = $3) IS NULL
+        OR used + $4 <= (SELECT l."limit" FROM quota_limits l
+                          WHERE l.tenant_id = $1 AND l.pool_id = $2 AND l.resource = $3))
+RETURNING used"""
+SQL_POOL = "SELECT id, archived_at FROM pools WHERE id = $1 FOR SHARE"
+SQL_NODE = """
+SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
+ WHERE n.id = $1 AND n.pool_id = $2 AND p.archived_at IS NULL
+   AND coalesce(n.no_schedule_reasons, '{}'::text[]) <@ ARRAY['tainted dedicated=' || $3]::text[]
+   FOR SHARE OF n"""
+SQL_DEVICES = """
+SELECT id, class FROM devices
+ WHERE id = ANY($1::text[]) AND node_id = $2 AND healthy AND bookable ORDER BY id FOR SHARE"""
+SQL_ALLOCATION = """
+INSERT INTO allocations (id, reservation_id, pool_id, node_id, atoms, resources, during)
+VALUES ($1, $2, $3, $4, $5::text[], $6::jsonb, tstzrange($7, $8, '[)'))"""
+SQL_BOOKINGS = """
+INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
+SELECT pk, id, $2, $3, tstzrange($4, $5, '[)') FROM devices WHERE id = ANY($1::text[])
+ON CONFLICT DO NOTHING RETURNING device_id"""
+SQL_SCALAR = """
+UPDATE node_resources SET allocated = allocated + $3
+ WHERE node_id = $1 AND resource = $2 AND allocated + $3 <= floor(allocatable * ratio)
+RETURNING allocated"""
+SQL_ROLLUP = """
+UPDATE pool_capacity_rollup SET allocated = greatest(allocated + $3, 0)
+ WHERE pool_id = $1 AND resource = $2"""
+SQL_PLACED = "UPDATE reservations SET status = 'placed', conditions = '[]', updated_at = now() WHERE id = $1"
+
+
+async def guarded_commit(
+    conn: asyncpg.Connection,
+    pool_id: str,
+    tenant: str,
+    node_id: str,
+    atoms: list[str],
+    cpu: int,
+    start: datetime,
+    end: datetime,
+) -> bool:
+    """One placement transaction with the service's statements; False when a guard answered short."""
+    reservation_id = new_id("res")
+    allocation_id = new_id("alloc")
+    spec = json.dumps({"devices": [{"class": "gpu", "count": len(atoms)}], "resources": {"cpu": str(cpu)}})
+    async with conn.transaction():
+        if (
+            await conn.fetchval(SQL_RESERVATION, reservation_id, tenant, pool_id, spec, "h", reservation_id)
+            is None
+        ):
+            return False
+        await conn.execute(SQL_QUOTA_ROWS, tenant, pool_id, ["cpu", "gpu"])
+        for resource, n in (("cpu", cpu), ("gpu", len(atoms))):
+            if await conn.fetchval(SQL_QUOTA_CHARGE, tenant, pool_id, resource, n) is None:
+                return False
+        await conn.fetchrow(SQL_POOL, pool_id)
+        await conn.execute("SAVEPOINT capacity_place_1")
+        if await conn.fetchval(SQL_NODE, node_id, pool_id, tenant) is None:
+            return False
+        if len(await conn.fetch(SQL_DEVICES, atoms, node_id)) != len(atoms):
+            return False
+        await conn.execute(
+            SQL_ALLOCATION,
+            allocation_id,
+            reservation_id,
+            pool_id,
+            node_id,
+            atoms,
+            json.dumps({"cpu": str(cpu)}),
+            start,
+            end,
+        )
+        if len(await conn.fetch(SQL_BOOKINGS, atoms, pool_id, allocation_id, start, end)) != len(atoms):
+            return False
+        if await conn.fetchval(SQL_SCALAR, node_id, "cpu", cpu) is None:
+            return False
+        for resource, n in (("cpu", cpu), ("gpu", len(atoms))):
+            await conn.execute(SQL_ROLLUP, pool_id, resource, n)
+        await conn.execute("RELEASE SAVEPOINT capacity_place_1")
+        await conn.execute(SQL_PLACED, reservation_id)
+    return True
+
+
+async def ceiling_cell(
+    pg: asyncpg.Pool, pool_id: str, node_ids: list[str], shape: Shape, n: int, seconds: float
+) -> Cell:
+    """``n`` asyncpg connections commit ``shape`` placements for ``seconds``, never colliding: slot g
+    takes node ``g % nodes`` and, per turn of the pool, the next atoms or the next day's window."""
+    cell = Cell()
+    per_node = GPUS // shape.gpus
+    slots = len(node_ids) * per_node
+    counter = itertools.count()
+    async with pg.acquire() as conn:
+        base: datetime = await conn.fetchval("SELECT date_trunc('second', now())")
+    end_at = time.perf_counter() + seconds
+
+    async def one() -> None:
+        async with pg.acquire() as conn:
+            while time.perf_counter() < end_at:
+                g = next(counter)
+                node = node_ids[g % len(node_ids)]
+                first = ((g // len(node_ids)) % per_node) * shape.gpus
+                atoms = [f"GPU-{node}-{i}" for i in range(first, first + shape.gpus)]
+                start = base + timedelta(days=g // slots)
+                t0 = time.perf_counter()
+                ok = await guarded_commit(
+                    conn, pool_id, f"ceil-t{g % n}", node, atoms, shape.cpu, start, start + timedelta(days=1)
+                )
+                if ok:
+                    cell.placed += 1
+                    cell.latencies.append((time.perf_counter() - t0) * 1000)
+                else:
+                    cell.other["short"] += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(n)))
+    cell.elapsed = time.perf_counter() - t0
+    return cell
+
+
+# ------------------------------------------------------------------------------------------ driver
+
+
+async def timed(label: str, make: Callable[[], Awaitable[Any]]) -> Any:
+    """Run ``make()`` and print how long it took."""
+    t0 = time.perf_counter()
+    out = await make()
+    print(f"  {label}: {time.perf_counter() - t0:.1f} s", flush=True)
+    return out
+
+
+async def run(args: argparse.Namespace) -> None:
+    """The whole benchmark (see the module docstring)."""
+    server_url = args.database_url
+    name = f"bc_bench_{secrets.token_hex(4)}"
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    admin_key = "bench-" + secrets.token_hex(16)
+    clients_list = [int(x) for x in args.clients.split(",")]
+    workers_list = [int(x) for x in args.workers.split(",")]
+    log_dir = Path(tempfile.mkdtemp(prefix="bc-bench-"))
+    services: list[Service] = []
+    print(f"database {name} on {make_url(server_url).host}; service logs in {log_dir}", flush=True)
+    await admin_exec(server_url, f'CREATE DATABASE "{name}"')
+    pg: asyncpg.Pool | None = None
+    try:
+        await timed("migrate", lambda: asyncio.to_thread(migrate, url))
+        pg = await asyncpg.create_pool(dsn(url), min_size=2, max_size=max(clients_list) + 2)
+        assert pg is not None
+        async with pg.acquire() as conn:
+            pool_1k = await timed(
+                f"load {args.nodes:,} nodes x 8 GPUs", lambda: load_pool(conn, "bench-1k", args.nodes)
+            )
+            pool_10k = None
+            if not args.no_10k:
+                pool_10k = await timed(
+                    f"load {args.big_nodes:,} nodes x 8 GPUs",
+                    lambda: load_pool(conn, "bench-10k", args.big_nodes),
+                )
+            await conn.execute("ANALYZE")
+            node_ids = [
+                r["id"]
+                for r in await conn.fetch("SELECT id FROM nodes WHERE pool_id = $1 ORDER BY id", pool_1k)
+            ]
+
+        service_cells: dict[tuple[int, str, int, int], Cell] = {}
+        previews: dict[tuple[int, str], tuple[float, list[float]]] = {}
+        ceiling: dict[tuple[str, int], Cell] = {}
+        single_tenant: dict[int, Cell] = {}
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        for workers in workers_list:
+            service = await timed(
+                f"start service --workers {workers}",
+                lambda w=workers: start_service(url, admin_key, w, log_dir),
+            )
+            services.append(service)
+            headers = {"Authorization": f"Bearer {admin_key}"}
+            async with httpx.AsyncClient(
+                base_url=service.url, headers=headers, timeout=120, limits=limits
+            ) as client:
+                # warm every worker's pool cache and connections (untimed)
+                await asyncio.gather(
+                    *(
+                        client.post("/v1/capacity/preview", json=reservation_body(pool_1k, "w", SHAPES[0]))
+                        for _ in range(8 * workers)
+                    )
+                )
+                if workers == workers_list[0]:
+                    for shape in SHAPES:
+                        previews[(args.nodes, shape.name)] = await preview_latency(
+                            client, pool_1k, shape, args.preview_repeat
+                        )
+                    if pool_10k is not None:
+                        for shape in SHAPES:
+                            previews[(args.big_nodes, shape.name)] = await timed(
+                                f"preview {args.big_nodes:,} nodes, {shape.name}",
+                                lambda s=shape: preview_latency(client, pool_10k, s, args.big_preview_repeat),
+                            )
+                for shape in SHAPES:
+                    cap = int(0.8 * len(node_ids) * (GPUS // shape.gpus))
+                    for n in clients_list:
+                        cell = await http_cell(client, pool_1k, shape, n, args.seconds, cap, tenants=n)
+                        service_cells[(workers, shape.name, n, n)] = cell
+                        print(
+                            f"  service w{workers} {shape.name:15} N={n:<3} {cell.rate:7.1f}/s "
+                            f"{dict(cell.other) or ''}",
+                            flush=True,
+                        )
+                        async with pg.acquire() as conn:
+                            await reset(conn)
+                if workers == workers_list[0]:
+                    n = max(clients_list)
+                    cell = await http_cell(client, pool_1k, SHAPES[0], n, args.seconds, 10**9, tenants=1)
+                    single_tenant[n] = cell
+                    async with pg.acquire() as conn:
+                        await reset(conn)
+            service.stop()
+            if workers == workers_list[0]:
+                for shape in SHAPES:
+                    for n in clients_list:
+                        cell = await ceiling_cell(pg, pool_1k, node_ids, shape, n, args.seconds)
+                        ceiling[(shape.name, n)] = cell
+                        print(f"  ceiling    {shape.name:15} N={n:<3} {cell.rate:7.1f}/s", flush=True)
+                        async with pg.acquire() as conn:
+                            await reset(conn)
+
+        report(args, clients_list, workers_list, service_cells, ceiling, single_tenant, previews)
+    finally:
+        for service in services:
+            service.stop()
+        if pg is not None:
+            await pg.close()
+        await admin_exec(
+            server_url,
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' "
+            "AND pid <> pg_backend_pid()",
+        )
+        await admin_exec(server_url, f'DROP DATABASE IF EXISTS "{name}"')
+        print(f"dropped {name}")
+
+
+def report(
+    args: argparse.Namespace,
+    clients_list: list[int],
+    workers_list: list[int],
+    service_cells: dict[tuple[int, str, int, int], Cell],
+    ceiling: dict[tuple[str, int], Cell],
+    single_tenant: dict[int, Cell],
+    previews: dict[tuple[int, str], tuple[float, list[float]]],
+) -> None:
+    """Print the results table."""
+    print()
+    print(
+        f"Reserve throughput, pool of {args.nodes:,} nodes x 8 GPUs, {args.seconds:g} s per cell "
+        f"(placements/s; latency p50/p99 in ms; ratio = service / ceiling)"
+    )
+    head = f"{'shape':16} {'N':>3} | {'ceiling/s':>9} {'p50':>6} {'p99':>6}"
+    for w in workers_list:
+        head += f" | {'svc w' + str(w) + '/s':>9} {'p50':>6} {'p99':>6} {'ratio':>6}"
+    print(head)
+    print("-" * len(head))
+    for shape in SHAPES:
+        for n in clients_list:
+            c = ceiling.get((shape.name, n))
+            line = f"{shape.name:16} {n:>3} | "
+            line += (
+                f"{c.rate:9.1f} {pct(c.latencies, 0.5):6.2f} {pct(c.latencies, 0.99):6.2f}" if c else " " * 23
+            )
+            for w in workers_list:
+                s = service_cells[(w, shape.name, n, n)]
+                ratio = s.rate / c.rate if c and c.rate else float("nan")
+                p50, p99 = pct(s.latencies, 0.5), pct(s.latencies, 0.99)
+                line += f" | {s.rate:9.1f} {p50:6.1f} {p99:6.1f} {ratio:6.3f}"
+                if s.other:
+                    line += f" {dict(s.other)}"
+            print(line)
+    for n, s in single_tenant.items():
+        c = ceiling.get((SHAPES[0].name, n))
+        ratio = s.rate / c.rate if c and c.rate else float("nan")
+        print(
+            f"{SHAPES[0].name:16} {n:>3} one tenant (quota row serializes): svc w{workers_list[0]} "
+            f"{s.rate:.1f}/s, p50 {pct(s.latencies, 0.5):.1f} ms, p99 {pct(s.latencies, 0.99):.1f} ms, "
+            f"ratio {ratio:.3f} {dict(s.other) or ''}"
+        )
+    print()
+    print("Preview latency (1 client, ms): cold = first request of the process (loads the pool cache)")
+    print(f"{'nodes':>7} {'shape':16} {'cold':>8} {'p50':>8} {'p99':>8} {'samples':>8}")
+    for (nodes, shape_name), (cold, warm) in previews.items():
+        print(
+            f"{nodes:>7,} {shape_name:16} {cold:8.1f} {pct(warm, 0.5):8.1f} {pct(warm, 0.99):8.1f} "
+            f"{len(warm):>8} (mean {statistics.fmean(warm):.1f})"
+        )
+
+
+def main() -> None:
+    """Parse arguments and run the benchmark."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL") or DEFAULT_URL)
+    parser.add_argument("--seconds", type=float, default=4.0, help="seconds per cell")
+    parser.add_argument("--clients", default="1,4,16", help="concurrent clients, comma-separated")
+    parser.add_argument("--workers", default="1,2", help="service worker counts, comma-separated")
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--big-nodes", type=int, default=10_000)
+    parser.add_argument("--no-10k", action="store_true", help="skip the 10,000-node preview")
+    parser.add_argument("--preview-repeat", type=int, default=50)
+    parser.add_argument("--big-preview-repeat", type=int, default=20)
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
