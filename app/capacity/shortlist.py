@@ -10,8 +10,10 @@ Why the answer is the same as planning the whole pool. Every filter the SQL appl
 tenant, nodeLabels, scalar room, enough free atoms of each class, the replan's excluded nodes) is a filter
 the pipeline applies with the same rule, so a node the SQL leaves out is one the pipeline rejects. The
 pipeline may reject more (topology, plugin filters, a plugin picker), never fewer. A node outside the
-shortlist scores at most ``U = count score of the best node outside + w_topology + w_numa`` because those
-two scorers are at most 1 each and there are no plugin scorers. So when the shortlist plan holds at least
+shortlist scores at most ``U = count score of the best node outside + C``, where ``C`` is the most any
+node of the pool could score through topology and numa given its static links and NUMA groups
+(:func:`app.placement.bounds.pick_score_ceiling`; at most ``w_topology + w_numa``), as there are no
+plugin scorers. So when the shortlist plan holds at least
 ``needed`` candidates and the ``needed``-th best total is above ``U``, no node outside could enter the top
 ``needed``: the top-``needed`` ranking (and so the seeded pick among topN) is the one the whole pool would
 give; a tie at ``U`` is safe when the inside node's id is smaller, since ties break on node id and
@@ -31,8 +33,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.metrics import PLAN_SECONDS, PLANS
 from app.capacity.predicates import schedulable_sql_tolerating
-from app.capacity.snapshot import PoolCache, PoolHead, read_node_states, read_pool_head, read_snapshot, window
+from app.capacity.snapshot import (
+    PoolCache,
+    PoolHead,
+    PoolInventory,
+    read_node_states,
+    read_pool_head,
+    read_snapshot,
+    window,
+)
 from app.db.tables import device_bookings, devices, node_labels, node_resources, nodes, pools
+from app.placement.bounds import pick_score_ceiling
 from app.placement.model import NodeSnapshot, PlacementRequest, Plan, PoolSnapshot, Rejections
 from app.placement.options import DEFAULT_WEIGHTS, SchedulerOptions
 from app.placement.pipeline import plan_placement
@@ -241,23 +252,34 @@ async def _plan_request(
                     ),
                 )
                 plan = plan_placement(request, snapshot, options)
-                if isinstance(plan, Plan) and _provably_complete(plan, rows, k, needed, options):
+                ceiling = _pick_ceiling(inventory, request, options)
+                if isinstance(plan, Plan) and _provably_complete(plan, rows, k, needed, ceiling):
                     return PlanOutcome(head, plan, "shortlist")
     head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end)
     return PlanOutcome(head, plan_placement(request, snapshot, options), "full")
 
 
+def _pick_ceiling(inventory: PoolInventory, request: PlacementRequest, options: SchedulerOptions) -> float:
+    """The most any node of the pool could add through topology and numa (memoized per version)."""
+    key = (
+        "pick-ceiling",
+        tuple((d.device_class, d.count) for d in request.devices),
+        tuple(sorted(options.weights.items())),
+    )
+    found = inventory.memo.get(key)
+    if found is None:
+        found = inventory.memo[key] = pick_score_ceiling(
+            inventory.nodes.values(), request.devices, options.weights
+        )
+    return found
+
+
 def _provably_complete(
-    plan: Plan, rows: list[tuple[str, float]], k: int, needed: int, options: SchedulerOptions
+    plan: Plan, rows: list[tuple[str, float]], k: int, needed: int, ceiling: float
 ) -> bool:
     if len(rows) <= k:
         return True  # every viable node is in the shortlist
-    best_outside = rows[k][1]
-    bound = (
-        best_outside
-        + max(0.0, options.weight("topology", DEFAULT_WEIGHTS["topology"]))
-        + max(0.0, options.weight("numa", DEFAULT_WEIGHTS["numa"]))
-    )
+    bound = rows[k][1] + ceiling
     if len(plan.ranked) < needed:
         return False
     last = plan.ranked[needed - 1]

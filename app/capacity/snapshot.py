@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -50,6 +50,8 @@ class PoolInventory:
     version: int
     nodes: dict[str, NodeInventory]
     order: tuple[str, ...]
+    # derived values that depend only on this static inventory (e.g. the shortlist's score ceilings)
+    memo: dict[Any, Any] = field(default_factory=dict)
 
 
 class PoolCache:

@@ -11,9 +11,13 @@ from tests.conftest import settings_for
 from tests.factories import add_node, gpu_node, make_pool, reservation
 
 
-async def test_plugin_from_settings_filters_and_scores_on_every_path(database_url: str, clean_db: Any) -> None:
+async def test_plugin_from_settings_filters_and_scores_on_every_path(
+    database_url: str, clean_db: Any
+) -> None:
     settings = settings_for(
-        database_url, scheduler_plugins=["tests.example_plugins:rack_affinity"], scheduler_weights={"binpack": 0.0}
+        database_url,
+        scheduler_plugins=["tests.example_plugins:rack_affinity"],
+        scheduler_weights={"binpack": 0.0},
     )
     app = create_app(settings, run_migrations=False)
     async with app.router.lifespan_context(app):

@@ -232,7 +232,9 @@ async def test_preview_answers_candidates_or_reason(admin_client: httpx.AsyncCli
     assert await _counts(engine) == before
 
 
-async def test_metrics_and_health_need_no_key(anon_client: httpx.AsyncClient, admin_client: httpx.AsyncClient) -> None:
+async def test_metrics_and_health_need_no_key(
+    anon_client: httpx.AsyncClient, admin_client: httpx.AsyncClient
+) -> None:
     pool = await make_pool(admin_client)
     await add_node(admin_client, pool, gpu_node("m1"))
     await admin_client.post("/v1/reservations", json=reservation(pool, 1))

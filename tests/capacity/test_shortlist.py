@@ -171,3 +171,21 @@ async def test_pool_cache_reads_static_inventory_once_per_version(clean_db: Asyn
         _, snap = await read_snapshot(conn, cache, pool, start, start + timedelta(hours=1))
     assert cache.loads == 2
     assert len(next(n for n in snap.nodes if n.id == views[1]["id"]).state.unavailable) == 8
+
+
+async def test_uniform_empty_pool_uses_the_shortlist_for_every_shape(clean_db: AsyncEngine) -> None:
+    """Many alike nodes tie: the ceiling from their static topology lets the shortlist prove itself."""
+    engine = clean_db
+    pool, _ = await make_pool_with_nodes(engine, [node_body(f"u{i:02d}", 8) for i in range(30)])
+    start = await db_time(engine)
+    for count in (1, 2, 4, 8):
+        request = PlacementRequest(
+            "acme", pool, (DeviceRequest("gpu", count),), start=start, end=start + timedelta(hours=1)
+        )
+        options = SchedulerOptions(top_n=1, seed=count)
+        cache = PoolCache()
+        async with engine.connect() as conn:
+            short = await plan_request(conn, cache, request, options, shortlist_min=4, needed=5)
+            _, snapshot = await read_snapshot(conn, cache, pool, start, request.end)
+        assert short.path == "shortlist", count
+        assert _comparable(short.plan, 5) == _comparable(plan_placement(request, snapshot, options), 5)
