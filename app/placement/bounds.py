@@ -4,10 +4,12 @@ The shortlist must prove that no node outside it could reach the top N. A node's
 count-only part (binpack + spread) plus ``w_topology x topology + w_numa x numa`` of its pick. Those two
 depend on which atoms are free, but never exceed what the node's static topology allows:
 
-- ``topology`` is ``LINK_SCORES`` of the picked set's worst link, i.e. the score of one of its pairs, so
-  it is at most the best pair score among the node's atoms of the class (1 for a single atom);
-- ``numa`` is ``1 / spread``; any ``count`` atoms span at least as many NUMA nodes as the fewest groups
-  that can hold ``count`` atoms (largest groups first; atoms of unknown NUMA form one group).
+- on hosts of up to 8 or so atoms of the class it is computed exactly: the best weighted score over
+  every subset of ``count`` atoms (at most 70 subsets for 8 GPUs);
+- on bigger hosts, ``topology`` is ``LINK_SCORES`` of the picked set's worst link, i.e. the score of one
+  of its pairs, so at most the best pair score; ``numa`` is ``1 / spread``, and any ``count`` atoms
+  span at least as many NUMA nodes as the fewest groups that can hold them (largest groups first;
+  atoms of unknown NUMA form one group).
 
 The max of that over a pool's nodes is a valid ceiling for every node outside the shortlist. It depends
 only on static inventory, so the I/O half memoizes it per pool inventory version.
@@ -17,21 +19,35 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from itertools import combinations
+from math import comb
 
 from app.placement.model import DeviceRequest, NodeInventory
 from app.placement.options import DEFAULT_WEIGHTS
-from app.placement.topology import LINK_SCORES, node_topology
+from app.placement.topology import LINK_SCORES, node_topology, scored_set
+
+EXACT_SUBSETS = 512  # up to this many subsets the ceiling is the exact best over every subset
 
 
-def _class_ceiling(inventory: NodeInventory, device_class: str, count: int) -> tuple[float, float] | None:
-    """(topology ceiling, numa ceiling) for ``count`` atoms of ``device_class`` on a node, or None when
-    the node has fewer atoms of the class than ``count``."""
+def _class_ceiling(
+    inventory: NodeInventory, device_class: str, count: int, w_topology: float, w_numa: float
+) -> float | None:
+    """The most ``w_topology x topology + w_numa x numa`` a pick of ``count`` atoms of ``device_class``
+    can score on this node, whatever is free; None when the node has fewer atoms than ``count``.
+
+    Exact (the best over every subset) when there are at most ``EXACT_SUBSETS`` subsets, as on hosts of
+    up to 8 GPUs; otherwise the best pair score and the fewest NUMA groups bound it from above."""
     topo = node_topology(inventory).classes.get(device_class)
     if topo is None or len(topo.atom_ids) < count:
         return None
     if count <= 1:
-        return 1.0, 1.0
+        return w_topology + w_numa
     n = len(topo.atom_ids)
+    if comb(n, count) <= EXACT_SUBSETS:
+        return max(
+            w_topology * s.topology_score + w_numa * s.numa_score
+            for s in (scored_set(topo, idx) for idx in combinations(range(n), count))
+        )
     best_pair = max(LINK_SCORES[topo.ranks[i][j]] for i in range(n) for j in range(i + 1, n))
     groups = sorted(Counter(topo.numa).values(), reverse=True)
     spread, held = 0, 0
@@ -40,7 +56,7 @@ def _class_ceiling(inventory: NodeInventory, device_class: str, count: int) -> t
         held += size
         if held >= count:
             break
-    return best_pair, 1.0 / spread
+    return w_topology * best_pair + w_numa / spread
 
 
 def pick_score_ceiling(
@@ -68,10 +84,10 @@ def pick_score_ceiling(
         seen.add(shape)
         total = 0.0
         for d in devices:
-            ceiling = _class_ceiling(inventory, d.device_class, d.count)
+            ceiling = _class_ceiling(inventory, d.device_class, d.count, w_topology, w_numa)
             if ceiling is None:
                 break
-            total += w_topology * ceiling[0] + w_numa * ceiling[1]
+            total += ceiling
         else:
             best = max(best, total / len(devices))
             if best >= w_topology + w_numa:

@@ -46,3 +46,26 @@ def test_ceiling_is_tight_for_a_two_socket_nvlink_host() -> None:
     assert pick_score_ceiling([node], (DeviceRequest("gpu", 9),)) == 0.0
     assert pick_score_ceiling([node], (), {"topology": 2.0}) == 2.5
     assert LINK_SCORES  # the scores the ceiling reads
+
+
+def test_ceiling_is_exact_on_a_dgx1_hybrid_cube_mesh() -> None:
+    """On a DGX-1 no 8-GPU set is NVLink-complete: the ceiling says so (worst link SYS -> 0)."""
+    import json
+    from pathlib import Path
+
+    expected = json.loads(
+        (
+            Path(__file__).parent.parent
+            / "data"
+            / "topo"
+            / "01-dgx1-v100-hybrid-cube-mesh-mlx5.expected.json"
+        ).read_text()
+    )
+    atoms = tuple(Atom(f"x-{g}", "gpu", {}, None) for g in expected["gpus"])
+    links = {}
+    for pair, kind in expected["gpu_links"].items():
+        a, b = pair.split("-")
+        links[tuple(sorted((f"x-{a}", f"x-{b}")))] = kind
+    node = NodeInventory("x", "x", atoms=atoms, links=links)
+    assert pick_score_ceiling([node], (DeviceRequest("gpu", 8),)) == 0.0 + 0.5
+    assert pick_score_ceiling([node], (DeviceRequest("gpu", 4),)) == 1.5  # an NV-complete quad exists
