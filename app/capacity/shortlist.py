@@ -1,14 +1,22 @@
 """The shortlist (seed 000, "The shortlist") and the one entry point that plans a request.
 
 Loading every node of a large pool for each request is expensive. When a request has no selectors, no
-gang and no plugin scorers, SQL first returns every schedulable node with enough free atoms and scalar
-room, ranked by the part of the score that depends only on counts (binpack + spread, the same formula as
-:func:`app.placement.scorers.count_score_many`), and the pipeline plans only the best
+gang and no plugin scorers, the placer first finds every schedulable node with enough free atoms and
+scalar room, ranked by the part of the score that depends only on counts (binpack + spread, the same
+formula as :func:`app.placement.scorers.count_score_many`), and the pipeline plans only the best
 ``K = max(shortlist_min, 8 x topN)`` of them.
 
-Why the answer is the same as planning the whole pool. Every filter the SQL applies (schedulable for the
-tenant, nodeLabels, scalar room, enough free atoms of each class, the replan's excluded nodes) is a filter
-the pipeline applies with the same rule, so a node the SQL leaves out is one the pipeline rejects. The
+How the shortlist is found without reading the pool. The static part (which atoms of which class each
+node has, its labels, which scalar resources it has rows for) is in the pool cache. SQL then reads only
+the exceptions for the window: bookings that overlap it, unhealthy or unbookable atoms (a partial
+index), nodes with NoSchedule reasons (a partial index) judged by the commit's own predicate
+``schedulable_sql_tolerating``, and nodes without room for a requested scalar. Every other node is free
+and schedulable, so its count score depends only on its atom counts: alike nodes form one group with one
+score, and a group contributes its first K nodes by id. The cost is the exceptions plus groups x K.
+
+Why the answer is the same as planning the whole pool. Every filter the shortlist applies (schedulable
+for the tenant, nodeLabels, scalar room, enough free atoms of each class, the replan's excluded nodes) is
+a filter the pipeline applies with the same rule, so a node it leaves out is one the pipeline rejects. The
 pipeline may reject more (topology, plugin filters, a plugin picker), never fewer. A node outside the
 shortlist scores at most ``U = count score of the best node outside + C``, where ``C`` is the most any
 node of the pool could score through topology and numa given its static links and NUMA groups
@@ -17,34 +25,37 @@ plugin scorers. So when the shortlist plan holds at least
 ``needed`` candidates and the ``needed``-th best total is above ``U``, no node outside could enter the top
 ``needed``: the top-``needed`` ranking (and so the seeded pick among topN) is the one the whole pool would
 give; a tie at ``U`` is safe when the inside node's id is smaller, since ties break on node id and
-the SQL orders equal count scores by id. Otherwise, and whenever the shortlist plan finds nothing (the
+the shortlist orders equal count scores by id. Otherwise, and whenever the shortlist plan finds nothing (the
 pending reason must describe the whole pool), the whole pool is planned. ``needed`` is topN for a
 reservation and max(topN, 10) for a preview.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import aggregate_order_by as pg_aggregate_order_by
+from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.capacity.commit import labels_hold
 from app.capacity.metrics import PLAN_SECONDS, PLANS
 from app.capacity.predicates import schedulable_sql_tolerating
-from app.capacity.snapshot import (
-    PoolCache,
-    PoolHead,
-    PoolInventory,
-    read_node_states,
-    read_pool_head,
-    read_snapshot,
-    window,
-)
-from app.db.tables import device_bookings, devices, node_labels, node_resources, nodes, pools
+from app.capacity.snapshot import PoolCache, PoolHead, PoolInventory, read_pool_head, read_snapshot, window
+from app.db.tables import device_bookings, devices, node_resources, nodes, pools
 from app.placement.bounds import pick_score_ceiling
-from app.placement.model import NodeSnapshot, PlacementRequest, Plan, PoolSnapshot, Rejections
+from app.placement.model import (
+    NodeInventory,
+    NodeSnapshot,
+    NodeState,
+    PlacementRequest,
+    Plan,
+    PoolSnapshot,
+    Rejections,
+    ScalarResource,
+)
 from app.placement.options import DEFAULT_WEIGHTS, SchedulerOptions
 from app.placement.pipeline import plan_placement
 from app.placement.scorers import count_score_many
@@ -77,132 +88,196 @@ def shortlist_size(options: SchedulerOptions, shortlist_min: int) -> int:
     return max(shortlist_min, 8 * options.top_n)
 
 
-def _label_conditions(request: PlacementRequest) -> list[Any]:
-    conditions = []
-    for key, value in sorted(request.node_labels.items()):
-        clause = [node_labels.c.node_id == nodes.c.id, node_labels.c.key == key]
-        if value != "*":
-            clause.append(node_labels.c.value == value)
-        if key.startswith("bc.dev/"):
-            clause.append(node_labels.c.source == "system")
-        conditions.append(sa.exists().where(*clause))
-    return conditions
+@dataclass(frozen=True, slots=True)
+class Exceptions:
+    """What the narrow reads found for the window: the nodes that are not simply free and schedulable.
+
+    ``booked`` / ``unavailable``: node id -> atoms booked over the window / unhealthy or unbookable;
+    ``reasons``: node id -> NoSchedule reasons (nodes with none are absent); ``unschedulable``: nodes the
+    SQL predicate refuses for the tenant; ``short``: nodes without room for a requested scalar."""
+
+    booked: dict[str, set[str]]
+    unavailable: dict[str, set[str]]
+    reasons: dict[str, tuple[str, ...]]
+    unschedulable: frozenset[str]
+    short: frozenset[str]
+
+    def busy(self, node_id: str) -> set[str]:
+        """Atoms of the node that are not free for the window."""
+        return self.booked.get(node_id, set()) | self.unavailable.get(node_id, set())
 
 
-def _scalar_conditions(request: PlacementRequest) -> list[Any]:
-    # EXISTS (SELECT 1 FROM node_resources r WHERE r.node_id = n.id AND r.resource = :r
-    #          AND r.allocated + :n <= floor(r.allocatable * r.ratio))
-    return [
-        sa.exists().where(
-            node_resources.c.node_id == nodes.c.id,
-            node_resources.c.resource == resource,
-            node_resources.c.allocated + amount
-            <= sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
+async def read_exceptions(conn: AsyncConnection, request: PlacementRequest) -> Exceptions:
+    """The narrow volatile reads of a shortlist: each touches only the rows that differ from "free".
+
+    ::
+
+        SELECT d.node_id, b.device_id FROM device_bookings b JOIN devices d ON d.pk = b.device_pk
+         WHERE b.pool_id = :pool AND b.during && :w;                           -- booked in the window
+        SELECT d.node_id, d.id FROM devices d JOIN nodes n ON n.id = d.node_id
+         WHERE n.pool_id = :pool AND NOT (d.healthy AND d.bookable);           -- partial index
+        SELECT n.id, n.no_schedule_reasons, <schedulable for tenant> FROM nodes n JOIN pools p ON ...
+         WHERE n.pool_id = :pool AND n.no_schedule_reasons <> '{}';           -- partial index
+        SELECT r.node_id FROM node_resources r JOIN nodes n ON n.id = r.node_id
+         WHERE n.pool_id = :pool AND r.resource = :r
+           AND r.allocated + :n > floor(r.allocatable * r.ratio);             -- no room, per resource
+    """
+    assert request.start is not None and request.end is not None
+    pool_id = request.pool_id
+    booked: dict[str, set[str]] = {}
+    for r in (
+        await conn.execute(
+            sa.select(devices.c.node_id, device_bookings.c.device_id)
+            .join(devices, devices.c.pk == device_bookings.c.device_pk)
+            .where(
+                device_bookings.c.pool_id == pool_id,
+                device_bookings.c.during.op("&&")(window(request.start, request.end)),
+            )
         )
-        for resource, amount in sorted(request.resources.items())
-    ]
+    ).all():
+        booked.setdefault(r.node_id, set()).add(r.device_id)
+    unavailable: dict[str, set[str]] = {}
+    for r in (
+        await conn.execute(
+            sa.select(devices.c.node_id, devices.c.id)
+            .join(nodes, nodes.c.id == devices.c.node_id)
+            .where(nodes.c.pool_id == pool_id, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable)))
+        )
+    ).all():
+        unavailable.setdefault(r.node_id, set()).add(r.id)
+    reasons: dict[str, tuple[str, ...]] = {}
+    unschedulable: set[str] = set()
+    for r in (
+        await conn.execute(
+            sa.select(
+                nodes.c.id,
+                nodes.c.no_schedule_reasons,
+                schedulable_sql_tolerating(request.tenant_id).label("ok"),
+            )
+            .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
+            .where(nodes.c.pool_id == pool_id, nodes.c.no_schedule_reasons != sa.text("'{}'::text[]"))
+        )
+    ).all():
+        reasons[r.id] = tuple(r.no_schedule_reasons)
+        if not r.ok:
+            unschedulable.add(r.id)
+    short: set[str] = set()
+    for resource, amount in sorted(request.resources.items()):
+        short.update(
+            (
+                await conn.execute(
+                    sa.select(node_resources.c.node_id)
+                    .join(nodes, nodes.c.id == node_resources.c.node_id)
+                    .where(
+                        nodes.c.pool_id == pool_id,
+                        node_resources.c.resource == resource,
+                        node_resources.c.allocated + amount
+                        > sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
+                    )
+                )
+            ).scalars()
+        )
+    return Exceptions(booked, unavailable, reasons, frozenset(unschedulable), frozenset(short))
 
 
-async def shortlist_rows(
-    conn: AsyncConnection, request: PlacementRequest, options: SchedulerOptions, limit: int
+def _class_atoms(inventory: PoolInventory) -> dict[str, dict[str, frozenset[str]]]:
+    """node id -> class -> its atom ids (memoized per inventory version)."""
+    found = inventory.memo.get("class-atoms")
+    if found is None:
+        found = {}
+        for node_id, node in inventory.nodes.items():
+            by_class: dict[str, set[str]] = {}
+            for atom in node.atoms:
+                by_class.setdefault(atom.device_class, set()).add(atom.id)
+            found[node_id] = {c: frozenset(a) for c, a in by_class.items()}
+        inventory.memo["class-atoms"] = found
+    return found
+
+
+def _groups(inventory: PoolInventory, request: PlacementRequest) -> dict[tuple[int, ...], tuple[str, ...]]:
+    """The nodes that could hold the request when entirely free, grouped by their atom count of each
+    requested class (node ids in order); nodes lacking a requested scalar resource are left out.
+    Memoized per inventory version and request shape: a free node's count score depends on nothing else."""
+    classes = tuple(d.device_class for d in request.devices)
+    counts = tuple(d.count for d in request.devices)
+    resources = frozenset(request.resources)
+    key = ("groups", classes, counts, resources)
+    found = inventory.memo.get(key)
+    if found is None:
+        atoms = _class_atoms(inventory)
+        grouped: dict[tuple[int, ...], list[str]] = {}
+        for node_id in inventory.order:
+            if not resources <= inventory.resource_names.get(node_id, frozenset()):
+                continue
+            have = atoms[node_id]
+            totals = tuple(len(have.get(c, ())) for c in classes)
+            if all(t >= n for t, n in zip(totals, counts, strict=True)):
+                grouped.setdefault(totals, []).append(node_id)
+        found = inventory.memo[key] = {t: tuple(ids) for t, ids in grouped.items()}
+    return found
+
+
+def _labels_hold(node: NodeInventory, wanted: Mapping[str, str]) -> bool:
+    return labels_hold(
+        wanted, {k: (v, node.label_sources.get(k, "operator")) for k, v in node.labels.items()}
+    )
+
+
+def shortlist_rows(
+    inventory: PoolInventory,
+    request: PlacementRequest,
+    options: SchedulerOptions,
+    exceptions: Exceptions,
+    limit: int,
 ) -> list[tuple[str, float]]:
     """The best ``limit`` viable nodes as ``(node id, count score)``, best first, ties on node id.
 
-    The SQL, for a request of devices ``req(class, cnt)`` in window ``w``::
-
-        WITH booked AS (SELECT DISTINCT device_pk FROM device_bookings
-                         WHERE pool_id = :pool AND during && :w),
-             cls AS (SELECT d.node_id, r.class, r.cnt, count(*) AS total,
-                            count(*) FILTER (WHERE d.healthy AND d.bookable AND b.device_pk IS NULL) AS free
-                       FROM devices d JOIN nodes n ON n.id = d.node_id JOIN req r ON r.class = d.class
-                       LEFT JOIN booked b ON b.device_pk = d.pk
-                      WHERE n.pool_id = :pool GROUP BY d.node_id, r.class, r.cnt)
-        SELECT n.id, array_agg(c.total ORDER BY c.class), array_agg(c.free ORDER BY c.class)
-          FROM nodes n JOIN pools p ON p.id = n.pool_id JOIN cls c ON c.node_id = n.id
-         WHERE n.pool_id = :pool AND <schedulable for tenant> AND n.id <> ALL(:excluded)
-           AND <scalar room EXISTS ...> AND <nodeLabels EXISTS ...>
-         GROUP BY n.id HAVING count(*) = :classes AND bool_and(c.free >= c.cnt)
-         ORDER BY w_binpack * avg((total - free + cnt) / total) + w_spread * avg(free / total) DESC, n.id
-         LIMIT :limit
-    """
-    assert request.start is not None and request.end is not None
+    Viable: schedulable for the tenant (the SQL predicate), not excluded, carrying the request's
+    nodeLabels, with room for every scalar and enough free atoms of every class. Score: the count-only
+    part (:func:`app.placement.scorers.count_score_many`). Nodes with no exception are ranked per group
+    of alike nodes (one score per group, ids in order), so the cost is the exceptions plus groups x
+    ``limit``, not the pool's size."""
     weights = {k: options.weight(k, v) for k, v in DEFAULT_WEIGHTS.items()}
-    where = [
-        nodes.c.pool_id == request.pool_id,
-        schedulable_sql_tolerating(request.tenant_id),
-        *_scalar_conditions(request),
-        *_label_conditions(request),
-    ]
-    if options.excluded_nodes:
-        where.append(nodes.c.id.notin_(sorted(options.excluded_nodes)))
-    base = nodes.join(pools, pools.c.id == nodes.c.pool_id)
-    if not request.devices:
-        rows = (
-            await conn.execute(
-                sa.select(nodes.c.id).select_from(base).where(*where).order_by(nodes.c.id).limit(limit)
-            )
-        ).all()
-        return [(r.id, 0.0) for r in rows]
+    counts = [(d.device_class, d.count) for d in request.devices]
+    atoms = _class_atoms(inventory)
+    skip = exceptions.unschedulable | exceptions.short | options.excluded_nodes
+    touched = set(exceptions.booked) | set(exceptions.unavailable)
+    wanted_labels = request.node_labels
 
-    counts = sorted((d.device_class, d.count) for d in request.devices)
-    req = sa.values(sa.column("class", sa.Text), sa.column("cnt", sa.Integer), name="req").data(counts)
-    booked = (
-        sa.select(device_bookings.c.device_pk)
-        .where(
-            device_bookings.c.pool_id == request.pool_id,
-            device_bookings.c.during.op("&&")(window(request.start, request.end)),
+    def viable(node_id: str) -> bool:
+        return node_id not in skip and (
+            not wanted_labels or _labels_hold(inventory.nodes[node_id], wanted_labels)
         )
-        .distinct()
-        .subquery("booked")
-    )
-    free = sa.func.count().filter(
-        sa.and_(devices.c.healthy, devices.c.bookable, booked.c.device_pk.is_(None))
-    )
-    cls = (
-        sa.select(
-            devices.c.node_id,
-            req.c["class"].label("cls"),
-            req.c.cnt,
-            sa.func.count().label("total"),
-            free.label("free"),
-        )
-        .select_from(
-            devices.join(nodes, nodes.c.id == devices.c.node_id)
-            .join(req, req.c["class"] == devices.c["class"])
-            .outerjoin(booked, booked.c.device_pk == devices.c.pk)
-        )
-        .where(nodes.c.pool_id == request.pool_id)
-        .group_by(devices.c.node_id, req.c["class"], req.c.cnt)
-        .subquery("cls")
-    )
-    total = sa.cast(cls.c.total, sa.Float)
-    binpack = sa.func.least(1.0, sa.cast(cls.c.total - cls.c.free + cls.c.cnt, sa.Float) / total)
-    spread = sa.func.greatest(0.0, 1.0 - sa.cast(cls.c.total - cls.c.free, sa.Float) / total)
-    score = weights["binpack"] * sa.func.avg(binpack) + weights["spread"] * sa.func.avg(spread)
-    stmt = (
-        sa.select(
-            nodes.c.id,
-            sa.func.array_agg(pg_aggregate_order_by(cls.c.total, cls.c.cls)).label("totals"),
-            sa.func.array_agg(pg_aggregate_order_by(cls.c.free, cls.c.cls)).label("frees"),
-        )
-        .select_from(base.join(cls, cls.c.node_id == nodes.c.id))
-        .where(*where)
-        .group_by(nodes.c.id)
-        .having(sa.and_(sa.func.count() == len(counts), sa.func.bool_and(cls.c.free >= cls.c.cnt)))
-        .order_by(score.desc(), nodes.c.id)
-        .limit(limit)
-    )
-    rows = (await conn.execute(stmt)).all()
-    return [
-        (
-            r.id,
-            count_score_many(
-                [(t, t - f, cnt) for t, f, (_cls, cnt) in zip(r.totals, r.frees, counts, strict=True)],
-                weights,
-            ),
-        )
-        for r in rows
-    ]
+
+    ranked: list[tuple[float, str]] = []
+    for totals, ids in _groups(inventory, request).items():
+        score = count_score_many([(t, 0, n) for t, (_c, n) in zip(totals, counts, strict=True)], weights)
+        taken = 0
+        for node_id in ids:
+            if taken >= limit:
+                break
+            if node_id in touched or not viable(node_id):
+                continue
+            ranked.append((-score, node_id))
+            taken += 1
+    for node_id in touched:
+        node_atoms = atoms.get(node_id)
+        if node_atoms is None or not viable(node_id):
+            continue
+        if not frozenset(request.resources) <= inventory.resource_names.get(node_id, frozenset()):
+            continue
+        busy = exceptions.busy(node_id)
+        parts = []
+        for device_class, count in counts:
+            class_atoms = node_atoms.get(device_class, frozenset())
+            taken_atoms = len(class_atoms & busy)
+            if len(class_atoms) - taken_atoms < count:
+                break
+            parts.append((len(class_atoms), taken_atoms, count))
+        else:
+            ranked.append((-count_score_many(parts, weights) if parts else 0.0, node_id))
+    ranked.sort()
+    return [(node_id, -neg) for neg, node_id in ranked[:limit]]
 
 
 async def plan_request(
@@ -236,19 +311,17 @@ async def _plan_request(
         head = await read_pool_head(conn, request.pool_id)
         if not head.archived:
             k = shortlist_size(options, shortlist_min)
-            rows = await shortlist_rows(conn, request, options, k + 1)
+            inventory = await cache.inventory(conn, head)
+            exceptions = await read_exceptions(conn, request)
+            rows = shortlist_rows(inventory, request, options, exceptions, k + 1)
             if rows:
                 inside = [node_id for node_id, _ in rows[:k]]
-                inventory = await cache.inventory(conn, head)
-                states = await read_node_states(conn, request.pool_id, request.start, request.end, inside)
-                picked = set(inside)
                 snapshot = PoolSnapshot(
                     id=request.pool_id,
                     archived=False,
                     nodes=tuple(
-                        NodeSnapshot(inventory.nodes[node_id], states[node_id])
-                        for node_id in inventory.order
-                        if node_id in picked and node_id in states
+                        NodeSnapshot(inventory.nodes[node_id], state)
+                        for node_id, state in (await _inside_states(conn, inside, exceptions)).items()
                     ),
                 )
                 plan = plan_placement(request, snapshot, options)
@@ -257,6 +330,35 @@ async def _plan_request(
                     return PlanOutcome(head, plan, "shortlist")
     head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end)
     return PlanOutcome(head, plan_placement(request, snapshot, options), "full")
+
+
+async def _inside_states(
+    conn: AsyncConnection, inside: list[str], exceptions: Exceptions
+) -> dict[str, NodeState]:
+    """The volatile state of the shortlisted nodes, in ranking order: the exceptions already read plus
+    their scalar rows (``SELECT ... FROM node_resources WHERE node_id = ANY(:inside)``)."""
+    resources: dict[str, dict[str, ScalarResource]] = {node_id: {} for node_id in inside}
+    for r in (
+        await conn.execute(
+            sa.select(
+                node_resources.c.node_id,
+                node_resources.c.resource,
+                node_resources.c.allocatable,
+                node_resources.c.ratio,
+                node_resources.c.allocated,
+            ).where(node_resources.c.node_id == sa.any_(sa.literal(inside, pg.ARRAY(sa.Text))))
+        )
+    ).all():
+        resources[r.node_id][r.resource] = ScalarResource(r.allocatable, r.ratio, r.allocated)
+    return {
+        node_id: NodeState(
+            no_schedule_reasons=exceptions.reasons.get(node_id, ()),
+            unavailable=frozenset(exceptions.unavailable.get(node_id, ())),
+            booked=frozenset(exceptions.booked.get(node_id, ())),
+            resources=resources[node_id],
+        )
+        for node_id in inside
+    }
 
 
 def _pick_ceiling(inventory: PoolInventory, request: PlacementRequest, options: SchedulerOptions) -> float:

@@ -50,6 +50,8 @@ class PoolInventory:
     version: int
     nodes: dict[str, NodeInventory]
     order: tuple[str, ...]
+    # scalar resources each node has a row for (rows come and go only with inventory changes)
+    resource_names: dict[str, frozenset[str]] = field(default_factory=dict)
     # derived values that depend only on this static inventory (e.g. the shortlist's score ceilings)
     memo: dict[Any, Any] = field(default_factory=dict)
 
@@ -97,7 +99,8 @@ async def read_pool_head(conn: AsyncConnection, pool_id: str) -> PoolHead:
 
 
 async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInventory:
-    """Read the whole static part of a pool (nodes, labels, devices, links) in four queries.
+    """Read the whole static part of a pool (nodes, labels, devices, links, which scalar resources each
+    node has) in six queries.
 
     The version is read first, so a change committed during the load makes the next request reload.
     """
@@ -151,6 +154,15 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
         )
     ).all():
         links[r.node_id][(r.a, r.b)] = r.link
+    names: dict[str, set[str]] = defaultdict(set)
+    for r in (
+        await conn.execute(
+            sa.select(node_resources.c.node_id, node_resources.c.resource)
+            .join(nodes, nodes.c.id == node_resources.c.node_id)
+            .where(nodes.c.pool_id == pool_id)
+        )
+    ).all():
+        names[r.node_id].add(r.resource)
     inventory = {
         r.id: NodeInventory(
             id=r.id,
@@ -162,7 +174,12 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
         )
         for r in node_rows
     }
-    return PoolInventory(version=version, nodes=inventory, order=tuple(r.id for r in node_rows))
+    return PoolInventory(
+        version=version,
+        nodes=inventory,
+        order=tuple(r.id for r in node_rows),
+        resource_names={r.id: frozenset(names.get(r.id, ())) for r in node_rows},
+    )
 
 
 def window(start: datetime, end: datetime) -> Range[datetime]:

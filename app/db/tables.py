@@ -53,6 +53,12 @@ nodes = sa.Table(
     ),
     sa.Column("created_at", TS, nullable=False, server_default=NOW),
     sa.UniqueConstraint("pool_id", "name"),
+    # the shortlist reads only the nodes with a NoSchedule reason
+    sa.Index(
+        "ix_nodes_with_reasons",
+        "pool_id",
+        postgresql_where=sa.text("no_schedule_reasons <> '{}'::text[]"),
+    ),
 )
 
 node_labels = sa.Table(
