@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import gc
 import random
+from dataclasses import replace
 from types import MappingProxyType
 
 from app.placement.context import NodeWork, PlanContext
 from app.placement.filters import CHECKS
-from app.placement.model import Candidate, PlacementRequest, Plan, PoolSnapshot, Rejections
+from app.placement.model import Candidate, NodeSnapshot, PlacementRequest, Plan, PoolSnapshot, Rejections
 from app.placement.options import LOST_RACE_REASON, SchedulerOptions
 from app.placement.plugins import admission_refusal, clamp_score
 from app.placement.schedulable import POOL_ARCHIVED
 from app.placement.scorers import SCORERS
 from app.placement.summary import ARCHIVED_POOL, EMPTY_POOL, summarize
+from app.placement.topology import tied_picks
 
 DEFAULT_OPTIONS = SchedulerOptions()
 
@@ -129,5 +131,28 @@ def _plan(request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerO
         return Rejections(by_node=rejections, summary=summarize(rejections, len(nodes)))
     candidates.sort(key=lambda c: (-c.score, c.node_id))
     best = min(max(options.top_n, 1), len(candidates))
-    chosen = candidates[random.Random(options.seed).randrange(best)]
+    rng = random.Random(options.seed)
+    chosen = candidates[rng.randrange(best)]
+    chosen = _vary_atoms(ctx, next(n for n in nodes if n.inventory.id == chosen.node_id), chosen, rng)
     return Plan(chosen=chosen, ranked=tuple(candidates), rejections=rejections)
+
+
+def _vary_atoms(ctx: PlanContext, node: NodeSnapshot, chosen: Candidate, rng: random.Random) -> Candidate:
+    """The chosen node's atoms, each device request's set drawn (seeded) among the sets the greedy pick
+    ties on (:func:`app.placement.topology.tied_picks`): same worst link, same NUMA spread, so the same
+    scores. Plugin pickers' sets are kept as they are."""
+    if not ctx.devices:
+        return chosen
+    work = NodeWork(node, len(ctx.devices))
+    for check in CHECKS:
+        if check(ctx, work) is not None:
+            return chosen  # cannot happen: the node passed these checks a moment ago
+    groups = list(chosen.atoms_by_request)
+    for i, device in enumerate(ctx.devices):
+        ct = work.classes[i]
+        if ct is None or device.device_class in ctx.pickers:
+            continue
+        options = tied_picks(ct, work.free_masks[i], device.count)
+        if len(options) > 1:
+            groups[i] = tuple(ct.atom_ids[j] for j in options[rng.randrange(len(options))])
+    return replace(chosen, atoms_by_request=tuple(groups))

@@ -233,6 +233,50 @@ def pick(topology: ClassTopology, free_mask: int, count: int) -> Pick:
     return found
 
 
+_tied: dict[tuple[int, int, int], tuple[tuple[int, ...], ...]] = {}
+
+
+def tied_picks(topology: ClassTopology, free_mask: int, count: int) -> tuple[tuple[int, ...], ...]:
+    """Every set the greedy pick could keep with the same (worst link, NUMA spread) as :func:`pick`'s
+    choice, sorted (the first is :func:`pick`'s). The seed ranks sets by those two keys only; which of
+    the tied sets a placement takes is free, and a seeded choice among them keeps two concurrent
+    placements on one node from reaching for the same atoms. Memoized like :func:`pick`."""
+    key = (topology.signature, free_mask, count)
+    found = _tied.get(key)
+    if found is not None:
+        return found
+    best = pick(topology, free_mask, count)
+    free = [i for i in range(len(topology.atom_ids)) if free_mask >> i & 1]
+    if count <= 1:
+        sets = {(i,) for i in free if _scored((i,), NV, topology.numa).numa_spread == best.numa_spread}
+    elif count >= len(free):
+        sets = {best.indices}
+    else:
+        sets = set()
+        ranks, numa = topology.ranks, topology.numa
+        for seed in free:
+            seed_numa = numa[seed]
+            to_set = {c: ranks[c][seed] for c in free if c != seed}
+            chosen = [seed]
+            worst = NV
+            while len(chosen) < count:
+                nxt = max(to_set, key=lambda c: (to_set[c], numa[c] == seed_numa, -c))
+                worst = min(worst, to_set.pop(nxt))
+                chosen.append(nxt)
+                row = ranks[nxt]
+                for c in to_set:
+                    if row[c] < to_set[c]:
+                        to_set[c] = row[c]
+            indices = tuple(sorted(chosen))
+            if worst == best.worst_link and len({numa[i] for i in indices}) == best.numa_spread:
+                sets.add(indices)
+    found = tuple(sorted(sets | {best.indices}, key=lambda t: (t != best.indices, t)))
+    if len(_tied) >= _MAX_CACHED_PICKS:
+        _tied.clear()
+    _tied[key] = found
+    return found
+
+
 def worst_link_of(topology: ClassTopology, indices: list[int] | tuple[int, ...]) -> int:
     """The worst link rank among ``indices`` (NV for fewer than two atoms)."""
     ranks = topology.ranks

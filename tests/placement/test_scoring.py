@@ -163,8 +163,10 @@ def test_seeded_top_n_pick() -> None:
         again = plan_placement(request(), pool(*nodes), options)
         assert isinstance(first, Plan) and isinstance(again, Plan)
         assert first == again  # same seed, same plan
-        assert first.chosen in first.ranked[:5]
+        assert first.chosen.node_id in [c.node_id for c in first.ranked[:5]]
         chosen.add(first.chosen.node_id)
+        ranked = next(c for c in first.ranked if c.node_id == first.chosen.node_id)
+        assert (first.chosen.score, first.chosen.scores) == (ranked.score, ranked.scores)
     assert chosen == {f"node_{i:02d}" for i in range(5)}
     plan = plan_placement(request(), pool(*nodes), SchedulerOptions(seed=3, top_n=100))
     assert isinstance(plan, Plan) and len(plan.ranked) == 20
@@ -262,3 +264,17 @@ def test_define_scheduler_plugin_validates() -> None:
         define_scheduler_plugin("p", scorers=[{"id": "s", "score": abs}, {"id": "s", "score": abs}])
     with pytest.raises(ValueError):
         define_scheduler_plugin("p", filters=[{"filter": abs}])
+
+
+def test_the_chosen_atoms_vary_with_the_seed_among_tied_sets_only() -> None:
+    """Two concurrent 1-GPU placements on one node should rarely reach for the same atom: the chosen
+    node's set is drawn (seeded) among the sets the greedy pick ties on, with the same scores."""
+    node = gpu_node("solo")
+    picked = set()
+    for seed in range(64):
+        plan = plan_placement(request(), pool(node), SchedulerOptions(seed=seed))
+        assert isinstance(plan, Plan)
+        assert plan == plan_placement(request(), pool(node), SchedulerOptions(seed=seed))
+        assert plan.chosen.scores == plan.ranked[0].scores
+        picked.add(plan.chosen.atoms)
+    assert len(picked) > 1

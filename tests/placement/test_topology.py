@@ -20,6 +20,7 @@ from app.placement.topology import (
     link_rank,
     node_topology,
     pick,
+    scored_set,
 )
 from tests.placement.builders import (
     A100_4X,
@@ -44,7 +45,7 @@ def picked(node: NodeSnapshot, count: int, topology: str | None = None) -> tuple
     if isinstance(result, Rejections):
         return result.by_node[node.id]
     assert isinstance(result, Plan)
-    return tuple(int(a.rsplit("GPU", 1)[1]) for a in result.chosen.atoms)
+    return tuple(int(a.rsplit("GPU", 1)[1]) for a in result.ranked[0].atoms)  # the greedy pick itself
 
 
 @pytest.mark.parametrize(
@@ -221,7 +222,7 @@ def test_mig_slices_take_their_parents_link() -> None:
     assert isinstance(result, Rejections)
     assert result.by_node["m"] == "topology: no NVLink-complete set of 3 mig"
     plan = plan_placement(request(count=3, device_class="mig", topology="nvlink-all"), pool(mig_node("NV6")))
-    assert isinstance(plan, Plan) and plan.chosen.atoms == ("MIG-a1", "MIG-a2", "MIG-b1")
+    assert isinstance(plan, Plan) and plan.ranked[0].atoms == ("MIG-a1", "MIG-a2", "MIG-b1")
 
 
 def test_atoms_are_ordered_by_id_for_the_tie_break() -> None:
@@ -229,7 +230,7 @@ def test_atoms_are_ordered_by_id_for_the_tie_break() -> None:
     links = {(f"GPU-{a}", f"GPU-{b}"): "NV4" for a in "abcd" for b in "abcd" if a < b}
     node = NodeSnapshot(NodeInventory(id="n", name="n", atoms=atoms, links=links), NodeState())
     plan = plan_placement(request(count=2), pool(node))
-    assert isinstance(plan, Plan) and plan.chosen.atoms == ("GPU-a", "GPU-b")
+    assert isinstance(plan, Plan) and plan.ranked[0].atoms == ("GPU-a", "GPU-b")
 
 
 def test_picks_are_shared_between_alike_nodes() -> None:
@@ -256,3 +257,22 @@ def test_several_requests_of_one_class_never_share_atoms() -> None:
     devices = (DeviceRequest("gpu", 6), DeviceRequest("gpu", 4))
     result = plan_placement(request(devices=devices), pool(node))
     assert isinstance(result, Rejections) and result.by_node[node.id] == "fits: 2 of 8 gpu free"
+
+
+def test_tied_picks_share_the_best_keys_on_a_dgx1() -> None:
+    """Every tied set has the pick's worst link and NUMA spread; the pick itself comes first."""
+    from app.placement.topology import tied_picks
+
+    node = topo_node(DGX1, "dgx1")
+    ct = node_topology(node.inventory).classes["gpu"]
+    full = ct.full_mask
+    best = pick(ct, full, 4)
+    ties = tied_picks(ct, full, 4)
+    assert ties[0] == best.indices
+    for indices in ties:
+        s = scored_set(ct, indices)
+        assert (s.worst_link, s.numa_spread) == (best.worst_link, best.numa_spread)
+    assert tied_picks(ct, full, 8) == (tuple(range(8)),)
+    assert len(tied_picks(ct, full, 1)) == 8  # any one GPU is as good as another
+    pairs = tied_picks(ct, full, 2)
+    assert len(pairs) > 1 and all(scored_set(ct, p).worst_link == NV for p in pairs)
