@@ -55,6 +55,7 @@ async def place_inline(
     max_attempts: int,
     shortlist_min: int = 48,
     before_commit: Callable[[int, Candidate], Awaitable[None]] | None = None,
+    before_lock: Callable[[], Awaitable[None]] | None = None,
 ) -> Placed | Pending:
     """Place ``request`` now, inside the caller's open transaction.
 
@@ -62,6 +63,9 @@ async def place_inline(
     pending summary of the last plan, ``the pool is archived``, or ``Unschedulable after <n>
     conflicting attempts: <reason>; ...`` when every attempt lost a race. ``before_commit(attempt,
     candidate)`` runs between the plan and its commit (tests use it to lose races on purpose).
+    ``before_lock()`` runs once, after the first plan found a node and before the pool row lock: the
+    reservations service charges quota there, so the quota row is held for the commit only, not the
+    plan, and the lock order quota_usage -> pools holds.
     """
     assert request.start is not None and request.end is not None
     lost: list[LostRace] = []
@@ -81,6 +85,8 @@ async def place_inline(
             return Pending(plan.summary)
         assert isinstance(plan, Plan)
         if not pool_locked:
+            if before_lock is not None:
+                await before_lock()
             # SELECT ... FROM pools WHERE id = :pool FOR SHARE  -- archive (FOR UPDATE) waits for us
             pool = await lock_pool(conn, request.pool_id, for_update=False)
             pool_locked = True

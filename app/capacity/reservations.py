@@ -3,8 +3,9 @@
 create: one transaction. The reservation row is inserted first with ``ON CONFLICT (tenant_id,
 idempotency_key) DO NOTHING``: concurrent creates with one key queue on that index entry, and the
 losers read the winner's row (same body -> the same reservation; another body -> 409
-IDEMPOTENCY_KEY_REUSED). Then quota is charged (guarded UPDATE, 409 QUOTA_EXCEEDED rolls everything
-back), then the inline placer plans and commits. A request that cannot be placed is stored ``pending``
+IDEMPOTENCY_KEY_REUSED). Then the inline placer plans on plain reads, quota is charged (guarded UPDATE,
+409 QUOTA_EXCEEDED rolls everything back) right before the pool lock, and the plan is committed; the
+quota row is held for the commit, not for the plan. A request that cannot be placed is stored ``pending``
 with its Unschedulable condition (reason ``NoFit``) and its quota is refunded in the same transaction:
 quota usage always equals the tenant's placed reservations.
 
@@ -122,9 +123,22 @@ async def create_reservation(
         now = await db_now(conn)
         request = to_placement_request(body, now)
         amounts = quota_amounts(request)
-        await quota.charge(conn, body.tenantId, body.poolId, amounts)
+        charged = False
+
+        async def charge() -> None:
+            nonlocal charged
+            await quota.charge(conn, body.tenantId, body.poolId, amounts)
+            charged = True
+
         outcome = await place_inline(
-            conn, cache, request, reservation_id, config.options, config.max_attempts
+            conn,
+            cache,
+            request,
+            reservation_id,
+            config.options,
+            config.max_attempts,
+            config.shortlist_min,
+            before_lock=charge,
         )
         if isinstance(outcome, Placed):
             await conn.execute(
@@ -134,6 +148,8 @@ async def create_reservation(
             )
         else:
             assert isinstance(outcome, Pending)
+            if not charged:  # over quota is 409 even when nothing fits; a pending request holds nothing
+                await charge()
             await quota.refund(conn, body.tenantId, body.poolId, amounts)
             await conn.execute(
                 sa.update(reservations)
