@@ -131,10 +131,9 @@ async def test_cordon_taint_dedication_and_health_steer_placement(admin_client: 
     pool = await make_pool(admin_client)
     node = await add_node(admin_client, pool, gpu_node("only", 2))
     nid = node["id"]
+
     def preview(tenant: str) -> Any:
-        return admin_client.post(
-            "/v1/capacity/preview", json=reservation(pool, 1, tenant=tenant)
-        )
+        return admin_client.post("/v1/capacity/preview", json=reservation(pool, 1, tenant=tenant))
 
     view = (await admin_client.post(f"/v1/nodes/{nid}/cordon")).json()
     assert view["cordoned"] and view["noScheduleReasons"] == ["cordoned"]
