@@ -66,7 +66,8 @@ class LostRace:
     reason: str
 
 
-def _sqlstate(exc: DBAPIError) -> str | None:
+def sqlstate(exc: DBAPIError) -> str | None:
+    """The PostgreSQL SQLSTATE of a driver error (``40P01``, ``23P01``, ``23503``, ...), if any."""
     orig = exc.orig
     return getattr(orig, "sqlstate", None) or getattr(getattr(orig, "__cause__", None), "sqlstate", None)
 
@@ -102,7 +103,7 @@ async def commit_candidate(
     try:
         outcome = await _guarded_writes(conn, request, candidate, reservation_id, start, end)
     except DBAPIError as exc:
-        if _sqlstate(exc) not in LOST_RACE_SQLSTATES:
+        if sqlstate(exc) not in LOST_RACE_SQLSTATES:
             raise
         outcome = LostRace(candidate.node_id, f"an atom on {candidate.node_name} was booked concurrently")
     if isinstance(outcome, LostRace):

@@ -25,13 +25,14 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.commit import apply_rollup_delta
+from app.capacity.commit import Committed, apply_rollup_delta, sqlstate
 from app.capacity.metrics import RESERVATIONS
 from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
-from app.capacity.snapshot import PoolCache, read_pool_head
+from app.capacity.snapshot import PoolCache
 from app.db.tables import allocations, device_bookings, devices, node_resources, reservations
 from app.errors import IdempotencyKeyReused, NotFound
 from app.ids import new_id
@@ -43,6 +44,7 @@ from app.placement.request import ReservationRequest, to_placement_request
 from app.quota import service as quota
 
 PREVIEW_CANDIDATES = 10
+FOREIGN_KEY_VIOLATION = "23503"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,24 +86,30 @@ async def create_reservation(
     spec = body.spec()
     digest = spec_hash(spec)
     async with engine.begin() as conn:
-        await read_pool_head(conn, body.poolId)  # NotFound before anything is written
         reservation_id = new_id("res")
-        inserted = (
-            await conn.execute(
-                pg_insert(reservations)
-                .values(
-                    id=reservation_id,
-                    tenant_id=body.tenantId,
-                    pool_id=body.poolId,
-                    status="pending",
-                    spec=spec,
-                    spec_hash=digest,
-                    idempotency_key=body.idempotencyKey,
+        try:
+            # INSERT INTO reservations (...) VALUES (...) ON CONFLICT (tenant_id, idempotency_key)
+            #   DO NOTHING RETURNING created_at          -- no row: the key was used (or is being used)
+            inserted = (
+                await conn.execute(
+                    pg_insert(reservations)
+                    .values(
+                        id=reservation_id,
+                        tenant_id=body.tenantId,
+                        pool_id=body.poolId,
+                        status="pending",
+                        spec=spec,
+                        spec_hash=digest,
+                        idempotency_key=body.idempotencyKey,
+                    )
+                    .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+                    .returning(reservations.c.created_at)
                 )
-                .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-                .returning(reservations.c.id)
-            )
-        ).first()
+            ).first()
+        except IntegrityError as exc:  # the pool foreign key: no such pool, and nothing was written
+            if sqlstate(exc) == FOREIGN_KEY_VIOLATION:
+                raise NotFound(f"pool {body.poolId} not found") from None
+            raise
         if inserted is None:
             existing = (
                 await conn.execute(
@@ -120,8 +128,7 @@ async def create_reservation(
             RESERVATIONS.labels("replayed").inc()
             return await _view(conn, existing), False
 
-        now = await db_now(conn)
-        request = to_placement_request(body, now)
+        request = to_placement_request(body, inserted.created_at)  # created_at is the database's now()
         amounts = quota_amounts(request)
         charged = False
 
@@ -141,24 +148,40 @@ async def create_reservation(
             before_lock=charge,
         )
         if isinstance(outcome, Placed):
-            await conn.execute(
-                sa.update(reservations)
-                .where(reservations.c.id == reservation_id)
-                .values(status="placed", conditions=[], updated_at=sa.func.now())
-            )
+            status, conditions = "placed", []
         else:
             assert isinstance(outcome, Pending)
             if not charged:  # over quota is 409 even when nothing fits; a pending request holds nothing
                 await charge()
             await quota.refund(conn, body.tenantId, body.poolId, amounts)
+            status, conditions = "pending", _condition(outcome.reason)
+        row = (
             await conn.execute(
                 sa.update(reservations)
                 .where(reservations.c.id == reservation_id)
-                .values(status="pending", conditions=_condition(outcome.reason), updated_at=sa.func.now())
+                .values(status=status, conditions=conditions, updated_at=sa.func.now())
+                .returning(*reservations.c)
             )
-        row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).one()
-        RESERVATIONS.labels(row.status).inc()
-        return await _view(conn, row), True
+        ).one()
+        RESERVATIONS.labels(status).inc()
+        allocs = (
+            [_committed_view(a, request) for a in outcome.allocations] if isinstance(outcome, Placed) else []
+        )
+        return _shape(row, allocs), True
+
+
+def _committed_view(a: Committed, request: PlacementRequest) -> dict[str, Any]:
+    """The view of an allocation just written (what :func:`_allocations` would read back)."""
+    assert request.start is not None and request.end is not None
+    return {
+        "id": a.allocation_id,
+        "nodeId": a.node_id,
+        "atoms": list(a.atoms),
+        "resources": {k: num(Decimal(v)) for k, v in a.resources.items()},
+        "start": request.start.isoformat(),
+        "end": request.end.isoformat(),
+        "releasedAt": None,
+    }
 
 
 async def _allocations(conn: AsyncConnection, reservation_ids: list[str]) -> dict[str, list[dict[str, Any]]]:

@@ -125,26 +125,23 @@ async def read_exceptions(conn: AsyncConnection, request: PlacementRequest) -> E
     assert request.start is not None and request.end is not None
     pool_id = request.pool_id
     booked: dict[str, set[str]] = {}
-    for r in (
-        await conn.execute(
-            sa.select(devices.c.node_id, device_bookings.c.device_id)
-            .join(devices, devices.c.pk == device_bookings.c.device_pk)
-            .where(
-                device_bookings.c.pool_id == pool_id,
-                device_bookings.c.during.op("&&")(window(request.start, request.end)),
-            )
-        )
-    ).all():
-        booked.setdefault(r.node_id, set()).add(r.device_id)
     unavailable: dict[str, set[str]] = {}
-    for r in (
-        await conn.execute(
-            sa.select(devices.c.node_id, devices.c.id)
-            .join(nodes, nodes.c.id == devices.c.node_id)
-            .where(nodes.c.pool_id == pool_id, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable)))
+    # both in one round trip: (kind, node id, atom id) rows
+    booked_rows = (
+        sa.select(sa.literal("b").label("kind"), devices.c.node_id, device_bookings.c.device_id.label("atom"))
+        .join(devices, devices.c.pk == device_bookings.c.device_pk)
+        .where(
+            device_bookings.c.pool_id == pool_id,
+            device_bookings.c.during.op("&&")(window(request.start, request.end)),
         )
-    ).all():
-        unavailable.setdefault(r.node_id, set()).add(r.id)
+    )
+    unavailable_rows = (
+        sa.select(sa.literal("u").label("kind"), devices.c.node_id, devices.c.id.label("atom"))
+        .join(nodes, nodes.c.id == devices.c.node_id)
+        .where(nodes.c.pool_id == pool_id, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable)))
+    )
+    for r in (await conn.execute(sa.union_all(booked_rows, unavailable_rows))).all():
+        (booked if r.kind == "b" else unavailable).setdefault(r.node_id, set()).add(r.atom)
     reasons: dict[str, tuple[str, ...]] = {}
     unschedulable: set[str] = set()
     for r in (

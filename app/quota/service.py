@@ -87,33 +87,12 @@ async def charge(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: M
     the caller's transaction is then rolled back, so nothing is written.
     """
     wanted = {r: Decimal(n) for r, n in amounts.items() if Decimal(n) > 0}
-    await _ensure_usage_rows(conn, tenant_id, pool_id, sorted(wanted))
     for resource, n in sorted(wanted.items()):
-        limit = (
-            sa.select(quota_limits.c.limit)
-            .where(
-                quota_limits.c.tenant_id == tenant_id,
-                quota_limits.c.pool_id == pool_id,
-                quota_limits.c.resource == resource,
-            )
-            .scalar_subquery()
-        )
-        # UPDATE quota_usage SET used = used + :n
-        #  WHERE tenant_id = :t AND pool_id = :p AND resource = :r
-        #    AND (limit IS NULL OR used + :n <= limit) RETURNING used   -- no row: over the limit
-        row = (
-            await conn.execute(
-                sa.update(quota_usage)
-                .where(
-                    quota_usage.c.tenant_id == tenant_id,
-                    quota_usage.c.pool_id == pool_id,
-                    quota_usage.c.resource == resource,
-                    sa.or_(limit.is_(None), quota_usage.c.used + n <= limit),
-                )
-                .values(used=quota_usage.c.used + n)
-                .returning(quota_usage.c.used)
-            )
-        ).first()
+        row = await _guarded_add(conn, tenant_id, pool_id, resource, n)
+        if row is None and not await _usage_row_exists(conn, tenant_id, pool_id, resource):
+            # first charge of this resource: create its usage row, then the same guarded UPDATE
+            await _ensure_usage_rows(conn, tenant_id, pool_id, [resource])
+            row = await _guarded_add(conn, tenant_id, pool_id, resource, n)
         if row is None:
             state = (await get_quota(conn, tenant_id, pool_id)).get(resource, {})
             raise QuotaExceeded(
@@ -128,6 +107,46 @@ async def charge(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: M
                     "requested": str(n),
                 },
             )
+
+
+async def _guarded_add(conn: AsyncConnection, tenant_id: str, pool_id: str, resource: str, n: Decimal) -> Any:
+    limit = (
+        sa.select(quota_limits.c.limit)
+        .where(
+            quota_limits.c.tenant_id == tenant_id,
+            quota_limits.c.pool_id == pool_id,
+            quota_limits.c.resource == resource,
+        )
+        .scalar_subquery()
+    )
+    # UPDATE quota_usage SET used = used + :n
+    #  WHERE tenant_id = :t AND pool_id = :p AND resource = :r
+    #    AND (limit IS NULL OR used + :n <= limit) RETURNING used   -- no row: over the limit (or no row yet)
+    return (
+        await conn.execute(
+            sa.update(quota_usage)
+            .where(
+                quota_usage.c.tenant_id == tenant_id,
+                quota_usage.c.pool_id == pool_id,
+                quota_usage.c.resource == resource,
+                sa.or_(limit.is_(None), quota_usage.c.used + n <= limit),
+            )
+            .values(used=quota_usage.c.used + n)
+            .returning(quota_usage.c.used)
+        )
+    ).first()
+
+
+async def _usage_row_exists(conn: AsyncConnection, tenant_id: str, pool_id: str, resource: str) -> bool:
+    return (
+        await conn.execute(
+            sa.select(quota_usage.c.used).where(
+                quota_usage.c.tenant_id == tenant_id,
+                quota_usage.c.pool_id == pool_id,
+                quota_usage.c.resource == resource,
+            )
+        )
+    ).first() is not None
 
 
 async def refund(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: Mapping[str, Decimal]) -> None:
