@@ -11,6 +11,7 @@ allocated scalars) is read per request with narrow indexed queries. All reads he
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import Range
+from sqlalchemy.dialects.postgresql import aggregate_order_by as pg_aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import (
@@ -98,6 +100,12 @@ async def read_pool_head(conn: AsyncConnection, pool_id: str) -> PoolHead:
     return PoolHead(row.id, row.archived_at is not None, row.inventory_version)
 
 
+def _raw_array(expr: Any) -> Any:
+    """``array_agg(expr)`` whose result asyncpg decodes and SQLAlchemy passes through untouched (its
+    per-element processing costs more than the query on a 10,000-node pool)."""
+    return sa.func.array_agg(expr, type_=sa.types.NullType())
+
+
 async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInventory:
     """Read the whole static part of a pool (nodes, labels, devices, links, which scalar resources each
     node has) in six queries.
@@ -123,37 +131,57 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
     ).all():
         labels[r.node_id][r.key] = r.value
         sources[r.node_id][r.key] = r.source
-    atoms: dict[str, list[Atom]] = defaultdict(list)
+    # One row per node with its atoms and links as arrays: 10,000 rows instead of 80,000 device rows
+    # and 280,000 link rows, decoded by asyncpg in C. Attribute objects are parsed once per distinct
+    # text and shared (nodes of one model carry identical attributes).
+    atoms: dict[str, tuple[Atom, ...]] = {}
+    parsed: dict[str, dict[str, Any]] = {}
+    # SELECT d.node_id, array_agg(d.id ORDER BY d.ordinal, d.id), array_agg(d.class ...),
+    #        array_agg(d.attributes::text ...), array_agg(d.numa_node ...), array_agg(d.parent_id ...)
+    #   FROM devices d JOIN nodes n ON n.id = d.node_id WHERE n.pool_id = :pool GROUP BY d.node_id
+    order = (devices.c.ordinal, devices.c.id)
     for r in (
         await conn.execute(
             sa.select(
                 devices.c.node_id,
-                devices.c.id,
-                devices.c["class"],
-                devices.c.attributes,
-                devices.c.numa_node,
-                devices.c.parent_id,
+                _raw_array(pg_aggregate_order_by(devices.c.id, *order)),
+                _raw_array(pg_aggregate_order_by(devices.c["class"], *order)),
+                _raw_array(pg_aggregate_order_by(sa.cast(devices.c.attributes, sa.Text), *order)),
+                _raw_array(pg_aggregate_order_by(devices.c.numa_node, *order)),
+                _raw_array(pg_aggregate_order_by(devices.c.parent_id, *order)),
             )
             .join(nodes, nodes.c.id == devices.c.node_id)
             .where(nodes.c.pool_id == pool_id)
-            .order_by(devices.c.node_id, devices.c.ordinal, devices.c.id)
+            .group_by(devices.c.node_id)
         )
     ).all():
-        atoms[r.node_id].append(Atom(r.id, r[2], r.attributes or {}, r.numa_node, r.parent_id))
-    links: dict[str, dict[tuple[str, str], str]] = defaultdict(dict)
-    for r in (
+        node_id, ids, classes, attribute_texts, numa, parents = r
+        node_atoms = []
+        for atom_id, device_class, text, numa_node, parent in zip(
+            ids, classes, attribute_texts, numa, parents, strict=True
+        ):
+            attributes = parsed.get(text)
+            if attributes is None:
+                attributes = parsed[text] = json.loads(text) if text else {}
+            node_atoms.append(Atom(atom_id, device_class, attributes, numa_node, parent))
+        atoms[node_id] = tuple(node_atoms)
+    links: dict[str, dict[tuple[str, str], str]] = {}
+    # SELECT node_id, array_agg(a), array_agg(b), array_agg(link) FROM capacity_device_links ...
+    #  GROUP BY node_id
+    for node_id, a_ids, b_ids, kinds in (
         await conn.execute(
             sa.select(
                 capacity_device_links.c.node_id,
-                capacity_device_links.c.a,
-                capacity_device_links.c.b,
-                capacity_device_links.c.link,
+                _raw_array(capacity_device_links.c.a),
+                _raw_array(capacity_device_links.c.b),
+                _raw_array(capacity_device_links.c.link),
             )
             .join(nodes, nodes.c.id == capacity_device_links.c.node_id)
             .where(nodes.c.pool_id == pool_id)
+            .group_by(capacity_device_links.c.node_id)
         )
     ).all():
-        links[r.node_id][(r.a, r.b)] = r.link
+        links[node_id] = dict(zip(zip(a_ids, b_ids, strict=True), kinds, strict=True))
     names: dict[str, set[str]] = defaultdict(set)
     for r in (
         await conn.execute(
@@ -169,8 +197,8 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
             name=r.name,
             labels=dict(labels.get(r.id, {})),
             label_sources=dict(sources.get(r.id, {})),
-            atoms=tuple(atoms.get(r.id, ())),
-            links=dict(links.get(r.id, {})),
+            atoms=atoms.get(r.id, ()),
+            links=links.get(r.id, {}),
         )
         for r in node_rows
     }
