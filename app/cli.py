@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import httpx
@@ -97,54 +99,6 @@ def _answer(response: httpx.Response) -> Any:
     return body
 
 
-def _request_body(
-    tenant: str,
-    pool: str,
-    gpus: int,
-    duration: str,
-    selector: str | None,
-    nvlink: bool,
-    cpu: float | None,
-    memory: float | None,
-    key: str,
-    device_class: str,
-) -> dict[str, Any]:
-    devices = []
-    if gpus:
-        d: dict[str, Any] = {"class": device_class, "count": gpus}
-        if selector:
-            d["selector"] = selector
-        if nvlink:
-            d["topology"] = "nvlink-all"
-        devices.append(d)
-    resources = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
-    return {
-        "tenantId": tenant,
-        "poolId": pool,
-        "devices": devices,
-        "resources": resources,
-        "duration": duration,
-        "idempotencyKey": key,
-    }
-
-
-def _common(**kw: Any) -> dict[str, Any]:
-    import secrets
-
-    return _request_body(
-        kw["tenant"],
-        kw["pool"],
-        kw["gpus"],
-        kw["duration"],
-        kw["selector"],
-        kw["nvlink"],
-        kw["cpu"],
-        kw["memory"],
-        kw["idempotency_key"] or f"cli-{secrets.token_hex(8)}",
-        kw["device_class"],
-    )
-
-
 TenantOpt = Annotated[str, typer.Option("--tenant", help="Tenant id.")]
 PoolOpt = Annotated[str, typer.Option("--pool", help="Pool id.")]
 GpusOpt = Annotated[int, typer.Option("--gpus", help="Number of atoms of --class.")]
@@ -158,40 +112,7 @@ ClassOpt = Annotated[str, typer.Option("--class", help="Device class.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the JSON answer.")]
 
 
-@app.command()
-def preview(
-    tenant: TenantOpt,
-    pool: PoolOpt,
-    gpus: GpusOpt = 0,
-    for_: ForOpt = "1d",
-    selector: SelectorOpt = None,
-    nvlink: NvlinkOpt = False,
-    cpu: CpuOpt = None,
-    memory: MemOpt = None,
-    idempotency_key: IdemOpt = None,
-    device_class: ClassOpt = "gpu",
-    as_json: JsonOpt = False,
-    url: Annotated[str, URL_OPTION] = "http://127.0.0.1:8000",
-    key: Annotated[str | None, KEY_OPTION] = None,
-) -> None:
-    """Would this fit, where, and if not, why not."""
-    body = _common(
-        tenant=tenant,
-        pool=pool,
-        gpus=gpus,
-        duration=for_,
-        selector=selector,
-        nvlink=nvlink,
-        cpu=cpu,
-        memory=memory,
-        idempotency_key=idempotency_key,
-        device_class=device_class,
-    )
-    with _client(url, key) as c:
-        answer = _answer(c.post("/v1/capacity/preview", json=body))
-    if as_json:
-        print(json.dumps(answer, indent=2))
-        return
+def _print_preview(answer: dict[str, Any]) -> None:
     if not answer["fits"]:
         console.print(f"[yellow]does not fit[/yellow]: {answer.get('reason')}")
         return
@@ -201,45 +122,62 @@ def preview(
     console.print(table)
 
 
-@app.command()
-def reserve(
-    tenant: TenantOpt,
-    pool: PoolOpt,
-    gpus: GpusOpt = 0,
-    for_: ForOpt = "1d",
-    selector: SelectorOpt = None,
-    nvlink: NvlinkOpt = False,
-    cpu: CpuOpt = None,
-    memory: MemOpt = None,
-    idempotency_key: IdemOpt = None,
-    device_class: ClassOpt = "gpu",
-    as_json: JsonOpt = False,
-    url: Annotated[str, URL_OPTION] = "http://127.0.0.1:8000",
-    key: Annotated[str | None, KEY_OPTION] = None,
-) -> None:
-    """Reserve GPUs (and cpu/memory) now for a duration."""
-    body = _common(
-        tenant=tenant,
-        pool=pool,
-        gpus=gpus,
-        duration=for_,
-        selector=selector,
-        nvlink=nvlink,
-        cpu=cpu,
-        memory=memory,
-        idempotency_key=idempotency_key,
-        device_class=device_class,
-    )
-    with _client(url, key) as c:
-        answer = _answer(c.post("/v1/reservations", json=body))
-    if as_json:
-        print(json.dumps(answer, indent=2))
-        return
+def _print_reservation(answer: dict[str, Any]) -> None:
     console.print(f"{answer['id']} [bold]{answer['status']}[/bold]")
     for a in answer["allocations"]:
         console.print(f"  {a['nodeId']}: {', '.join(a['atoms'])} {a['resources']} until {a['end']}")
     for cond in answer["conditions"]:
         console.print(f"  [yellow]{cond['reason']}[/yellow]: {cond['message']}")
+
+
+def _request_command(path: str, show: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
+    """A command that sends one reservation-shaped body to ``path`` (preview and reserve take the
+    same options, so they share this one definition)."""
+
+    def command(
+        tenant: TenantOpt,
+        pool: PoolOpt,
+        gpus: GpusOpt = 0,
+        for_: ForOpt = "1d",
+        selector: SelectorOpt = None,
+        nvlink: NvlinkOpt = False,
+        cpu: CpuOpt = None,
+        memory: MemOpt = None,
+        idempotency_key: IdemOpt = None,
+        device_class: ClassOpt = "gpu",
+        as_json: JsonOpt = False,
+        url: Annotated[str, URL_OPTION] = "http://127.0.0.1:8000",
+        key: Annotated[str | None, KEY_OPTION] = None,
+    ) -> None:
+        device: dict[str, Any] = {"class": device_class, "count": gpus}
+        if selector:
+            device["selector"] = selector
+        if nvlink:
+            device["topology"] = "nvlink-all"
+        body = {
+            "tenantId": tenant,
+            "poolId": pool,
+            "devices": [device] if gpus else [],
+            "resources": {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None},
+            "duration": for_,
+            "idempotencyKey": idempotency_key or f"cli-{secrets.token_hex(8)}",
+        }
+        with _client(url, key) as c:
+            answer = _answer(c.post(path, json=body))
+        if as_json:
+            print(json.dumps(answer, indent=2))
+        else:
+            show(answer)
+
+    return command
+
+
+app.command("preview", help="Would this fit, where, and if not, why not.")(
+    _request_command("/v1/capacity/preview", _print_preview)
+)
+app.command("reserve", help="Reserve GPUs (and cpu/memory) now for a duration.")(
+    _request_command("/v1/reservations", _print_reservation)
+)
 
 
 @app.command()

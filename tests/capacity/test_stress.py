@@ -21,9 +21,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -37,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import ADMIN_KEY
 from tests.factories import add_node, gpu_node, make_pool
+from tests.servers import Server, spawn_server, stop_server, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = 2
@@ -62,83 +60,6 @@ STARTUP_SECONDS = 60.0
 REQUEST_TIMEOUT = 60.0
 
 
-# ------------------------------------------------------------------------------------------ servers
-
-
-@dataclass
-class Server:
-    """One ``better-compute serve`` subprocess on 127.0.0.1."""
-
-    port: int
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def url(self) -> str:
-        """The base URL of the server."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def output(self) -> str:
-        """The server's combined stdout and stderr so far (for failure messages)."""
-        try:
-            return self.log.read_text(errors="replace")[-20_000:]
-        except OSError:
-            return ""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _spawn(database_url: str, log: Path) -> Server:
-    env = dict(os.environ)
-    env.update(
-        {
-            "DATABASE_URL": database_url,
-            "BC_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    port = _free_port()
-    handle = log.open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    handle.close()
-    return Server(port, process, log)
-
-
-def _wait_healthy(server: Server, deadline: float) -> bool:
-    """Poll ``/healthz`` until 200; False when the process died (e.g. the port was taken meanwhile)."""
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            return False
-        try:
-            if httpx.get(server.url + "/healthz", timeout=2).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"server on port {server.port} not healthy in time:\n{server.output()}")
-
-
-def _stop(server: Server) -> None:
-    if server.process.poll() is None:
-        server.process.terminate()
-        try:
-            server.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait(timeout=10)
-
-
 @pytest.fixture
 def servers(database_url: str, clean_db: AsyncEngine, tmp_path: Path) -> Iterator[list[Server]]:
     """Two service processes on free ports of 127.0.0.1, on the (clean) test database; stopped after."""
@@ -146,14 +67,14 @@ def servers(database_url: str, clean_db: AsyncEngine, tmp_path: Path) -> Iterato
     started: list[Server] = []
 
     def spawn(log: Path) -> Server:
-        spawned.append(_spawn(database_url, log))
+        spawned.append(spawn_server(database_url, log))
         return spawned[-1]
 
     try:
         waiting = [spawn(tmp_path / f"server-{i}.log") for i in range(SERVERS)]
         deadline = time.monotonic() + STARTUP_SECONDS
         for attempt in range(3):
-            retry = [s for s in waiting if not _wait_healthy(s, deadline)]
+            retry = [s for s in waiting if not wait_healthy(s, deadline)]
             started += [s for s in waiting if s not in retry]
             if not retry:
                 break
@@ -163,7 +84,7 @@ def servers(database_url: str, clean_db: AsyncEngine, tmp_path: Path) -> Iterato
         yield started
     finally:
         for server in spawned:
-            _stop(server)
+            stop_server(server)
 
 
 # ------------------------------------------------------------------------------------------ workload

@@ -1,0 +1,89 @@
+"""Real ``better-compute serve`` subprocesses on free 127.0.0.1 ports, for tests that need a running
+service (the stress test, the CLI clients)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import ADMIN_KEY
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Server:
+    """One ``better-compute serve`` subprocess on 127.0.0.1."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def url(self) -> str:
+        """The base URL of the server."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        """The server's combined stdout and stderr so far (for failure messages)."""
+        try:
+            return self.log.read_text(errors="replace")[-20_000:]
+        except OSError:
+            return ""
+
+
+def free_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn_server(database_url: str, log: Path) -> Server:
+    """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key."""
+    env = dict(os.environ)
+    env.update({"DATABASE_URL": database_url, "BC_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "PYTHONUNBUFFERED": "1"})
+    port = free_port()
+    handle = log.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    handle.close()
+    return Server(port, process, log)
+
+
+def wait_healthy(server: Server, deadline: float) -> bool:
+    """Poll ``/healthz`` until 200; False when the process died (e.g. the port was taken meanwhile)."""
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            return False
+        try:
+            if httpx.get(server.url + "/healthz", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"server on port {server.port} not healthy in time:\n{server.output()}")
+
+
+def stop_server(server: Server) -> None:
+    """Terminate the server (kill it after 10 s)."""
+    if server.process.poll() is None:
+        server.process.terminate()
+        try:
+            server.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait(timeout=10)
