@@ -68,6 +68,10 @@ def install_error_handlers(app: FastAPI) -> None:
             {"path": _path(tuple(e.get("loc", ()))), "message": e.get("msg", ""), "type": e.get("type", "")}
             for e in exc.errors()
         ]
+        for e in errors:
+            if e["type"] == "json_invalid":  # the location is a byte offset, not a field
+                e["message"] = f"the body is not valid JSON ({e['message']} at character {e['path']})"
+                e["path"] = ""
         first = errors[0] if errors else {"path": "", "message": "invalid input"}
         message = f"{first['path']}: {first['message']}" if first["path"] else first["message"]
         body = {

@@ -7,10 +7,11 @@ Thin: parse the body, authorize ``compute:placement:explain`` on ``*``, call the
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,7 +24,34 @@ from app.fleet.explain import DEFAULT_MAX_AGE_SECONDS, explain_documents
 from app.fleet.history import JobRecord
 from app.iam.authorize import authorize
 
-router = APIRouter(tags=["placement"])
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+async def refuse_duplicate_keys(request: Request) -> None:
+    """A JSON object that names one key twice is ambiguous (for ``capacity`` it would be two answers for
+    one target, which seed 004 refuses): 422 naming the key, instead of letting the last one win."""
+    try:
+        json.loads(await request.body(), object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as duplicate:
+        raise InvalidInput(f"{duplicate.key}: named twice in one JSON object", path=duplicate.key) from None
+    except ValueError:
+        return  # not JSON at all: the body validation answers that
+
+
+router = APIRouter(tags=["placement"], dependencies=[Depends(refuse_duplicate_keys)])
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "UNAUTHENTICATED: no or unknown API key"},

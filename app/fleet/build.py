@@ -250,7 +250,10 @@ class BuildResult:
 
     def to_json(self) -> dict[str, Any]:
         """``{fleet: <vq.placement-fleet/1>, report: [{target, source, outcome, message}]}``."""
-        return {"fleet": dump_document(self.fleet), "report": [entry.to_json() for entry in self.report]}
+        return {
+            "fleet": dump_document(self.fleet, only_given=True),
+            "report": [entry.to_json() for entry in self.report],
+        }
 
 
 def _unreachable(record: dict[str, Any], now: datetime) -> dict[str, Any]:
@@ -342,7 +345,7 @@ def build_fleet(base: PlacementFleet, evidence: FleetEvidence, now: datetime) ->
     scheduler shapes. Targets without evidence keep their base record (their ``observed_at`` is not
     refreshed). The result is validated as ``vq.placement-fleet/1``. Call :func:`check_plan` first.
     """
-    data = dump_document(base)
+    data = dump_document(base, only_given=True)
     index = {target["name"]: i for i, target in enumerate(data["targets"])}
     targets: list[dict[str, Any]] = data["targets"]
     report: list[ReportEntry] = []

@@ -72,7 +72,7 @@ def run_explain(
     """Load the documents, explain, and return the text or ``vq.placement-explanation/1`` JSON (with a
     trailing newline). Raises :class:`InvalidInput` naming the file and field."""
     from app.fleet.documents import load_fleet, load_request
-    from app.fleet.estimate import load_estimate
+    from app.fleet.estimate import check_estimate_program, load_estimate
     from app.fleet.explain import explain_placement, render_text, to_json
 
     now = parse_now(now_text)
@@ -86,6 +86,11 @@ def run_explain(
             loaded[what] = loader(data)
         except InvalidInput as error:
             raise InvalidInput(f"{path}: {error.message}", path=error.path, details=error.details) from None
+    if estimate_path is not None:
+        try:
+            check_estimate_program(loaded["request"], loaded["estimate"])
+        except InvalidInput as error:
+            raise InvalidInput(f"{estimate_path}: {error.message}", path=error.path) from None
     explanation = explain_placement(
         loaded["fleet"], loaded["request"], now, max_age_seconds=max_age, estimate=loaded.get("estimate")
     )
@@ -153,6 +158,7 @@ def run_fleet(
     history_jobs: int,
     history_days: int,
     history_min: int,
+    now_text: str | None = None,
 ) -> tuple[str, list[str]]:
     """Build the fleet (seed 004): returns the ``vq.placement-fleet/1`` JSON text and the report lines.
     Every refusal raises :class:`InvalidInput` before any host is contacted."""
@@ -197,6 +203,7 @@ def run_fleet(
     if plan.queue_history and history_path is None:
         raise FleetBuildRefused("--queue-history needs --history FILE (vq.job-history/1)", path="history")
     jobs = _read_job_history(history_path)
+    fixed_now = parse_now(now_text) if now_text is not None else None
     answers = {}
     for name, file_name in capacity_pairs:
         path = Path(file_name or "")
@@ -215,9 +222,10 @@ def run_fleet(
             jobs=jobs,
             history=HistoryOptions(jobs=history_jobs, days=history_days, minimum=history_min),
             timeout_seconds=timeout_seconds,
+            **({"clock": lambda: fixed_now} if fixed_now is not None else {}),
         )
     )
-    text = json.dumps(dump_document(result.fleet), indent=2, ensure_ascii=False) + "\n"
+    text = json.dumps(dump_document(result.fleet, only_given=True), indent=2, ensure_ascii=False) + "\n"
     return text, [entry.line() for entry in result.report]
 
 
@@ -248,7 +256,7 @@ def fleet_command(
         list[str] | None, typer.Option("--runtime-root", help="NAME=ROOT: runtimes from a deployment root.")
     ] = None,
     hosts: Annotated[
-        Path | None, typer.Option("--hosts", help="Hosts TOML ([hosts.NAME]); default BC_FLEET_HOSTS_FILE.")
+        Path | None, typer.Option("--hosts", help="Hosts TOML (\\[hosts.NAME]); default BC_FLEET_HOSTS_FILE.")
     ] = None,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per host call.")] = 60.0,
     history: Annotated[
@@ -257,6 +265,10 @@ def fleet_command(
     history_jobs: Annotated[int, typer.Option("--history-jobs", min=1)] = 50,
     history_days: Annotated[int, typer.Option("--history-days", min=1)] = 14,
     history_min: Annotated[int, typer.Option("--history-min", min=1)] = 5,
+    now: Annotated[
+        str | None,
+        typer.Option("--now", help="This host's clock for the build (ISO 8601 with offset); default: now."),
+    ] = None,
 ) -> None:
     """Build a fleet file from live evidence: capacity answers, SSH collection, queue history, scheduler
     shapes and runtime roots. Contacts only the --collect / --scheduler-shape / --runtime-root hosts;
@@ -276,6 +288,7 @@ def fleet_command(
             history_jobs,
             history_days,
             history_min,
+            now,
         )
     except InvalidInput as error:
         fail_malformed(error)
@@ -318,7 +331,7 @@ def compare_command(
     max_age: Annotated[int, typer.Option("--max-age", min=0, help="Max observation age, seconds.")] = 300,
     as_json: Annotated[bool, typer.Option("--json", help="Print vq.placement-compare/1 JSON.")] = False,
 ) -> None:
-    """See what [broker] policy = "completion-time" would change on this host's recorded jobs: each job
+    """See what \\[broker] policy = "completion-time" would change on this host's recorded jobs: each job
     placed by the capacity ordering and by the completion-time re-ranker. Read-only; contacts nothing."""
     try:
         output = run_compare(fleet, history, jobs, now, max_age, as_json)

@@ -210,14 +210,20 @@ class FleetTarget(_Document):
     @model_validator(mode="before")
     @classmethod
     def _speed_source_default(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("speed_source") is None:
-            if data.get("speed_factor") is not None:
-                raise FieldError("speed_source", "is required with speed_factor")
-            data = {**data, "speed_source": "assumed"}
+        if (
+            isinstance(data, dict)
+            and data.get("speed_source") is None
+            and data.get("speed_factor") is not None
+        ):
+            raise FieldError("speed_source", "is required with speed_factor")
         return data
 
     @model_validator(mode="after")
     def _consistent(self) -> FleetTarget:
+        if self.speed_source is None:
+            # both omitted: 1.0 assumed; set without marking the field as given, so a rewritten fleet
+            # (dump_document(only_given=True)) keeps the record as it was written
+            object.__setattr__(self, "speed_source", "assumed")
         if self.walltime_unlimited and self.max_walltime_seconds is not None:
             raise FieldError("walltime_unlimited", "cannot be combined with max_walltime_seconds")
         if self.kind == "daemon":
@@ -418,11 +424,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def dump_document(document: BaseModel) -> dict[str, Any]:
+def dump_document(document: BaseModel, *, only_given: bool = False) -> dict[str, Any]:
     """A validated document (fleet, target, request) as its JSON object: unknown (None) fields left
     out, times as ISO 8601 with their offset, integral figures as integers. ``load_fleet(dump_document(
-    fleet)) == fleet``."""
-    return _plain(document.model_dump(mode="python", exclude_none=True))
+    fleet)) == fleet``. ``only_given`` also leaves out fields the document did not state (defaults such
+    as ``maintenance: false``), so a rewritten fleet keeps each record as it was written."""
+    return _plain(document.model_dump(mode="python", exclude_none=True, exclude_unset=only_given))
 
 
 def parse_instant(value: str, name: str = "now") -> datetime:

@@ -189,6 +189,16 @@ def _memory_fill(request: PlacementRequestDoc, estimate: CalibratedEstimate) -> 
     return FieldFill(field="mem_mb_per_node", outcome="filled", value=mib)
 
 
+def check_estimate_program(request: PlacementRequestDoc, estimate: CalibratedEstimate) -> None:
+    """Raise :class:`InvalidInput` (path ``program``) when the estimate is for another program than the
+    request's; both faces call it right after loading, so the error names the estimate document."""
+    if estimate.program != request.program:
+        raise InvalidInput(
+            f"estimate: program: {estimate.program!r} does not match the request's {request.program!r}",
+            path="program",
+        )
+
+
 def apply_estimate(
     request: PlacementRequestDoc, estimate: CalibratedEstimate
 ) -> tuple[PlacementRequestDoc, EstimateReport]:
@@ -198,11 +208,7 @@ def apply_estimate(
     filled, kept or not filled. Raises :class:`InvalidInput` (path ``program``) when the estimate is for
     another program than the request's.
     """
-    if estimate.program != request.program:
-        raise InvalidInput(
-            f"estimate: program: {estimate.program!r} does not match the request's {request.program!r}",
-            path="program",
-        )
+    check_estimate_program(request, estimate)
     fills = (_runtime_fill(request, estimate), _memory_fill(request, estimate))
     update = {fill.field: fill.value for fill in fills if fill.outcome == "filled"}
     effective = request.model_copy(update=update) if update else request

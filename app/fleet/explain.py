@@ -849,7 +849,7 @@ def explain_documents(
     ``vq.placement-explanation/1`` object. Raises :class:`InvalidInput` whose path is prefixed with the
     document, e.g. ``fleet.targets.3.node.cpus``."""
     from app.fleet.documents import load_fleet, load_request
-    from app.fleet.estimate import load_estimate
+    from app.fleet.estimate import check_estimate_program, load_estimate
 
     loaded: dict[str, Any] = {}
     loaders: list[tuple[str, Any, Callable[[Any], Any]]] = [
@@ -865,6 +865,11 @@ def explain_documents(
             path = f"{what}.{error.path}" if error.path else what
             details = {**error.details, "path": path}
             raise InvalidInput(error.message, path=path, details=details) from None
+    if "estimate" in loaded:
+        try:
+            check_estimate_program(loaded["request"], loaded["estimate"])
+        except InvalidInput as error:
+            raise InvalidInput(error.message, path="estimate.program") from None
     explanation = explain_placement(
         loaded["fleet"],
         loaded["request"],
