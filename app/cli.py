@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -42,7 +43,10 @@ def serve(
     settings = get_settings()
     url = resolve_database_url(settings.database_url, settings.data_dir)
     migrate(url)
-    os.environ["DATABASE_URL"] = url  # workers and the app use the same database
+    # the app (and any worker process) uses this same database; re-read settings so the lifespan does
+    # not start a second handle on the embedded server (it would outlive the process)
+    os.environ["DATABASE_URL"] = url
+    get_settings.cache_clear()
     if demo:
         import asyncio
 
@@ -58,6 +62,9 @@ def serve(
         else:
             console.print("admin key: BC_BOOTSTRAP_ADMIN_KEY")
         console.print(f"try: curl -s -H 'Authorization: Bearer <key>' http://{host}:{port}/v1/pools")
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler that was in place:
+    # make that an ordinary exit, so exit handlers run and stop the embedded PostgreSQL
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run(
         "app.main:create_app_without_migrations",
         factory=True,

@@ -37,11 +37,15 @@ def start_embedded_postgres(data_dir: Path | None = None, database: str = EMBEDD
 
     Creates the database on first use. Raises ``RuntimeError`` when pgserver cannot start.
     """
-    import pgserver
+    import warnings
 
     path = Path(data_dir) if data_dir else default_data_dir()
     path.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(str(path), cleanup_mode="stop")
+    with warnings.catch_warnings():  # platformdirs: "XDG_RUNTIME_DIR is not set" on servers; harmless
+        warnings.simplefilter("ignore")
+        import pgserver
+
+        server = pgserver.get_server(str(path), cleanup_mode="stop")
     _embedded_servers.append(server)
     exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
     if "(1 row)" not in exists:
