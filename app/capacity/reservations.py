@@ -20,6 +20,7 @@ import json
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -34,7 +35,7 @@ from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
 from app.db.tables import allocations, device_bookings, devices, node_resources, reservations
-from app.errors import IdempotencyKeyReused, NotFound
+from app.errors import IdempotencyKeyReused, InvalidInput, NotFound
 from app.ids import new_id
 from app.inventory.service import lock_pool
 from app.jsonnum import num
@@ -44,6 +45,7 @@ from app.placement.request import ReservationRequest, to_placement_request
 from app.quota import service as quota
 
 PREVIEW_CANDIDATES = 10
+START_SKEW = timedelta(seconds=60)  # a start this far behind the database clock is still "now"
 FOREIGN_KEY_VIOLATION = "23503"
 
 
@@ -70,6 +72,15 @@ def quota_amounts(request: PlacementRequest) -> dict[str, Decimal]:
     for name, n in request.resources.items():
         amounts[name] += Decimal(n) * members
     return dict(amounts)
+
+
+def check_start(body: ReservationRequest, now: datetime) -> None:
+    """Raise InvalidInput (path ``start``) for a window that starts in the past (more than 60 s behind
+    the database clock, to allow for client clock skew)."""
+    if body.start is not None and body.start < now - START_SKEW:
+        raise InvalidInput(
+            f"start {body.start.isoformat()} is in the past (now {now.isoformat()})", path="start"
+        )
 
 
 def _condition(reason: str) -> list[dict[str, Any]]:
@@ -128,7 +139,9 @@ async def create_reservation(
             RESERVATIONS.labels("replayed").inc()
             return await _view(conn, existing), False
 
-        request = to_placement_request(body, inserted.created_at)  # created_at is the database's now()
+        now = inserted.created_at  # the database's now()
+        check_start(body, now)  # raising rolls the reservation row back: nothing is written
+        request = to_placement_request(body, now)
         amounts = quota_amounts(request)
         charged = False
 
@@ -286,10 +299,10 @@ async def release_reservation(
         if row.status in ("released", "preempted"):
             return await _view(conn, row)
         if row.status == "placed":
-            body = ReservationRequest.model_validate({**row.spec, "idempotencyKey": row.idempotency_key})
-            request = to_placement_request(body, row.created_at)
-            await quota.refund(conn, row.tenant_id, row.pool_id, quota_amounts(request))
-            await free_allocations(conn, row.id, row.pool_id)
+            live = await _live_allocations(conn, row.id)
+            held = await _held_amounts(conn, live)
+            await quota.refund(conn, row.tenant_id, row.pool_id, held)  # quota first (lock order)
+            await free_allocations(conn, live, row.pool_id, held)
         await conn.execute(
             sa.update(reservations)
             .where(reservations.c.id == reservation_id)
@@ -299,44 +312,60 @@ async def release_reservation(
         return await _view(conn, row)
 
 
-async def free_allocations(conn: AsyncConnection, reservation_id: str, pool_id: str) -> None:
-    """Free a reservation's live allocations: bookings, scalar ``allocated``, rollup (lock order)."""
-    live = (
-        await conn.execute(
-            sa.select(allocations)
-            .where(allocations.c.reservation_id == reservation_id, allocations.c.released_at.is_(None))
-            .order_by(allocations.c.node_id)
-        )
-    ).all()
+async def _live_allocations(conn: AsyncConnection, reservation_id: str) -> list[Any]:
+    return list(
+        (
+            await conn.execute(
+                sa.select(allocations)
+                .where(allocations.c.reservation_id == reservation_id, allocations.c.released_at.is_(None))
+                .order_by(allocations.c.node_id)
+            )
+        ).all()
+    )
+
+
+async def _held_amounts(conn: AsyncConnection, live: list[Any]) -> dict[str, Decimal]:
+    """What live allocations hold: atoms per device class and scalar amounts. This is exactly what the
+    reservation charged to quota and added to the rollup (read back from the rows, not recomputed)."""
+    held: dict[str, Decimal] = defaultdict(Decimal)
+    atoms = [atom for a in live for atom in a.atoms]
+    if atoms:
+        for cls, count in (
+            await conn.execute(
+                sa.select(devices.c["class"], sa.func.count())
+                .where(devices.c.id.in_(atoms))
+                .group_by(devices.c["class"])
+            )
+        ).all():
+            held[cls] += Decimal(count)
+    for a in live:
+        for resource, amount in (a.resources or {}).items():
+            held[resource] += Decimal(amount)
+    return dict(held)
+
+
+async def free_allocations(
+    conn: AsyncConnection, live: list[Any], pool_id: str, held: Mapping[str, Decimal]
+) -> None:
+    """Free live allocations: bookings, scalar ``allocated``, rollup (lock order pools -> ... -> rollup).
+    ``held`` is what they hold (:func:`_held_amounts`)."""
     if not live:
         return
     await lock_pool(conn, pool_id, for_update=False)
-    delta: dict[str, Decimal] = defaultdict(Decimal)
     for a in live:
-        classes = (
-            await conn.execute(
-                sa.select(devices.c["class"], sa.func.count())
-                .where(devices.c.id.in_(list(a.atoms)))
-                .group_by(devices.c["class"])
-            )
-        ).all()
-        for cls, count in classes:
-            delta[cls] += Decimal(count)
         await conn.execute(sa.delete(device_bookings).where(device_bookings.c.allocation_id == a.id))
         for resource, amount in sorted((a.resources or {}).items()):
-            n = Decimal(amount)
-            delta[resource] += n
             await conn.execute(
                 sa.update(node_resources)
                 .where(node_resources.c.node_id == a.node_id, node_resources.c.resource == resource)
-                .values(allocated=sa.func.greatest(node_resources.c.allocated - n, 0))
+                .values(allocated=sa.func.greatest(node_resources.c.allocated - Decimal(amount), 0))
             )
     await conn.execute(
         sa.update(allocations)
         .where(allocations.c.id.in_([a.id for a in live]))
         .values(released_at=sa.func.now())
     )
-    await apply_rollup_delta(conn, pool_id, delta, sign=-1)
+    await apply_rollup_delta(conn, pool_id, held, sign=-1)
 
 
 async def preview(
@@ -346,6 +375,7 @@ async def preview(
     with up to 10 candidates, best first. Checks neither quota nor writes anything."""
     async with engine.connect() as conn:
         now = await db_now(conn)
+        check_start(body, now)
         request = to_placement_request(body, now)
         outcome = await plan_request(
             conn,

@@ -142,7 +142,7 @@ class DeviceRequestBody(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     device_class: str = Field(alias="class", min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9._-]*$")
-    count: int = Field(ge=1, le=MAX_DEVICE_COUNT)
+    count: int = Field(ge=1, le=MAX_DEVICE_COUNT, strict=True)  # strict: true is not 1
     selector: SelectorBody | str | None = None
     topology: Literal["nvlink-all"] | None = None
 
@@ -184,7 +184,7 @@ class GangBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    members: int = Field(ge=1, le=1024)
+    members: int = Field(ge=1, le=1024, strict=True)
     topologyKey: str | None = Field(default=None, pattern=KEY_RE.pattern)
 
 
@@ -241,7 +241,14 @@ class ReservationRequest(BaseModel):
 
     def spec(self) -> dict[str, Any]:
         """The canonical JSON spec stored with a reservation and compared for idempotent retries."""
-        return self.model_dump(mode="json", by_alias=True, exclude={"idempotencyKey"})
+        spec = self.model_dump(mode="json", by_alias=True, exclude={"idempotencyKey"})
+        spec["resources"] = {name: _json_number(amount) for name, amount in self.resources.items()}
+        return spec
+
+
+def _json_number(amount: Decimal) -> int | float:
+    """A scalar amount as a JSON number (32, 0.5), as the allocation views print it."""
+    return int(amount) if amount == amount.to_integral_value() else float(amount)
 
 
 def to_placement_request(body: ReservationRequest, now: datetime) -> PlacementRequest:

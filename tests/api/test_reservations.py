@@ -35,7 +35,7 @@ async def test_reserve_eight_gpus_places_on_one_node_and_release_frees_it(
     [alloc] = placed["allocations"]
     assert alloc["nodeId"] == node["id"]
     assert sorted(alloc["atoms"]) == sorted(d["id"] for d in node["devices"])
-    assert alloc["resources"] == {"cpu": 16}
+    assert alloc["resources"] == {"cpu": 16} and placed["spec"]["resources"] == {"cpu": 16}
 
     got = await admin_client.get(f"/v1/reservations/{placed['id']}")
     assert got.status_code == 200 and got.json()["allocations"] == placed["allocations"]
@@ -182,6 +182,8 @@ async def test_malformed_request_is_422_with_path_and_writes_nothing(
         ),
         (reservation(pool, 1, idempotencyKey=""), "idempotencyKey"),
         (reservation(pool, 1, resources={"cpu": -2}), "resources.cpu"),
+        (reservation(pool, 1, devices=[{"class": "gpu", "count": True}]), "devices.0.count"),
+        (reservation(pool, 1, start="2020-01-01T00:00:00Z"), "start"),
     ]
     for body, path in cases:
         r = await admin_client.post("/v1/reservations", json=body)
