@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
@@ -50,6 +50,19 @@ async def get_pool(
     if not is_allowed(principal, "compute:capacity:read", f"pool:{pool_id}"):
         authorize(principal, READ, f"pool:{pool_id}")
     return await read_only(svc.engine, inventory.get_pool, pool_id)
+
+
+@router.get("/v1/pools/{pool_id}/nodes", responses=responses(401, 403, 404, 422), operation_id="listNodes")
+async def list_nodes(
+    pool_id: str,
+    limit: int = Query(default=1000, ge=1, le=10_000),
+    after: str | None = Query(default=None, max_length=128, description="the previous page's `next`"),
+    principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    """The pool's nodes in id order, a page at a time."""
+    authorize(principal, READ, f"pool:{pool_id}")
+    return await read_only(svc.engine, inventory.list_nodes, pool_id, limit, after)
 
 
 @router.post("/v1/pools/{pool_id}/archive", responses=responses(401, 403, 404), operation_id="archivePool")

@@ -75,9 +75,7 @@ async def list_pools(conn: AsyncConnection) -> list[dict[str, Any]]:
 
 async def get_pool(conn: AsyncConnection, pool_id: str) -> dict[str, Any]:
     """``{id, name, createdAt, archivedAt, nodeCount, capacity: {resource: {total, allocated}}}``."""
-    row = (await conn.execute(sa.select(pools).where(pools.c.id == pool_id))).first()
-    if row is None:
-        raise NotFound(f"pool {pool_id} not found")
+    row = await get_pool_row(conn, pool_id)
     count = (
         await conn.execute(sa.select(sa.func.count()).select_from(nodes).where(nodes.c.pool_id == pool_id))
     ).scalar_one()
@@ -299,6 +297,57 @@ async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> 
         links=[LinkBody(a=a, b=b, link=kind) for a, b, kind in imported.links],
     )
     return await add_node(conn, pool_id, node, system_labels=dict(imported.labels))
+
+
+async def list_nodes(
+    conn: AsyncConnection, pool_id: str, limit: int = 1000, after: str | None = None
+) -> dict[str, Any]:
+    """A page of the pool's nodes in id order: ``{items: [{id, name, cordoned, noScheduleReasons,
+    labels, devices: {class: count}}], next: <id to pass as after> | None}``; NotFound for no pool."""
+    await get_pool_row(conn, pool_id)
+    stmt = sa.select(nodes.c.id, nodes.c.name, nodes.c.cordoned, nodes.c.no_schedule_reasons).where(
+        nodes.c.pool_id == pool_id
+    )
+    if after is not None:
+        stmt = stmt.where(nodes.c.id > after)
+    rows = (await conn.execute(stmt.order_by(nodes.c.id).limit(limit + 1))).all()
+    page, more = rows[:limit], len(rows) > limit
+    ids = [r.id for r in page]
+    labels: dict[str, dict[str, str]] = {i: {} for i in ids}
+    counts: dict[str, dict[str, int]] = {i: {} for i in ids}
+    if ids:
+        for r in (await conn.execute(sa.select(node_labels).where(node_labels.c.node_id.in_(ids)))).all():
+            labels[r.node_id][r.key] = r.value
+        for node_id, device_class, count in (
+            await conn.execute(
+                sa.select(devices.c.node_id, devices.c["class"], sa.func.count())
+                .where(devices.c.node_id.in_(ids))
+                .group_by(devices.c.node_id, devices.c["class"])
+            )
+        ).all():
+            counts[node_id][device_class] = count
+    return {
+        "items": [
+            {
+                "id": r.id,
+                "name": r.name,
+                "cordoned": r.cordoned,
+                "noScheduleReasons": list(r.no_schedule_reasons),
+                "labels": dict(sorted(labels[r.id].items())),
+                "devices": counts[r.id],
+            }
+            for r in page
+        ],
+        "next": page[-1].id if more else None,
+    }
+
+
+async def get_pool_row(conn: AsyncConnection, pool_id: str) -> Any:
+    """The pool row (no lock); NotFound if absent."""
+    row = (await conn.execute(sa.select(pools).where(pools.c.id == pool_id))).first()
+    if row is None:
+        raise NotFound(f"pool {pool_id} not found")
+    return row
 
 
 async def _node_row(conn: AsyncConnection, node_id: str, *, lock: bool = False) -> Any:

@@ -177,3 +177,16 @@ async def test_archived_pool_places_nothing(admin_client: httpx.AsyncClient) -> 
     r = (await admin_client.post("/v1/reservations", json=reservation(pool, 1))).json()
     assert r["status"] == "pending" and r["conditions"][0]["message"] == "the pool is archived"
     assert (await admin_client.post(f"/v1/pools/{pool}/nodes", json=gpu_node("b"))).status_code == 409
+
+
+async def test_list_a_pools_nodes_a_page_at_a_time(admin_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(admin_client)
+    made = [
+        await add_node(admin_client, pool, gpu_node(f"l{i}", 2, labels={"rack": f"r{i}"})) for i in range(3)
+    ]
+    first = (await admin_client.get(f"/v1/pools/{pool}/nodes", params={"limit": 2})).json()
+    assert [n["id"] for n in first["items"]] == sorted(n["id"] for n in made)[:2]
+    assert first["items"][0]["devices"] == {"gpu": 2} and first["next"] == first["items"][1]["id"]
+    rest = (await admin_client.get(f"/v1/pools/{pool}/nodes", params={"after": first["next"]})).json()
+    assert len(rest["items"]) == 1 and rest["next"] is None
+    assert (await admin_client.get("/v1/pools/pool_nope/nodes")).status_code == 404
