@@ -53,15 +53,17 @@ def serve(
         from app.inventory.demo_pool import install_demo
 
         summary = asyncio.run(install_demo(url, settings.bootstrap_admin_key))
+        quota = ", ".join(f"{name} {amount}" for name, amount in sorted(summary["quota"].items()))
         console.print(
-            f"[bold]demo pool[/bold] {summary['poolId']} ({summary['nodes']} nodes, "
-            f"{summary['gpus']} GPUs); tenant [bold]demo[/bold] quota {summary['quota']}"
+            f"[bold]demo pool[/bold] {summary['poolId']} ({summary['nodes']} nodes, {summary['gpus']} GPUs)\n"
+            f"tenant [bold]demo[/bold] quota: {quota} (cpu in cores, memory in MiB)"
         )
         if summary.get("adminKey"):
             console.print(f"[bold]admin key[/bold] (shown once): {summary['adminKey']}")
         else:
             console.print("admin key: BC_BOOTSTRAP_ADMIN_KEY")
         console.print(f"try: curl -s -H 'Authorization: Bearer <key>' http://{host}:{port}/v1/pools")
+        console.print("(each start with --demo prints a new admin key; earlier ones stay valid)")
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler that was in place:
     # make that an ordinary exit, so exit handlers run and stop the embedded PostgreSQL
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -117,6 +119,9 @@ MemOpt = Annotated[float | None, typer.Option("--memory", help="Memory (MiB).")]
 IdemOpt = Annotated[str | None, typer.Option("--idempotency-key", help="Retry key (default: random).")]
 ClassOpt = Annotated[str, typer.Option("--class", help="Device class.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the JSON answer.")]
+
+
+NO_FIT_EXIT = 3  # preview: the request would not fit (scripts can tell "no" from an error)
 
 
 def _print_preview(answer: dict[str, Any]) -> None:
@@ -175,11 +180,13 @@ def _request_command(path: str, show: Callable[[dict[str, Any]], None]) -> Calla
             print(json.dumps(answer, indent=2))
         else:
             show(answer)
+        if answer.get("fits") is False:
+            raise typer.Exit(NO_FIT_EXIT)
 
     return command
 
 
-app.command("preview", help="Would this fit, where, and if not, why not.")(
+app.command("preview", help="Would this fit, where, and if not, why not (exit code 3: it would not).")(
     _request_command("/v1/capacity/preview", _print_preview)
 )
 app.command("reserve", help="Reserve GPUs (and cpu/memory) now for a duration.")(

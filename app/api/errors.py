@@ -64,10 +64,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"path": _path(tuple(e.get("loc", ()))), "message": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
+        errors = []
+        for e in exc.errors():
+            item = {
+                "path": _path(tuple(e.get("loc", ()))),
+                "message": e.get("msg", ""),
+                "type": e.get("type", ""),
+            }
+            position = (e.get("ctx") or {}).get("position")
+            if isinstance(position, int):
+                item["position"] = position  # a selector shorthand's 0-based character offset
+            errors.append(item)
         for e in errors:
             if e["type"] == "json_invalid":  # the location is a byte offset, not a field
                 e["message"] = f"the body is not valid JSON ({e['message']} at character {e['path']})"
@@ -78,7 +85,11 @@ def install_error_handlers(app: FastAPI) -> None:
             "error": {
                 "code": "INVALID_INPUT",
                 "message": message,
-                "details": {"path": first["path"], "errors": _jsonable(errors)},
+                "details": {
+                    "path": first["path"],
+                    **({"position": first["position"]} if "position" in first else {}),
+                    "errors": _jsonable(errors),
+                },
             }
         }
         return JSONResponse(body, status_code=422)

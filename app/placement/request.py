@@ -15,6 +15,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from app.errors import InvalidInput
 from app.placement.model import (
@@ -154,8 +155,10 @@ class DeviceRequestBody(BaseModel):
 
             try:
                 parsed = parse_selector(value)
-            except InvalidInput as exc:
-                raise ValueError(exc.message) from exc
+            except InvalidInput as exc:  # keep the 0-based position for the API's error details
+                raise PydanticCustomError(
+                    "selector_syntax", "{reason}", {"reason": exc.message, **exc.details}
+                ) from exc
             return selector_body_from(parsed)
         return value
 

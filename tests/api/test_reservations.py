@@ -193,6 +193,9 @@ async def test_malformed_request_is_422_with_path_and_writes_nothing(
         assert err["details"]["path"].startswith(path), (path, err)
         p = await admin_client.post("/v1/capacity/preview", json=body)
         assert p.status_code == 422
+    shorthand = reservation(pool, 1, devices=[{"class": "gpu", "count": 1, "selector": "a in ()"}])
+    err = (await admin_client.post("/v1/reservations", json=shorthand)).json()["error"]
+    assert err["details"]["path"] == "devices.0.selector" and err["details"]["position"] == 6
     assert await _counts(engine) == before
 
 
