@@ -78,7 +78,7 @@ def test_reserve_preview_release_through_the_cli(server: Server) -> None:
     assert placed["status"] == "placed" and len(placed["allocations"][0]["atoms"]) == 4
 
     full = _cli(server, "preview", "--tenant", "acme", "--pool", pool, "--gpus", "1")
-    assert full.returncode == 0 and "does not fit" in full.stdout and "0 of 4 gpu free" in full.stdout
+    assert full.returncode == 3 and "does not fit" in full.stdout and "0 of 4 gpu free" in full.stdout
 
     release = _cli(server, "release", placed["id"])
     assert release.returncode == 0 and "released" in release.stdout
