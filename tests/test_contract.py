@@ -38,6 +38,7 @@ def test_openapi_has_fixed_paths_and_operation_ids() -> None:
 
 def test_alembic_check_is_clean(database_url: str) -> None:
     from alembic import command
+
     from app.db.engine import alembic_config
 
     command.check(alembic_config(database_url))
