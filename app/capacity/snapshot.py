@@ -34,6 +34,7 @@ from app.db.tables import (
 )
 from app.errors import NotFound
 from app.placement.model import Atom, NodeInventory, NodeSnapshot, NodeState, PoolSnapshot, ScalarResource
+from app.placement.topology import node_topology
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,8 @@ class PoolCache:
             if cached is not None and cached.version >= head.inventory_version:
                 return cached
             loaded = await load_pool_inventory(conn, head.id)
+            for node in loaded.nodes.values():
+                node_topology(node)  # link matrices built now, once per version, not in a request's plan
             self.loads += 1
             self._pools[head.id] = loaded
             return loaded
