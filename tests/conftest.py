@@ -31,15 +31,10 @@ def _server_url() -> str:
     url = os.environ.get("DATABASE_URL")
     if url:
         return url
-    import pgserver
+    from app.db.engine import start_embedded_postgres
 
     folder = Path(tempfile.gettempdir()) / "bc-test-pgdata"
-    server = pgserver.get_server(str(folder), cleanup_mode="stop")
-    _servers.append(server)
-    return server.get_uri()
-
-
-_servers: list[Any] = []
+    return start_embedded_postgres(folder, database="postgres")
 
 
 def _admin_exec(server_url: str, statement: str) -> None:
