@@ -89,8 +89,10 @@ async def charge(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: M
     wanted = {r: Decimal(n) for r, n in amounts.items() if Decimal(n) > 0}
     for resource, n in sorted(wanted.items()):
         row = await _guarded_add(conn, tenant_id, pool_id, resource, n)
-        if row is None and not await _usage_row_exists(conn, tenant_id, pool_id, resource):
-            # first charge of this resource: create its usage row, then the same guarded UPDATE
+        if row is None:
+            # No row updated: over the limit, or no usage row yet, or one a concurrent first charge
+            # created after this UPDATE's snapshot. INSERT ... ON CONFLICT DO NOTHING waits for such a
+            # concurrent inserter to finish, so the retried UPDATE sees the row either way.
             await _ensure_usage_rows(conn, tenant_id, pool_id, [resource])
             row = await _guarded_add(conn, tenant_id, pool_id, resource, n)
         if row is None:
@@ -135,18 +137,6 @@ async def _guarded_add(conn: AsyncConnection, tenant_id: str, pool_id: str, reso
             .returning(quota_usage.c.used)
         )
     ).first()
-
-
-async def _usage_row_exists(conn: AsyncConnection, tenant_id: str, pool_id: str, resource: str) -> bool:
-    return (
-        await conn.execute(
-            sa.select(quota_usage.c.used).where(
-                quota_usage.c.tenant_id == tenant_id,
-                quota_usage.c.pool_id == pool_id,
-                quota_usage.c.resource == resource,
-            )
-        )
-    ).first() is not None
 
 
 async def refund(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: Mapping[str, Decimal]) -> None:
