@@ -31,6 +31,9 @@ class Placed:
     """Placed: the allocations written in the caller's transaction."""
 
     allocations: tuple[Committed, ...]
+    # the cache assumptions of the committed atoms: forget them once the transaction has committed
+    # (or rolled back); until then other plans of this process must not reach for those atoms
+    assumptions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +95,21 @@ async def place_inline(
             pool_locked = True
             if pool.archived_at is not None:
                 return Pending(POOL_ARCHIVED_REASON)
-        if before_commit is not None:
-            await before_commit(attempt, plan.chosen)
-        outcome = await commit_candidate(
-            conn, request, plan.chosen, reservation_id, attempt, request.start, request.end
+        token = cache.assume(
+            request.pool_id, plan.chosen.node_id, plan.chosen.atoms, request.start, request.end
         )
+        try:
+            if before_commit is not None:
+                await before_commit(attempt, plan.chosen)
+            outcome = await commit_candidate(
+                conn, request, plan.chosen, reservation_id, attempt, request.start, request.end
+            )
+        except BaseException:
+            cache.forget(request.pool_id, token)
+            raise
         if isinstance(outcome, Committed):
-            return Placed((outcome,))
+            return Placed((outcome,), (token,))
+        cache.forget(request.pool_id, token)
         LOST_RACES.inc()
         lost.append(outcome)
     reasons = "; ".join(r.reason for r in lost)

@@ -96,6 +96,23 @@ async def create_reservation(
     """
     spec = body.spec()
     digest = spec_hash(spec)
+    assumptions: list[int] = []
+    try:
+        return await _create(engine, cache, config, body, spec, digest, assumptions)
+    finally:  # committed or rolled back: the bookings (or their absence) are visible to every plan now
+        for token in assumptions:
+            cache.forget(body.poolId, token)
+
+
+async def _create(
+    engine: AsyncEngine,
+    cache: PoolCache,
+    config: CapacityConfig,
+    body: ReservationRequest,
+    spec: dict[str, Any],
+    digest: str,
+    assumptions: list[int],
+) -> tuple[dict[str, Any], bool]:
     async with engine.begin() as conn:
         reservation_id = new_id("res")
         try:
@@ -161,6 +178,7 @@ async def create_reservation(
             before_lock=charge,
         )
         if isinstance(outcome, Placed):
+            assumptions.extend(outcome.assumptions)
             status, conditions = "placed", []
         else:
             assert isinstance(outcome, Pending)

@@ -107,7 +107,9 @@ class Exceptions:
         return self.booked.get(node_id, set()) | self.unavailable.get(node_id, set())
 
 
-async def read_exceptions(conn: AsyncConnection, request: PlacementRequest) -> Exceptions:
+async def read_exceptions(
+    conn: AsyncConnection, request: PlacementRequest, assumed: Mapping[str, set[str]] | None = None
+) -> Exceptions:
     """The narrow volatile reads of a shortlist: each touches only the rows that differ from "free".
 
     ::
@@ -142,6 +144,8 @@ async def read_exceptions(conn: AsyncConnection, request: PlacementRequest) -> E
     )
     for r in (await conn.execute(sa.union_all(booked_rows, unavailable_rows))).all():
         (booked if r.kind == "b" else unavailable).setdefault(r.node_id, set()).add(r.atom)
+    for node_id, atoms in (assumed or {}).items():  # other plans of this process are committing these
+        booked.setdefault(node_id, set()).update(atoms)
     reasons: dict[str, tuple[str, ...]] = {}
     unschedulable: set[str] = set()
     for r in (
@@ -309,7 +313,9 @@ async def _plan_request(
         if not head.archived:
             k = shortlist_size(options, shortlist_min)
             inventory = await cache.inventory(conn, head)
-            exceptions = await read_exceptions(conn, request)
+            exceptions = await read_exceptions(
+                conn, request, cache.assumed(request.pool_id, request.start, request.end)
+            )
             rows = shortlist_rows(inventory, request, options, exceptions, k + 1)
             if rows:
                 inside = [node_id for node_id, _ in rows[:k]]

@@ -11,9 +11,10 @@ allocated scalars) is read per request with narrow indexed queries. All reads he
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -59,6 +60,16 @@ class PoolInventory:
     memo: dict[Any, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Assumption:
+    """Atoms a plan in this process picked and is committing (see :meth:`PoolCache.assume`)."""
+
+    node_id: str
+    atoms: frozenset[str]
+    start: datetime
+    end: datetime
+
+
 class PoolCache:
     """In-process cache of each pool's static inventory, keyed by pool id and inventory version.
 
@@ -69,6 +80,32 @@ class PoolCache:
         self._pools: dict[str, PoolInventory] = {}
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.loads = 0  # how many times a pool's static part was read (tests and benchmarks look)
+        self._assumed: dict[str, dict[int, Assumption]] = defaultdict(dict)
+        self._tokens = itertools.count(1)
+
+    # Assumed bookings (the "assume" step of the Kubernetes scheduler cache): between a plan and the
+    # commit of its transaction, the atoms it picked are treated as booked by every other plan made in
+    # this process, so concurrent requests of one replica stop reaching for the same atoms and losing
+    # races. It is only a hint that makes plans better: the guarded commit still decides, and other
+    # replicas are caught by it as before.
+
+    def assume(self, pool_id: str, node_id: str, atoms: Iterable[str], start: datetime, end: datetime) -> int:
+        """Record ``atoms`` of ``node_id`` as being booked for ``[start, end)``; returns a token."""
+        token = next(self._tokens)
+        self._assumed[pool_id][token] = Assumption(node_id, frozenset(atoms), start, end)
+        return token
+
+    def forget(self, pool_id: str, token: int) -> None:
+        """Drop an assumption (its transaction committed, rolled back, or lost the race)."""
+        self._assumed[pool_id].pop(token, None)
+
+    def assumed(self, pool_id: str, start: datetime, end: datetime) -> dict[str, set[str]]:
+        """node id -> atoms assumed booked over a window overlapping ``[start, end)``."""
+        out: dict[str, set[str]] = {}
+        for a in self._assumed.get(pool_id, {}).values():
+            if a.start < end and start < a.end:
+                out.setdefault(a.node_id, set()).update(a.atoms)
+        return out
 
     async def inventory(self, conn: AsyncConnection, head: PoolHead) -> PoolInventory:
         """The static inventory of ``head.id`` at ``head.inventory_version`` (or newer)."""
@@ -224,8 +261,10 @@ async def read_node_states(
     start: datetime,
     end: datetime,
     node_ids: Iterable[str] | None = None,
+    assumed: Mapping[str, set[str]] | None = None,
 ) -> dict[str, NodeState]:
-    """The volatile state of the pool's nodes (or of ``node_ids``) for the window ``[start, end)``."""
+    """The volatile state of the pool's nodes (or of ``node_ids``) for the window ``[start, end)``;
+    ``assumed`` atoms (node id -> atoms other plans of this process are committing) count as booked."""
     ids = list(node_ids) if node_ids is not None else None
     node_filter: list[Any] = [nodes.c.pool_id == pool_id]
     if ids is not None:
@@ -263,6 +302,8 @@ async def read_node_states(
         )
     ).all():
         booked[r.node_id].add(r.device_id)
+    for node_id, atoms in (assumed or {}).items():
+        booked[node_id].update(atoms)
     resources: dict[str, dict[str, ScalarResource]] = defaultdict(dict)
     for r in (
         await conn.execute(
@@ -301,7 +342,7 @@ async def read_snapshot(
     """The pool head and a :class:`PoolSnapshot` (whole pool, or ``node_ids``) for ``[start, end)``."""
     head = await read_pool_head(conn, pool_id)
     inventory = await cache.inventory(conn, head)
-    states = await read_node_states(conn, pool_id, start, end, node_ids)
+    states = await read_node_states(conn, pool_id, start, end, node_ids, cache.assumed(pool_id, start, end))
     order = inventory.order if node_ids is None else tuple(n for n in inventory.order if n in states)
     snapshot_nodes = tuple(
         NodeSnapshot(inventory.nodes[node_id], states[node_id])
