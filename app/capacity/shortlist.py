@@ -43,7 +43,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.capacity.commit import labels_hold
 from app.capacity.metrics import PLAN_SECONDS, PLANS
 from app.capacity.predicates import schedulable_sql_tolerating
-from app.capacity.snapshot import PoolCache, PoolHead, PoolInventory, read_pool_head, read_snapshot, window
+from app.capacity.snapshot import (
+    PoolCache,
+    PoolHead,
+    PoolInventory,
+    read_pool_head,
+    read_scalar_rows,
+    read_snapshot,
+    window,
+)
 from app.db.tables import device_bookings, devices, node_resources, nodes, pools
 from app.placement.bounds import pick_score_ceiling
 from app.placement.model import (
@@ -54,7 +62,6 @@ from app.placement.model import (
     Plan,
     PoolSnapshot,
     Rejections,
-    ScalarResource,
 )
 from app.placement.options import DEFAULT_WEIGHTS, SchedulerOptions
 from app.placement.pipeline import plan_placement
@@ -340,25 +347,16 @@ async def _inside_states(
 ) -> dict[str, NodeState]:
     """The volatile state of the shortlisted nodes, in ranking order: the exceptions already read plus
     their scalar rows (``SELECT ... FROM node_resources WHERE node_id = ANY(:inside)``)."""
-    resources: dict[str, dict[str, ScalarResource]] = {node_id: {} for node_id in inside}
-    for r in (
-        await conn.execute(
-            sa.select(
-                node_resources.c.node_id,
-                node_resources.c.resource,
-                node_resources.c.allocatable,
-                node_resources.c.ratio,
-                node_resources.c.allocated,
-            ).where(node_resources.c.node_id == sa.any_(sa.literal(inside, pg.ARRAY(sa.Text))))
-        )
-    ).all():
-        resources[r.node_id][r.resource] = ScalarResource(r.allocatable, r.ratio, r.allocated)
+    # SELECT ... FROM node_resources WHERE node_id = ANY(:inside)
+    resources = await read_scalar_rows(
+        conn, [node_resources.c.node_id == sa.any_(sa.literal(inside, pg.ARRAY(sa.Text)))], join_nodes=False
+    )
     return {
         node_id: NodeState(
             no_schedule_reasons=exceptions.reasons.get(node_id, ()),
             unavailable=frozenset(exceptions.unavailable.get(node_id, ())),
             booked=frozenset(exceptions.booked.get(node_id, ())),
-            resources=resources[node_id],
+            resources=resources.get(node_id, {}),
         )
         for node_id in inside
     }

@@ -304,21 +304,7 @@ async def read_node_states(
         booked[r.node_id].add(r.device_id)
     for node_id, atoms in (assumed or {}).items():
         booked[node_id].update(atoms)
-    resources: dict[str, dict[str, ScalarResource]] = defaultdict(dict)
-    for r in (
-        await conn.execute(
-            sa.select(
-                node_resources.c.node_id,
-                node_resources.c.resource,
-                node_resources.c.allocatable,
-                node_resources.c.ratio,
-                node_resources.c.allocated,
-            )
-            .join(nodes, nodes.c.id == node_resources.c.node_id)
-            .where(*node_filter)
-        )
-    ).all():
-        resources[r.node_id][r.resource] = ScalarResource(r.allocatable, r.ratio, r.allocated)
+    resources = await read_scalar_rows(conn, node_filter, join_nodes=True)
     return {
         r.id: NodeState(
             no_schedule_reasons=tuple(r.no_schedule_reasons),
@@ -329,6 +315,29 @@ async def read_node_states(
         )
         for r in base_rows
     }
+
+
+SCALAR_COLUMNS = (
+    node_resources.c.node_id,
+    node_resources.c.resource,
+    node_resources.c.allocatable,
+    node_resources.c.ratio,
+    node_resources.c.allocated,
+)
+
+
+async def read_scalar_rows(
+    conn: AsyncConnection, where: list[Any], *, join_nodes: bool
+) -> dict[str, dict[str, ScalarResource]]:
+    """node id -> resource -> :class:`ScalarResource` for the ``node_resources`` rows matching ``where``
+    (joined to ``nodes`` when the condition names node columns)."""
+    stmt = sa.select(*SCALAR_COLUMNS)
+    if join_nodes:
+        stmt = stmt.join(nodes, nodes.c.id == node_resources.c.node_id)
+    resources: dict[str, dict[str, ScalarResource]] = defaultdict(dict)
+    for r in (await conn.execute(stmt.where(*where))).all():
+        resources[r.node_id][r.resource] = ScalarResource(r.allocatable, r.ratio, r.allocated)
+    return resources
 
 
 async def read_snapshot(

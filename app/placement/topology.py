@@ -19,7 +19,7 @@ function of its inputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import count as _counter
 
@@ -197,6 +197,19 @@ def greedy_pick(
         worst = min((ranks[a][b] for a in chosen for b in chosen if a < b), default=NV)
         return _scored(chosen, worst, numa)
     best_key: tuple[int, int, tuple[int, ...]] | None = None
+    for indices, worst in _grown_sets(ranks, numa, free, count):
+        key = (-worst, len({numa[i] for i in indices}), indices)
+        if best_key is None or key < best_key:
+            best_key = key
+    assert best_key is not None
+    return _scored(best_key[2], -best_key[0], numa)
+
+
+def _grown_sets(
+    ranks: tuple[tuple[int, ...], ...], numa: tuple[int | None, ...], free: list[int], count: int
+) -> Iterator[tuple[tuple[int, ...], int]]:
+    """The seed's growth from every seed atom: repeatedly add the candidate maximizing (worst link to the
+    set, same NUMA node as the seed, lower index). Yields (sorted indices, worst link) per seed."""
     for seed in free:
         seed_numa = numa[seed]
         to_set = {c: ranks[c][seed] for c in free if c != seed}
@@ -204,19 +217,13 @@ def greedy_pick(
         worst = NV
         while len(chosen) < count:
             nxt = max(to_set, key=lambda c: (to_set[c], numa[c] == seed_numa, -c))
-            link = to_set.pop(nxt)
-            worst = min(worst, link)
+            worst = min(worst, to_set.pop(nxt))
             chosen.append(nxt)
             row = ranks[nxt]
             for c in to_set:
                 if row[c] < to_set[c]:
                     to_set[c] = row[c]
-        indices = tuple(sorted(chosen))
-        key = (-worst, len({numa[i] for i in indices}), indices)
-        if best_key is None or key < best_key:
-            best_key = key
-    assert best_key is not None
-    return _scored(best_key[2], -best_key[0], numa)
+        yield tuple(sorted(chosen)), worst
 
 
 def pick(topology: ClassTopology, free_mask: int, count: int) -> Pick:
@@ -252,24 +259,12 @@ def tied_picks(topology: ClassTopology, free_mask: int, count: int) -> tuple[tup
     elif count >= len(free):
         sets = {best.indices}
     else:
-        sets = set()
-        ranks, numa = topology.ranks, topology.numa
-        for seed in free:
-            seed_numa = numa[seed]
-            to_set = {c: ranks[c][seed] for c in free if c != seed}
-            chosen = [seed]
-            worst = NV
-            while len(chosen) < count:
-                nxt = max(to_set, key=lambda c: (to_set[c], numa[c] == seed_numa, -c))
-                worst = min(worst, to_set.pop(nxt))
-                chosen.append(nxt)
-                row = ranks[nxt]
-                for c in to_set:
-                    if row[c] < to_set[c]:
-                        to_set[c] = row[c]
-            indices = tuple(sorted(chosen))
-            if worst == best.worst_link and len({numa[i] for i in indices}) == best.numa_spread:
-                sets.add(indices)
+        numa = topology.numa
+        sets = {
+            indices
+            for indices, worst in _grown_sets(topology.ranks, numa, free, count)
+            if worst == best.worst_link and len({numa[i] for i in indices}) == best.numa_spread
+        }
     found = tuple(sorted(sets | {best.indices}, key=lambda t: (t != best.indices, t)))
     if len(_tied) >= _MAX_CACHED_PICKS:
         _tied.clear()
