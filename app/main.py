@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from app.api import health, iam, inventory, quota, reservations
 from app.api.deps import Services
 from app.api.errors import install_error_handlers
+from app.api.text_guard import refuse_unstorable_text
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.db.engine import create_engine, migrate_async, resolve_database_url
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
             await engine.dispose()
 
     app = FastAPI(
+        dependencies=[Depends(refuse_unstorable_text)],
         title="better-compute",
         version=API_VERSION,
         description="Reserve, preview and release GPUs on pools of nodes; explain where work should run.",

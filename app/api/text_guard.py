@@ -1,0 +1,65 @@
+"""Text PostgreSQL cannot store is bad input, not a server error.
+
+PostgreSQL refuses the NUL character in ``text`` and ``jsonb``, and a lone UTF-16 surrogate (``\\ud800``
+in JSON) is no character at all. Found by fuzzing the API with schemathesis: such strings reached the
+database and answered 500. This app-wide dependency walks a JSON body once and answers 422
+``INVALID_INPUT`` naming the first offending field.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import Request
+
+from app.errors import InvalidInput
+
+
+def _bad_text(value: str) -> str | None:
+    if "\x00" in value:
+        return "contains a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate, which is not a character"
+    return None
+
+
+def find_unstorable(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The first ``(path, problem)`` of a string (or object key) PostgreSQL cannot store, or None."""
+    if isinstance(value, str):
+        problem = _bad_text(value)
+        return (path, problem) if problem else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            problem = _bad_text(key)
+            if problem:
+                return where, f"key {problem}"
+            found = find_unstorable(item, where)
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = find_unstorable(item, f"{path}.{i}" if path else str(i))
+            if found:
+                return found
+    return None
+
+
+async def refuse_unstorable_text(request: Request) -> None:
+    """422 when a JSON body holds text PostgreSQL cannot store (see the module docstring)."""
+    if request.method not in ("POST", "PUT", "PATCH"):
+        return
+    body = await request.body()
+    if not body or (b"\\u" not in body and b"\x00" not in body):
+        return  # no escapes and no raw NUL: nothing to find (the common case costs one scan)
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return  # not JSON: the body validation answers that
+    found = find_unstorable(data)
+    if found:
+        path, problem = found
+        raise InvalidInput(f"{path}: {problem}" if path else problem, path=path)

@@ -1,0 +1,27 @@
+"""Text PostgreSQL cannot store (NUL, lone surrogates) is 422 with the field path, never a 500
+(found by fuzzing the API with schemathesis)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from tests.factories import gpu_node, make_pool
+
+
+async def test_nul_and_lone_surrogates_are_refused_with_the_path(admin_client: httpx.AsyncClient) -> None:
+    raw = '{"job_id": "0", "kind": "local", "state": "running", "scheduler_started_at": "x\\u0000y"}'
+    r = await admin_client.put(
+        "/v1/placement/jobs/0", content=raw, headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 422 and r.json()["error"]["details"]["path"] == "scheduler_started_at"
+    pool = await make_pool(admin_client)
+    body = gpu_node("g")
+    raw_node = json.dumps({**body, "labels": {"rack": "PLACEHOLDER"}}).replace("PLACEHOLDER", "\\udbf0")
+    r2 = await admin_client.post(
+        f"/v1/pools/{pool}/nodes", content=raw_node, headers={"Content-Type": "application/json"}
+    )
+    assert r2.status_code == 422 and r2.json()["error"]["details"]["path"] == "labels.rack"
+    assert (await admin_client.get(f"/v1/pools/{pool}/nodes")).json()["items"] == []
+    assert (await admin_client.get("/v1/placement/jobs")).json()["jobs"] == []
