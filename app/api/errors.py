@@ -96,11 +96,22 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI could not read the body (not UTF-8 / not JSON): bad input
+            body = {
+                "error": {
+                    "code": "INVALID_INPUT",
+                    "message": f"the body could not be read as JSON: {exc.detail}",
+                    "details": {"path": ""},
+                }
+            }
+            return JSONResponse(body, status_code=422)
         code = {401: "UNAUTHENTICATED", 403: "FORBIDDEN", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(
             exc.status_code, "HTTP_ERROR"
         )
         return JSONResponse(
-            {"error": {"code": code, "message": str(exc.detail), "details": {}}}, status_code=exc.status_code
+            {"error": {"code": code, "message": str(exc.detail), "details": {}}},
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),  # e.g. Allow on 405
         )
 
     @app.exception_handler(Exception)

@@ -25,3 +25,12 @@ async def test_nul_and_lone_surrogates_are_refused_with_the_path(admin_client: h
     assert r2.status_code == 422 and r2.json()["error"]["details"]["path"] == "labels.rack"
     assert (await admin_client.get(f"/v1/pools/{pool}/nodes")).json()["items"] == []
     assert (await admin_client.get("/v1/placement/jobs")).json()["jobs"] == []
+
+
+async def test_a_body_that_is_not_utf8_is_invalid_input(admin_client: httpx.AsyncClient) -> None:
+    r = await admin_client.post(
+        "/v1/pools", content=b"\xff\xfe{", headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 422 and r.json()["error"]["code"] == "INVALID_INPUT"
+    wrong = await admin_client.request("TRACE", "/healthz")
+    assert wrong.status_code == 405 and "GET" in wrong.headers.get("allow", "")
