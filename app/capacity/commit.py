@@ -30,7 +30,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.predicates import schedulable_sql_tolerating
+from app.capacity.predicates import leasable_sql_for, schedulable_sql_tolerating
 from app.capacity.snapshot import window
 from app.db.tables import (
     allocations,
@@ -130,7 +130,10 @@ async def _guarded_writes(
             .where(
                 nodes.c.id == node,
                 nodes.c.pool_id == request.pool_id,
-                schedulable_sql_tolerating(request.tenant_id),
+                # a whole-node lease ignores NoSchedule reasons but dedications (seed 000, leasableSqlFor)
+                leasable_sql_for(request.tenant_id)
+                if request.binding == "node"
+                else schedulable_sql_tolerating(request.tenant_id),
             )
             .with_for_update(read=True, of=nodes)
         )

@@ -159,3 +159,25 @@ async def test_three_lost_races_end_pending_with_every_reason(
     assert len(set(order)) == 3  # each replan excluded the node that lost
     expected = "; ".join(reason.format(name=names[n]) for n in order)
     assert outcome.reason == f"Unschedulable after 3 conflicting attempts: {expected}"
+
+
+async def test_a_node_binding_commits_with_the_lease_rule(clean_db: AsyncEngine) -> None:
+    """binding 'node' plans with the lease rule (a cordoned node is still leasable); the commit locks
+    with the same rule (leasable_sql_for), so the plan is not lost as 'no longer schedulable'."""
+    engine = clean_db
+    pool, views = await make_pool_with_nodes(engine, [node_body("lease0", 2, cpu=16)])
+    async with engine.begin() as conn:
+        await inventory.set_cordon(conn, views[0]["id"], True)
+    start = await db_time(engine)
+    request = PlacementRequest(
+        tenant_id="acme",
+        pool_id=pool,
+        devices=(DeviceRequest("gpu", 2),),
+        start=start,
+        end=day_after(start),
+        binding="node",
+    )
+    async with engine.begin() as conn:
+        res = await reservation_row(conn, pool)
+        outcome = await place_inline(conn, PoolCache(), request, res, SchedulerOptions(), 3)
+    assert isinstance(outcome, Placed), outcome
