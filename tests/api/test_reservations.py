@@ -184,6 +184,7 @@ async def test_malformed_request_is_422_with_path_and_writes_nothing(
         (reservation(pool, 1, resources={"cpu": -2}), "resources.cpu"),
         (reservation(pool, 1, devices=[{"class": "gpu", "count": True}]), "devices.0.count"),
         (reservation(pool, 1, start="2020-01-01T00:00:00Z"), "start"),
+        (reservation(pool, 1, gang={"members": 3}), "gang"),
     ]
     for body, path in cases:
         r = await admin_client.post("/v1/reservations", json=body)
