@@ -20,8 +20,8 @@ from app.fleet.cli import placement_app
 
 app = typer.Typer(help="better-compute: decide where GPU work lands.", no_args_is_help=True)
 app.add_typer(placement_app, name="placement")
-console = Console()
-err = Console(stderr=True)
+console = Console(soft_wrap=True)  # no hard wraps at 80 columns when the output is not a terminal
+err = Console(stderr=True, soft_wrap=True)
 
 URL_OPTION = typer.Option("--url", envvar="BC_URL", help="Service base URL.")
 KEY_OPTION = typer.Option("--key", envvar="BC_API_KEY", help="API key (or BC_API_KEY).")
@@ -37,7 +37,7 @@ def serve(
     """Run the HTTP service (on the embedded PostgreSQL when DATABASE_URL is unset)."""
     import uvicorn
 
-    from app.db.engine import migrate, resolve_database_url
+    from app.db.engine import default_data_dir, migrate, resolve_database_url
     from app.settings import get_settings
 
     settings = get_settings()
@@ -64,6 +64,12 @@ def serve(
             console.print("admin key: BC_BOOTSTRAP_ADMIN_KEY")
         console.print(f"try: curl -s -H 'Authorization: Bearer <key>' http://{host}:{port}/v1/pools")
         console.print("(each start with --demo prints a new admin key; earlier ones stay valid)")
+    where = (
+        "DATABASE_URL"
+        if settings.database_url
+        else f"embedded PostgreSQL in {settings.data_dir or default_data_dir()}"
+    )
+    console.print(f"better-compute serving on http://{host}:{port} (database: {where}); Ctrl-C stops it")
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler that was in place:
     # make that an ordinary exit, so exit handlers run and stop the embedded PostgreSQL
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -10,7 +10,7 @@ from fastapi import Depends, FastAPI
 from app.api import health, iam, inventory, quota, reservations
 from app.api.deps import Services
 from app.api.errors import install_error_handlers
-from app.api.text_guard import refuse_unstorable_text
+from app.api.text_guard import check_json_body
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.db.engine import create_engine, migrate_async, resolve_database_url
@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
             await engine.dispose()
 
     app = FastAPI(
-        dependencies=[Depends(refuse_unstorable_text)],
+        dependencies=[Depends(check_json_body)],
         title="better-compute",
         version=API_VERSION,
         description="Reserve, preview and release GPUs on pools of nodes; explain where work should run.",

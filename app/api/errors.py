@@ -76,6 +76,8 @@ def install_error_handlers(app: FastAPI) -> None:
                 item["position"] = position  # a selector shorthand's 0-based character offset
             errors.append(item)
         for e in errors:
+            if e["type"] == "missing" and e["path"] == "":
+                e["message"] = "a JSON body is required"
             if e["type"] == "json_invalid":  # the location is a byte offset, not a field
                 e["message"] = f"the body is not valid JSON ({e['message']} at character {e['path']})"
                 e["path"] = ""

@@ -1,9 +1,12 @@
-"""Text PostgreSQL cannot store is bad input, not a server error.
+"""Checks of a JSON body that its models cannot make, applied to every route (one parse per body).
 
-PostgreSQL refuses the NUL character in ``text`` and ``jsonb``, and a lone UTF-16 surrogate (``\\ud800``
-in JSON) is no character at all. Found by fuzzing the API with schemathesis: such strings reached the
-database and answered 500. This app-wide dependency walks a JSON body once and answers 422
-``INVALID_INPUT`` naming the first offending field.
+- Text PostgreSQL cannot store is bad input, not a server error: PostgreSQL refuses the NUL character in
+  ``text`` and ``jsonb``, and a lone UTF-16 surrogate (``\\ud800`` in JSON) is no character at all.
+  Found by fuzzing the API with schemathesis: such strings reached the database and answered 500.
+- A JSON object that names one key twice is ambiguous: the parser would keep the last value silently
+  (two ``tenantId`` fields, two capacity answers for one target, which seed 004 refuses).
+
+Both answer 422 ``INVALID_INPUT`` naming the field.
 """
 
 from __future__ import annotations
@@ -48,15 +51,32 @@ def find_unstorable(value: Any, path: str = "") -> tuple[str, str] | None:
     return None
 
 
-async def refuse_unstorable_text(request: Request) -> None:
-    """422 when a JSON body holds text PostgreSQL cannot store (see the module docstring)."""
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+async def check_json_body(request: Request) -> None:
+    """422 when a JSON body names a key twice or holds text PostgreSQL cannot store."""
     if request.method not in ("POST", "PUT", "PATCH"):
         return
     body = await request.body()
-    if not body or (b"\\u" not in body and b"\x00" not in body):
-        return  # no escapes and no raw NUL: nothing to find (the common case costs one scan)
+    if not body:
+        return
     try:
-        data = json.loads(body)
+        data = json.loads(body, object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as duplicate:
+        raise InvalidInput(f"{duplicate.key}: named twice in one JSON object", path=duplicate.key) from None
     except ValueError:
         return  # not JSON: the body validation answers that
     found = find_unstorable(data)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LABEL_KEY = r"^[A-Za-z][A-Za-z0-9._/-]*$"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -77,12 +77,19 @@ class NodeCreate(BaseModel):
     devices: list[DeviceBody] = Field(default_factory=list, max_length=1024)
     links: list[LinkBody] = Field(default_factory=list, max_length=1024 * 64)
 
+    @field_validator("devices")
+    @classmethod
+    def _unique_ids(cls, devices: list[DeviceBody]) -> list[DeviceBody]:
+        seen: set[str] = set()
+        for d in devices:
+            if d.id in seen:
+                raise ValueError(f"device id {d.id} appears twice; device ids are unique within a node")
+            seen.add(d.id)
+        return devices
+
     @model_validator(mode="after")
     def _consistent(self) -> NodeCreate:
-        ids = [d.id for d in self.devices]
-        if len(set(ids)) != len(ids):
-            raise ValueError("device ids are unique within a node")
-        known = set(ids)
+        known = {d.id for d in self.devices}
         for d in self.devices:
             if d.parent is not None and d.parent not in known:
                 raise ValueError(f"device {d.id} names an unknown parent {d.parent}")

@@ -34,3 +34,24 @@ async def test_a_body_that_is_not_utf8_is_invalid_input(admin_client: httpx.Asyn
     assert r.status_code == 422 and r.json()["error"]["code"] == "INVALID_INPUT"
     wrong = await admin_client.request("TRACE", "/healthz")
     assert wrong.status_code == 405 and "GET" in wrong.headers.get("allow", "")
+
+
+async def test_a_key_named_twice_is_refused_on_every_route(admin_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(admin_client)
+    raw = (
+        '{"tenantId": "victim", "poolId": "' + pool + '", "devices": [{"class": "gpu", "count": 1}], '
+        '"duration": "1h", "idempotencyKey": "dup", "tenantId": "demo"}'
+    )
+    r = await admin_client.post("/v1/reservations", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["details"]["path"] == "tenantId"
+    assert (await admin_client.get("/v1/reservations")).json()["items"] == []
+    body = gpu_node("d1", 2)
+    body["devices"][1]["id"] = body["devices"][0]["id"]
+    dup = await admin_client.post(f"/v1/pools/{pool}/nodes", json=body)
+    assert dup.status_code == 422 and dup.json()["error"]["details"]["path"] == "devices"
+    empty = await admin_client.post(
+        "/v1/reservations", content=b"", headers={"Content-Type": "application/json"}
+    )
+    assert empty.status_code == 422 and empty.json()["error"]["message"] == "a JSON body is required"
+    age = await admin_client.post("/v1/placement/explain", json={"fleet": {}, "request": {}, "maxAge": True})
+    assert age.status_code == 422 and age.json()["error"]["details"]["path"] == "maxAge"
