@@ -31,7 +31,7 @@ def server(database_url: str, clean_db: AsyncEngine, tmp_path: Path) -> Iterator
     raise AssertionError("the service did not start")
 
 
-def test_schemathesis_finds_no_server_error(server: Server) -> None:
+def test_schemathesis_finds_no_server_error(server: Server, tmp_path: Path) -> None:
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     pool = httpx.post(f"{server.url}/v1/pools", json={"name": "fuzz"}, headers=admin).json()["id"]
     httpx.post(f"{server.url}/v1/pools/{pool}/nodes", json=gpu_node("f1", 4), headers=admin)
@@ -58,5 +58,6 @@ def test_schemathesis_finds_no_server_error(server: Server) -> None:
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=tmp_path,  # its cache stays out of the checkout
     )
     assert result.returncode == 0, result.stdout[-6000:] + (server.output()[-3000:])
