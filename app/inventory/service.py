@@ -68,32 +68,49 @@ async def create_pool(conn: AsyncConnection, name: str) -> dict[str, Any]:
 
 
 async def list_pools(conn: AsyncConnection) -> list[dict[str, Any]]:
-    """Every pool, oldest first, with node counts and capacity rollup."""
-    ids = (await conn.execute(sa.select(pools.c.id).order_by(pools.c.created_at, pools.c.id))).scalars().all()
-    return [await get_pool(conn, pool_id) for pool_id in ids]
+    """Every pool, oldest first, with node counts and capacity rollup (three queries in all)."""
+    rows = (await conn.execute(sa.select(pools).order_by(pools.c.created_at, pools.c.id))).all()
+    return await _pool_views(conn, rows)
 
 
 async def get_pool(conn: AsyncConnection, pool_id: str) -> dict[str, Any]:
     """``{id, name, createdAt, archivedAt, nodeCount, capacity: {resource: {total, allocated}}}``."""
-    row = await get_pool_row(conn, pool_id)
-    count = (
-        await conn.execute(sa.select(sa.func.count()).select_from(nodes).where(nodes.c.pool_id == pool_id))
-    ).scalar_one()
-    rollup = (
-        await conn.execute(
-            sa.select(pool_capacity_rollup)
-            .where(pool_capacity_rollup.c.pool_id == pool_id)
-            .order_by(pool_capacity_rollup.c.resource)
+    return (await _pool_views(conn, [await get_pool_row(conn, pool_id)]))[0]
+
+
+async def _pool_views(conn: AsyncConnection, rows: list[Any]) -> list[dict[str, Any]]:
+    ids = [r.id for r in rows]
+    counts: dict[str, int] = {}
+    rollups: dict[str, dict[str, dict[str, Any]]] = {i: {} for i in ids}
+    if ids:
+        counts = dict(
+            (
+                await conn.execute(
+                    sa.select(nodes.c.pool_id, sa.func.count())
+                    .where(nodes.c.pool_id.in_(ids))
+                    .group_by(nodes.c.pool_id)
+                )
+            ).all()
         )
-    ).all()
-    return {
-        "id": row.id,
-        "name": row.name,
-        "createdAt": row.created_at.isoformat(),
-        "archivedAt": row.archived_at.isoformat() if row.archived_at else None,
-        "nodeCount": count,
-        "capacity": {r.resource: {"total": num(r.total), "allocated": num(r.allocated)} for r in rollup},
-    }
+        for r in (
+            await conn.execute(
+                sa.select(pool_capacity_rollup)
+                .where(pool_capacity_rollup.c.pool_id.in_(ids))
+                .order_by(pool_capacity_rollup.c.resource)
+            )
+        ).all():
+            rollups[r.pool_id][r.resource] = {"total": num(r.total), "allocated": num(r.allocated)}
+    return [
+        {
+            "id": row.id,
+            "name": row.name,
+            "createdAt": row.created_at.isoformat(),
+            "archivedAt": row.archived_at.isoformat() if row.archived_at else None,
+            "nodeCount": counts.get(row.id, 0),
+            "capacity": rollups[row.id],
+        }
+        for row in rows
+    ]
 
 
 async def lock_pool(conn: AsyncConnection, pool_id: str, *, for_update: bool = True) -> Any:

@@ -37,6 +37,12 @@ async def test_reserve_eight_gpus_places_on_one_node_and_release_frees_it(
     assert sorted(alloc["atoms"]) == sorted(d["id"] for d in node["devices"])
     assert alloc["resources"] == {"cpu": 16} and placed["spec"]["resources"] == {"cpu": 16}
 
+    view = (await admin_client.get(f"/v1/pools/{pool}")).json()
+    assert view["nodeCount"] == 1 and view["capacity"]["gpu"] == {"total": 8, "allocated": 8}
+    assert view["capacity"]["cpu"] == {"total": 64, "allocated": 16}
+    listed = (await admin_client.get("/v1/pools")).json()["items"]
+    assert [p["id"] for p in listed] == [pool] and listed[0] == view
+
     got = await admin_client.get(f"/v1/reservations/{placed['id']}")
     assert got.status_code == 200 and got.json()["allocations"] == placed["allocations"]
 
