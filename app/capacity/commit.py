@@ -98,18 +98,44 @@ async def commit_candidate(
     Returns :class:`Committed` (savepoint released) or :class:`LostRace` (rolled back to the savepoint,
     nothing written). Raises only for errors that are not lost races.
     """
+    outcome = await commit_placements(conn, request, (candidate,), reservation_id, attempt, start, end)
+    return outcome if isinstance(outcome, LostRace) else outcome[0]
+
+
+async def commit_placements(
+    conn: AsyncConnection,
+    request: PlacementRequest,
+    candidates: tuple[Candidate, ...],
+    reservation_id: str,
+    attempt: int,
+    start: datetime,
+    end: datetime,
+) -> tuple[Committed, ...] | LostRace:
+    """Write every candidate (a gang's members, on distinct nodes) in one
+    ``SAVEPOINT capacity_place_<attempt>``: all of them, or, on the first lost race, none (rolled back
+    to the savepoint). Members are written in node id order, so two gangs lock shared nodes in the same
+    order. Returns the allocations in the candidates' order."""
     savepoint = f"capacity_place_{int(attempt)}"
     await conn.exec_driver_sql(f"SAVEPOINT {savepoint}")
-    try:
-        outcome = await _guarded_writes(conn, request, candidate, reservation_id, start, end)
-    except DBAPIError as exc:
-        if sqlstate(exc) not in LOST_RACE_SQLSTATES:
-            raise
-        outcome = LostRace(candidate.node_id, f"an atom on {candidate.node_name} was booked concurrently")
-    if isinstance(outcome, LostRace):
+    written: dict[str, Committed] = {}
+    outcome: LostRace | None = None
+    for candidate in sorted(candidates, key=lambda c: c.node_id):
+        try:
+            result = await _guarded_writes(conn, request, candidate, reservation_id, start, end)
+        except DBAPIError as exc:
+            if sqlstate(exc) not in LOST_RACE_SQLSTATES:
+                raise
+            result = LostRace(candidate.node_id, f"an atom on {candidate.node_name} was booked concurrently")
+        if isinstance(result, LostRace):
+            outcome = result
+            break
+        written[candidate.node_id] = result
+    if outcome is not None:
         await conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {savepoint}")
     await conn.exec_driver_sql(f"RELEASE SAVEPOINT {savepoint}")
-    return outcome
+    if outcome is not None:
+        return outcome
+    return tuple(written[c.node_id] for c in candidates)
 
 
 async def _guarded_writes(

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.commit import Committed, LostRace, commit_candidate
+from app.capacity.commit import Committed, LostRace, commit_placements
 from app.capacity.metrics import LOST_RACES
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
@@ -95,21 +95,24 @@ async def place_inline(
             pool_locked = True
             if pool.archived_at is not None:
                 return Pending(POOL_ARCHIVED_REASON)
-        token = cache.assume(
-            request.pool_id, plan.chosen.node_id, plan.chosen.atoms, request.start, request.end
-        )
+        placements = plan.placements  # the chosen candidate, or a gang's members
+        tokens = [
+            cache.assume(request.pool_id, c.node_id, c.atoms, request.start, request.end) for c in placements
+        ]
         try:
             if before_commit is not None:
                 await before_commit(attempt, plan.chosen)
-            outcome = await commit_candidate(
-                conn, request, plan.chosen, reservation_id, attempt, request.start, request.end
+            outcome = await commit_placements(
+                conn, request, placements, reservation_id, attempt, request.start, request.end
             )
         except BaseException:
-            cache.forget(request.pool_id, token)
+            for token in tokens:
+                cache.forget(request.pool_id, token)
             raise
-        if isinstance(outcome, Committed):
-            return Placed((outcome,), (token,))
-        cache.forget(request.pool_id, token)
+        if not isinstance(outcome, LostRace):
+            return Placed(outcome, tuple(tokens))
+        for token in tokens:
+            cache.forget(request.pool_id, token)
         LOST_RACES.inc()
         lost.append(outcome)
     reasons = "; ".join(r.reason for r in lost)

@@ -390,7 +390,7 @@ async def preview(
     engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
 ) -> dict[str, Any]:
     """The pipeline without the commit: ``{fits, candidates: [{nodeId, atoms, score, scores}], reason?}``
-    with up to 10 candidates, best first. Checks neither quota nor writes anything."""
+    with up to 10 candidates, best first (for a gang: its members). Checks neither quota nor writes."""
     async with engine.connect() as conn:
         now = await db_now(conn)
         check_start(body, now)
@@ -418,6 +418,7 @@ async def preview(
                 "score": round(c.score, 6),
                 "scores": {k: round(v, 6) for k, v in c.scores.items()},
             }
-            for c in plan.ranked[:PREVIEW_CANDIDATES]
+            # a gang preview shows the members of the best gang (seed 000, "Previewing a placement")
+            for c in (plan.members or plan.ranked[:PREVIEW_CANDIDATES])
         ],
     }

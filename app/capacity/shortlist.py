@@ -54,6 +54,7 @@ from app.capacity.snapshot import (
 )
 from app.db.tables import device_bookings, devices, node_resources, nodes, pools
 from app.placement.bounds import pick_score_ceiling
+from app.placement.gang import plan_gang
 from app.placement.model import (
     NodeInventory,
     NodeSnapshot,
@@ -339,7 +340,8 @@ async def _plan_request(
                 if isinstance(plan, Plan) and _provably_complete(plan, rows, k, needed, ceiling):
                     return PlanOutcome(head, plan, "shortlist")
     head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end)
-    return PlanOutcome(head, plan_placement(request, snapshot, options), "full")
+    planner = plan_gang if request.gang is not None and request.gang.members > 1 else plan_placement
+    return PlanOutcome(head, planner(request, snapshot, options), "full")
 
 
 async def _inside_states(

@@ -190,6 +190,13 @@ class Plan:
     chosen: Candidate
     ranked: tuple[Candidate, ...]
     rejections: Mapping[str, str] = field(default_factory=dict)
+    # a gang's members on distinct nodes (``chosen`` is the first); empty for a one-member request
+    members: tuple[Candidate, ...] = ()
+
+    @property
+    def placements(self) -> tuple[Candidate, ...]:
+        """What to commit: the gang's members, or the one chosen candidate."""
+        return self.members or (self.chosen,)
 
 
 @dataclass(frozen=True, slots=True)

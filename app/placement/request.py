@@ -212,7 +212,7 @@ class ReservationRequest(BaseModel):
     start: datetime | None = None
     duration: str | int
     binding: Literal["device", "node", "kubernetes"] = "device"
-    gang: GangBody | None = None  # refused for more than one member until gangs are placed (below)
+    gang: GangBody | None = None
     spot: bool = False
     idempotencyKey: str = Field(pattern=IDEMPOTENCY_KEY_RE)
 
@@ -237,15 +237,6 @@ class ReservationRequest(BaseModel):
         if len(set(classes)) != len(classes):
             raise ValueError("each device class appears once in devices")
         return self
-
-    @field_validator("gang")
-    @classmethod
-    def _one_member(cls, gang: GangBody | None) -> GangBody | None:
-        # Gang placement (members on distinct nodes sharing a topology label) is not built yet; taking a
-        # gang and placing one member would charge quota for every member and hold one allocation.
-        if gang is not None and gang.members > 1:
-            raise ValueError("gang placement of several members is not supported by this release")
-        return gang
 
     @property
     def duration_seconds(self) -> int:

@@ -190,7 +190,7 @@ async def test_malformed_request_is_422_with_path_and_writes_nothing(
         (reservation(pool, 1, resources={"cpu": -2}), "resources.cpu"),
         (reservation(pool, 1, devices=[{"class": "gpu", "count": True}]), "devices.0.count"),
         (reservation(pool, 1, start="2020-01-01T00:00:00Z"), "start"),
-        (reservation(pool, 1, gang={"members": 3}), "gang"),
+        (reservation(pool, 1, gang={"members": 0}), "gang.members"),
     ]
     for body, path in cases:
         r = await admin_client.post("/v1/reservations", json=body)
@@ -255,3 +255,19 @@ async def test_metrics_and_health_need_no_key(
     text = (await anon_client.get("/metrics")).text
     assert 'bc_reservations_total{outcome="placed"}' in text
     assert 'bc_plans_total{path="shortlist"}' in text
+
+
+async def test_gang_through_the_api(admin_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(admin_client)
+    for name, rack in (("r1a", "a"), ("r1b", "b"), ("r2b", "b")):
+        await add_node(admin_client, pool, gpu_node(name, 4, labels={"rack": rack}))
+    body = reservation(pool, 4, gang={"members": 2, "topologyKey": "rack"})
+    pv = (await admin_client.post("/v1/capacity/preview", json=body)).json()
+    assert pv["fits"] and len(pv["candidates"]) == 2  # the members of the best gang
+    placed = (await admin_client.post("/v1/reservations", json=body)).json()
+    assert placed["status"] == "placed"
+    assert {a["nodeId"] for a in placed["allocations"]} == {c["nodeId"] for c in pv["candidates"]}
+    usage = (await admin_client.get(f"/v1/tenants/acme/quotas/{pool}")).json()
+    assert usage["used"]["gpu"] == 8
+    await admin_client.post(f"/v1/reservations/{placed['id']}/release")
+    assert (await admin_client.get(f"/v1/tenants/acme/quotas/{pool}")).json()["used"]["gpu"] == 0
