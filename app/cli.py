@@ -80,6 +80,9 @@ def serve(
         port=port,
         workers=workers,
         log_level="warning",
+        # longer than the idle timeout of common load balancers and HTTP clients, so a client never
+        # reuses a keep-alive connection the server has just closed
+        timeout_keep_alive=75,
     )
 
 

@@ -9,7 +9,8 @@ answers with fewer rows instead of raising:
 2. the picked atoms are still healthy and bookable (``FOR SHARE``);
 3. the bookings insert with ``ON CONFLICT DO NOTHING RETURNING``: fewer rows = booked meanwhile;
 4. each scalar ``UPDATE ... WHERE allocated + n <= floor(allocatable * ratio) RETURNING``: no row = ran out;
-5. the allocation row, then the pool rollup delta.
+5. the allocation row; after every member of the placement is written, the pool rollup delta (the
+   rollup rows come last in the lock order, after every node, device and scalar row).
 
 A short answer rolls back to the savepoint and returns a :class:`LostRace` with one of the four reasons;
 the placer excludes the node and replans. Under READ COMMITTED two conflicting booking inserts may also
@@ -21,7 +22,7 @@ pool_capacity_rollup (quota_usage and pools are taken by the caller before).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
@@ -56,6 +57,7 @@ class Committed:
     node_id: str
     atoms: tuple[str, ...]
     resources: Mapping[str, Decimal]
+    classes: Mapping[str, Decimal] = field(default_factory=dict)  # atoms per device class
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +132,13 @@ async def commit_placements(
             outcome = result
             break
         written[candidate.node_id] = result
-    if outcome is not None:
+    if outcome is None:
+        delta: dict[str, Decimal] = {}
+        for committed in written.values():
+            for resource, n in {**committed.classes, **dict(committed.resources)}.items():
+                delta[resource] = delta.get(resource, Decimal(0)) + Decimal(n)
+        await apply_rollup_delta(conn, request.pool_id, delta, sign=1)
+    else:
         await conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {savepoint}")
     await conn.exec_driver_sql(f"RELEASE SAVEPOINT {savepoint}")
     if outcome is not None:
@@ -256,8 +264,9 @@ async def _guarded_writes(
         if row is None:
             return LostRace(node, f"{resource} on {name} ran out")
 
-    await apply_rollup_delta(conn, request.pool_id, {**classes, **dict(candidate.resources)}, sign=1)
-    return Committed(allocation_id, node, tuple(atoms), dict(candidate.resources))
+    # the rollup delta is applied by the caller once every member is written: the rollup rows come
+    # last in the lock order, after every node, device and scalar row of every member
+    return Committed(allocation_id, node, tuple(atoms), dict(candidate.resources), classes)
 
 
 async def apply_rollup_delta(

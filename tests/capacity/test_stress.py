@@ -56,6 +56,7 @@ SHAPES: list[tuple[int, dict[str, int]]] = [
     (4, {"cpu": 6}),
     (0, {"cpu": 4}),
 ]
+GANG_SHARE = 0.2  # a fifth of later requests are gangs of two members of the shape, on distinct nodes
 STARTUP_SECONDS = 60.0
 REQUEST_TIMEOUT = 60.0
 
@@ -107,7 +108,9 @@ class Tally:
         self.unexpected.append(f"{what}: {response.status_code} {response.text[:500]}")
 
 
-def _body(pool_id: str, tenant: str, key: str, shape: tuple[int, dict[str, int]]) -> dict[str, Any]:
+def _body(
+    pool_id: str, tenant: str, key: str, shape: tuple[int, dict[str, int]], members: int = 1
+) -> dict[str, Any]:
     gpus, resources = shape
     body: dict[str, Any] = {
         "tenantId": tenant,
@@ -118,6 +121,8 @@ def _body(pool_id: str, tenant: str, key: str, shape: tuple[int, dict[str, int]]
     }
     if resources:
         body["resources"] = resources
+    if members > 1:
+        body["gang"] = {"members": members}
     return body
 
 
@@ -140,15 +145,20 @@ class Workload:
         """Check a 200/201 reservation view; returns its status (placed / pending)."""
         status = view.get("status")
         gpus = body["devices"][0]["count"] if body["devices"] else 0
+        members = body.get("gang", {}).get("members", 1)
         if status == "placed":
             allocs = view["allocations"]
             ok = (
-                len(allocs) == 1
-                and len(allocs[0]["atoms"]) == gpus
-                and len(set(allocs[0]["atoms"])) == gpus
-                and allocs[0]["nodeId"] in self.node_ids
-                and {k: float(v) for k, v in allocs[0]["resources"].items()}
-                == {k: float(v) for k, v in body.get("resources", {}).items()}
+                len(allocs) == members
+                and len({a["nodeId"] for a in allocs}) == members  # a gang's members on distinct nodes
+                and all(
+                    len(a["atoms"]) == gpus
+                    and len(set(a["atoms"])) == gpus
+                    and a["nodeId"] in self.node_ids
+                    and {k: float(v) for k, v in a["resources"].items()}
+                    == {k: float(v) for k, v in body.get("resources", {}).items()}
+                    for a in allocs
+                )
             )
             if not ok:
                 self.tally.unexpected.append(f"{what}: placed view does not match the request: {view}")
@@ -254,7 +264,8 @@ async def _worker(
             else:
                 await load.release(server(), victim)
             continue
-        body = _body(load.pool_id, tenant, load.key(worker), rng.choice(SHAPES))
+        members = 2 if rng.random() < GANG_SHARE else 1
+        body = _body(load.pool_id, tenant, load.key(worker), rng.choice(SHAPES), members)
         if roll < 0.55:
             kind, view = await load.create_twice(worker, body)
         else:
@@ -298,11 +309,13 @@ CHECKS: dict[str, str] = {
         WITH placed AS (
                 SELECT tenant_id, pool_id, spec FROM reservations WHERE status = 'placed'
              ),
-             wanted AS (
-                SELECT tenant_id, pool_id, d->>'class' AS resource, (d->>'count')::numeric AS n
+             wanted AS (  -- a gang charges every member
+                SELECT tenant_id, pool_id, d->>'class' AS resource,
+                       (d->>'count')::numeric * coalesce((spec->'gang'->>'members')::int, 1) AS n
                   FROM placed, jsonb_array_elements(spec->'devices') d
                 UNION ALL
-                SELECT tenant_id, pool_id, r.key, r.value::numeric
+                SELECT tenant_id, pool_id, r.key,
+                       r.value::numeric * coalesce((spec->'gang'->>'members')::int, 1)
                   FROM placed, jsonb_each_text(coalesce(spec->'resources', '{}'::jsonb)) r
              ),
              expected AS (
@@ -321,13 +334,15 @@ CHECKS: dict[str, str] = {
           JOIN quota_limits l USING (tenant_id, pool_id, resource)
          WHERE q.used > l."limit"
     """,
-    # a placed reservation has exactly one live allocation; others have none
-    "placed reservation without one live allocation": """
+    # a placed reservation has one live allocation per member, on distinct nodes; others have none
+    "placed reservation without one live allocation per member": """
         SELECT r.id, r.status, count(a.id)
           FROM reservations r
           LEFT JOIN allocations a ON a.reservation_id = r.id AND a.released_at IS NULL
-         GROUP BY r.id, r.status
-        HAVING (r.status = 'placed') <> (count(a.id) = 1) OR count(a.id) > 1
+         GROUP BY r.id, r.status, r.spec
+        HAVING (r.status = 'placed') <> (count(a.id) = coalesce((r.spec->'gang'->>'members')::int, 1))
+            OR count(a.id) > coalesce((r.spec->'gang'->>'members')::int, 1)
+            OR count(a.id) <> count(DISTINCT a.node_id)
     """,
     # a pending reservation never keeps an allocation row (lost races roll back to the savepoint)
     "pending reservation with allocations": """
