@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,3 +89,18 @@ def stop_server(server: Server) -> None:
         except subprocess.TimeoutExpired:
             server.process.kill()
             server.process.wait(timeout=10)
+
+
+@contextmanager
+def running_server(database_url: str, log_dir: Path, attempts: int = 3) -> Iterator[Server]:
+    """One service process on the test database, healthy, stopped on exit (a port taken meanwhile is
+    retried on another)."""
+    for attempt in range(attempts):
+        started = spawn_server(database_url, log_dir / f"server-{attempt}.log")
+        try:
+            if wait_healthy(started, time.monotonic() + 60):
+                yield started
+                return
+        finally:
+            stop_server(started)
+    raise AssertionError("the service did not start")

@@ -16,20 +16,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import ADMIN_KEY
 from tests.factories import gpu_node
-from tests.servers import REPO, Server, spawn_server, stop_server, wait_healthy
+from tests.servers import REPO, Server, running_server
 
 
 @pytest.fixture
 def server(database_url: str, clean_db: AsyncEngine, tmp_path: Path) -> Iterator[Server]:
-    for attempt in range(3):
-        started = spawn_server(database_url, tmp_path / f"server-{attempt}.log")
-        try:
-            if wait_healthy(started, time.monotonic() + 60):
-                yield started
-                return
-        finally:
-            stop_server(started)
-    raise AssertionError("the service did not start")
+    with running_server(database_url, tmp_path) as started:
+        yield started
 
 
 def _cli(server: Server, *args: str, key: str | None = ADMIN_KEY) -> subprocess.CompletedProcess[str]:
