@@ -111,6 +111,15 @@ async def charge(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: M
             )
 
 
+def _usage_row(tenant_id: str, pool_id: str, resource: str) -> tuple[Any, ...]:
+    """The key of one ``quota_usage`` row."""
+    return (
+        quota_usage.c.tenant_id == tenant_id,
+        quota_usage.c.pool_id == pool_id,
+        quota_usage.c.resource == resource,
+    )
+
+
 async def _guarded_add(conn: AsyncConnection, tenant_id: str, pool_id: str, resource: str, n: Decimal) -> Any:
     limit = (
         sa.select(quota_limits.c.limit)
@@ -128,9 +137,7 @@ async def _guarded_add(conn: AsyncConnection, tenant_id: str, pool_id: str, reso
         await conn.execute(
             sa.update(quota_usage)
             .where(
-                quota_usage.c.tenant_id == tenant_id,
-                quota_usage.c.pool_id == pool_id,
-                quota_usage.c.resource == resource,
+                *_usage_row(tenant_id, pool_id, resource),
                 sa.or_(limit.is_(None), quota_usage.c.used + n <= limit),
             )
             .values(used=quota_usage.c.used + n)
@@ -146,11 +153,7 @@ async def refund(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: M
             continue
         await conn.execute(
             sa.update(quota_usage)
-            .where(
-                quota_usage.c.tenant_id == tenant_id,
-                quota_usage.c.pool_id == pool_id,
-                quota_usage.c.resource == resource,
-            )
+            .where(*_usage_row(tenant_id, pool_id, resource))
             .values(used=sa.func.greatest(quota_usage.c.used - n, 0))
         )
 
