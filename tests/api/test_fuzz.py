@@ -37,7 +37,8 @@ def test_schemathesis_finds_no_server_error(server: Server, tmp_path: Path) -> N
             "-H",
             f"Authorization: Bearer {ADMIN_KEY}",
             "--checks",
-            "not_a_server_error,status_code_conformance,unsupported_method",
+            "not_a_server_error,status_code_conformance,response_schema_conformance,"
+            "content_type_conformance,unsupported_method",
             "--max-examples",
             "25",
             "--request-timeout",

@@ -11,7 +11,7 @@ from app.api.models.common import NEXT_CURSOR, ApiModel, Number
 AttributeValue = str | bool | int | float
 
 
-class PoolCapacity(ApiModel):
+class CapacityRollup(ApiModel):
     """One resource of a pool's capacity rollup: ``total`` and ``allocated`` (atoms or scalar units)."""
 
     total: Number
@@ -26,7 +26,7 @@ class Pool(ApiModel):
     createdAt: str = Field(description="ISO 8601")
     archivedAt: str | None = Field(description="ISO 8601; null while the pool is active")
     nodeCount: int
-    capacity: dict[str, PoolCapacity]
+    capacity: dict[str, CapacityRollup]
 
 
 class PoolList(ApiModel):
