@@ -24,7 +24,12 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=Readiness, responses=responses(503), operation_id="checkReadiness")
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {**responses(503)[503], "description": "NOT_READY: the database does not answer"}},
+    operation_id="checkReadiness",
+)
 async def readyz(svc: Services = Depends(services)) -> dict[str, str]:
     """The database answers."""
     try:

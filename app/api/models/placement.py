@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from app.api.models.common import ApiModel, Number
+from app.fleet.build import Outcome, Source
 from app.fleet.history import JobHistory, JobRecord
 
 __all__ = [
@@ -215,8 +216,8 @@ class BuildReportEntry(ApiModel):
     """One line of the build report: what each evidence source did to a target."""
 
     target: str
-    source: Literal["capacity", "collect", "queue-history", "scheduler-shape", "runtime-root"]
-    outcome: Literal["applied", "kept", "unreachable"]
+    source: Source
+    outcome: Outcome
     message: str
 
 
