@@ -44,6 +44,12 @@ SOURCES = ("body", "query", "path", "header", "cookie")
 PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
 
 
+def conflicts(*codes: str) -> dict[int | str, dict[str, Any]]:
+    """The 409 entry naming exactly the conflict codes one operation answers, to merge after
+    :func:`responses`: ``{**responses(401, 409), **conflicts("CONFLICT")}``."""
+    return {409: {"model": ErrorBody, "description": " or ".join(codes)}}
+
+
 def _path(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc if p not in SOURCES]
     return ".".join(parts)

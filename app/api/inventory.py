@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query
 
 from app.api.deps import Principal, Services, current_principal, services
-from app.api.errors import responses
+from app.api.errors import conflicts, responses
 from app.api.models.inventory import Node, NodeList, Pool, PoolList
 from app.api.paging import CURSOR_QUERY, decode_cursor, encode_cursor, page_after, time_then_id
 from app.db.tx import in_transaction, read_only
@@ -27,7 +27,7 @@ async def _node_pool(svc: Services, node_id: str) -> str:
     "/v1/pools",
     status_code=201,
     response_model=Pool,
-    responses=responses(401, 403, 409, 422),
+    responses={**responses(401, 403, 409, 422), **conflicts("CONFLICT")},
     operation_id="createPool",
 )
 async def create_pool(
@@ -108,7 +108,7 @@ async def archive_pool(
     "/v1/pools/{pool_id}/nodes",
     status_code=201,
     response_model=Node,
-    responses=responses(401, 403, 404, 409, 422),
+    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT")},
     operation_id="createNode",
 )
 async def create_node(
@@ -125,7 +125,7 @@ async def create_node(
     "/v1/pools/{pool_id}/nodes/import",
     status_code=201,
     response_model=Node,
-    responses=responses(401, 403, 404, 409, 422),
+    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT")},
     operation_id="importNode",
 )
 async def import_node(

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Response
 
 from app.api.deps import Principal, Services, current_principal, services
-from app.api.errors import responses
+from app.api.errors import conflicts, responses
 from app.api.models.reservations import Preview, Reservation, ReservationList, ReservationStatus
 from app.api.paging import CURSOR_QUERY, cursor_key, encode_cursor, time_then_id
 from app.capacity import reservations as svc_reservations
@@ -44,6 +44,7 @@ async def preview(
     responses={
         200: {"model": Reservation, "description": "An idempotent retry: the reservation made before"},
         **responses(401, 403, 404, 409, 422),
+        **conflicts("QUOTA_EXCEEDED", "IDEMPOTENCY_KEY_REUSED"),
     },
     operation_id="createReservation",
 )
