@@ -176,3 +176,24 @@ async def test_every_operation_answers_its_declared_schema(client_for: Any) -> N
     answered = {op for op, statuses in recorder.seen.items() if any(200 <= s < 300 for s in statuses)}
     assert answered == {op["operationId"] for _, _, op in _operations()}
     assert recorder.seen["createReservation"] >= {200, 201, 422}
+
+
+def _error_classes(cls: type) -> list[type]:
+    return [cls, *(c for sub in cls.__subclasses__() for c in _error_classes(sub))]
+
+
+def test_the_codes_each_error_answer_names_exist_with_that_status() -> None:
+    import app.main  # noqa: F401  (every router, so every AppError subclass, is imported)
+    from app.errors import AppError
+
+    statuses = {cls.code: cls.status for cls in _error_classes(AppError)}
+    for method, path, op in _operations():
+        for status, answer in op["responses"].items():
+            if status[0] not in "45":
+                continue
+            codes = re.findall(r"\b[A-Z][A-Z_]{3,}\b", answer["description"])
+            assert codes, (method, path, status)
+            for code in codes:
+                assert statuses.get(code) == int(status), (op["operationId"], status, code)
+    conflicts = DOC["paths"]["/v1/pools"]["post"]["responses"]["409"]["description"]
+    assert conflicts == "CONFLICT"
