@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi.exceptions import RequestValidationError, ResponseValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -188,6 +188,21 @@ def install_error_handlers(app: FastAPI) -> None:
             {"error": {"code": code, "message": str(exc.detail), "details": {}}},
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),  # e.g. Allow on 405
+        )
+
+    @app.exception_handler(ResponseValidationError)
+    async def _answer_off_contract(request: Request, exc: ResponseValidationError) -> JSONResponse:
+        # a service answered a shape its route's response model does not declare (app/api/models/):
+        # a defect of this service, named in the log so the model (or the service) can be fixed
+        problems = [f"{_path(tuple(e.get('loc', ())))}: {e.get('msg', '')}" for e in exc.errors()]
+        log.error(
+            "answer of %s %s does not match its response model: %s",
+            request.method,
+            request.url.path,
+            "; ".join(problems),
+        )
+        return JSONResponse(
+            {"error": {"code": "INTERNAL", "message": "internal error", "details": {}}}, status_code=500
         )
 
     @app.exception_handler(Exception)

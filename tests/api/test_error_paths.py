@@ -98,3 +98,22 @@ def test_json_path_keeps_only_the_steps_of_the_body(
 )
 def test_plain_message_drops_pydantic_prefixes(message: str, plain: str) -> None:
     assert plain_message(message) == plain
+
+
+async def test_an_answer_off_its_model_is_a_logged_internal_error(caplog: pytest.LogCaptureFixture) -> None:
+    from fastapi import FastAPI
+
+    from app.api.errors import install_error_handlers
+    from app.api.models.quota import Quota
+
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/quota", response_model=Quota)
+    async def answer() -> dict[str, Any]:
+        return {"tenantId": "acme", "poolId": "pool_x", "limits": {}, "used": {}, "spare": 1}
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        r = await client.get("/quota")
+    assert r.status_code == 500 and r.json()["error"]["code"] == "INTERNAL"
+    assert "does not match its response model" in caplog.text and "spare" in caplog.text
