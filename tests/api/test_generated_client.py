@@ -8,6 +8,7 @@ the in-process app (with its real PostgreSQL) through an httpx ASGI transport.
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -142,3 +143,38 @@ async def test_the_generated_client_previews_reserves_retries_lists_and_releases
     assert error.error.details["path"] == "devices.0.count"
     everything = (await admin_client.get("/v1/reservations")).json()["items"]
     assert [r["id"] for r in everything] == [reservation.id]  # the refused request wrote nothing
+
+
+async def test_the_generated_client_reads_nodes_and_explanations_typed(
+    client: Any, admin_client: httpx.AsyncClient
+) -> None:
+    models = _module("models")
+    get_node = _module("api.inventory.get_node")
+    list_nodes = _module("api.inventory.list_nodes")
+    explain_placement = _module("api.placement.explain_placement")
+    pool = await make_pool(admin_client)
+    made = await add_node(admin_client, pool, gpu_node("gen-b", 2))
+
+    node = (await get_node.asyncio_detailed(made["id"], client=client)).parsed
+    assert isinstance(node, models.Node) and isinstance(node.devices[0], models.Device)
+    assert node.devices[0].class_ == "gpu" and isinstance(node.links[0], models.Link)
+    assert node.links[0].link == "NV12" and node.resources["cpu"].allocatable == 64
+    page = (await list_nodes.asyncio_detailed(pool, client=client, limit=1)).parsed
+    assert isinstance(page, models.NodeList) and page.items[0].id == made["id"] and page.next_cursor is None
+
+    data = ROOT / "tests" / "data" / "explain"
+    body = models.ExplainBody.from_dict(
+        {
+            "fleet": json.loads((data / "seed-fleet.json").read_text()),
+            "request": json.loads((data / "seed-request.json").read_text()),
+            "now": "2026-10-12T12:00:00+00:00",
+        }
+    )
+    explanation = (await explain_placement.asyncio_detailed(client=client, body=body)).parsed
+    assert isinstance(explanation, models.Explanation)
+    expected = json.loads((data / "seed-explain.json").read_text())
+    assert [c.target for c in explanation.candidates] == [c["target"] for c in expected["candidates"]]
+    assert (
+        explanation.candidates[0].completion.complete is expected["candidates"][0]["completion"]["complete"]
+    )
+    assert explanation.to_dict() == expected  # typed, and nothing lost on the way
