@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import subprocess
+from datetime import datetime
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -119,6 +120,8 @@ async def test_the_generated_client_previews_reserves_retries_lists_and_releases
     assert isinstance(reservation.allocations[0], models.Allocation)
     assert reservation.allocations[0].node_id == node["id"] and len(reservation.allocations[0].atoms) == 2
     assert reservation.spec.devices[0].class_ == "gpu" and reservation.spec.devices[0].count == 2
+    assert isinstance(reservation.created_at, datetime) and reservation.created_at.utcoffset() is not None
+    assert reservation.allocations[0].start < reservation.allocations[0].end  # parsed times
 
     retried = await create_reservation.asyncio_detailed(client=client, body=body(2))
     assert retried.status_code == 200  # declared beside the 201: parsed, not None

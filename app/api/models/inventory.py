@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from app.api.models.common import NEXT_CURSOR, ApiModel, Number
+from app.api.models.common import NEXT_CURSOR, ApiModel, Number, Timestamp
 
 AttributeValue = str | bool | int | float
 
@@ -23,8 +23,8 @@ class Pool(ApiModel):
 
     id: str
     name: str
-    createdAt: str = Field(description="ISO 8601")
-    archivedAt: str | None = Field(description="ISO 8601; null while the pool is active")
+    createdAt: Timestamp = Field(description="ISO 8601")
+    archivedAt: Timestamp | None = Field(description="ISO 8601; null while the pool is active")
     nodeCount: int
     capacity: dict[str, CapacityRollup]
 

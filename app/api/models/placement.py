@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from app.api.models.common import ApiModel, Number
+from app.api.models.common import ApiModel, Number, Timestamp
 from app.fleet.build import Outcome, Source
 from app.fleet.history import JobHistory, JobRecord
 
@@ -118,7 +118,7 @@ class ExplanationCandidate(ApiModel):
     target: str
     kind: TargetKind
     runtime_digest: str
-    observed_at: str | None
+    observed_at: Timestamp | None
     data_age_seconds: Number | None
     speed_factor: Number
     speed_source: str | None
@@ -131,7 +131,7 @@ class Rejection(ApiModel):
 
     target: str
     kind: TargetKind
-    observed_at: str | None
+    observed_at: Timestamp | None
     data_age_seconds: Number | None
     reasons: list[str]
 
@@ -140,7 +140,7 @@ class Explanation(ApiModel):
     """``vq.placement-explanation/1`` (``openapi/vq.placement-explanation-1.schema.json``)."""
 
     schema_name: Literal["vq.placement-explanation/1"]
-    now: str = Field(description="ISO 8601")
+    now: Timestamp = Field(description="ISO 8601")
     max_age_seconds: int
     request: RequestDocument
     estimate: EstimateReport | None = None
@@ -182,7 +182,7 @@ class FleetTargetDocument(ApiModel):
 
     name: str
     kind: TargetKind
-    observed_at: str | None = None
+    observed_at: Timestamp | None = None
     reachable: bool | None = None
     maintenance: bool | None = None
     os: str | None = None
@@ -270,7 +270,7 @@ class Comparison(ApiModel):
     """``vq.placement-compare/1`` (docs/fleet.md)."""
 
     schema_name: Literal["vq.placement-compare/1"]
-    now: str = Field(description="ISO 8601")
+    now: Timestamp = Field(description="ISO 8601")
     max_age_seconds: int
     totals: CompareTotals
     jobs: list[ComparedJob]

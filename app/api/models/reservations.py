@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from app.api.models.common import NEXT_CURSOR, ApiModel, Number
+from app.api.models.common import NEXT_CURSOR, ApiModel, Number, Timestamp
 
 
 class ReservationStatus(StrEnum):
@@ -37,9 +37,9 @@ class Allocation(ApiModel):
     nodeId: str
     atoms: list[str]
     resources: dict[str, Number]
-    start: str = Field(description="ISO 8601, inclusive")
-    end: str = Field(description="ISO 8601, exclusive")
-    releasedAt: str | None = Field(description="ISO 8601; null while held")
+    start: Timestamp = Field(description="ISO 8601, inclusive")
+    end: Timestamp = Field(description="ISO 8601, exclusive")
+    releasedAt: Timestamp | None = Field(description="ISO 8601; null while held")
 
 
 class MatchExpressionSpec(ApiModel):
@@ -79,7 +79,7 @@ class ReservationSpec(ApiModel):
     poolId: str
     devices: list[DeviceRequestSpec]
     resources: dict[str, Number]
-    start: str | None = Field(description="ISO 8601; null: the database's now when placed")
+    start: Timestamp | None = Field(description="ISO 8601; null: the database's now when placed")
     duration: str | int
     binding: Literal["device", "node", "kubernetes"]
     gang: GangSpec | None
@@ -97,8 +97,8 @@ class Reservation(ApiModel):
     spec: ReservationSpec
     allocations: list[Allocation]
     conditions: list[Condition]
-    createdAt: str = Field(description="ISO 8601")
-    releasedAt: str | None = Field(description="ISO 8601; null until released")
+    createdAt: Timestamp = Field(description="ISO 8601")
+    releasedAt: Timestamp | None = Field(description="ISO 8601; null until released")
 
 
 class ReservationList(ApiModel):
