@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 import json
 import subprocess
-from datetime import datetime
 import sys
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
