@@ -38,7 +38,6 @@ describe_app = typer.Typer(help="Show one reservation or node in detail.", no_ar
 
 # no hard wraps when the output is not a terminal (kubectl does not wrap either: rows stay greppable)
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10_000)
-err = Console(stderr=True, soft_wrap=True)
 
 
 def serve(
@@ -165,9 +164,10 @@ IdemOpt = Annotated[str | None, typer.Option("--idempotency-key", help="Retry ke
 ClassOpt = Annotated[str, typer.Option("--class", help="Device class.")]
 
 
-def _request_command(send: str) -> Callable[..., None]:
-    """``preview`` or ``reserve`` (``send`` names the client method): both take the same flags, so
-    they share this one definition."""
+def _request_command(send: Callable[[ServiceClient, dict[str, Any], Output], bool]) -> Callable[..., None]:
+    """A command that sends the request the flags describe: ``send(api, body, output)`` calls the
+    service, prints the answer and says whether it is done (else exit 3). Preview and reserve take the
+    same flags, so they share this one definition."""
 
     def command(
         tenant: TenantOpt,
@@ -188,18 +188,26 @@ def _request_command(send: str) -> Callable[..., None]:
             tenant, pool, gpus, for_, selector, nvlink, cpu, memory, idempotency_key, device_class
         )
         with service(server, key, REQUEST_FLAGS) as api:
-            answer = getattr(api, send)(flags.request_body())
-            if send == "preview":
-                out.emit(console, answer, output, lambda wide: out.preview_view(answer, wide))
-                done = bool(answer.get("fits"))
-            else:
-                names = _names(api, [answer], output)
-                out.emit(console, answer, output, lambda wide: out.reservation_view(answer, names, wide))
-                done = answer.get("status") == "placed"
+            done = send(api, flags.request_body(), output)
         if not done:
             raise typer.Exit(EXIT_NOT_PLACED)
 
     return command
+
+
+def _preview(api: ServiceClient, body: dict[str, Any], output: Output) -> bool:
+    """Preview; done when it would fit."""
+    answer = api.preview(body)
+    out.emit(console, answer, output, lambda wide: out.preview_view(answer, wide))
+    return bool(answer.get("fits"))
+
+
+def _reserve(api: ServiceClient, body: dict[str, Any], output: Output) -> bool:
+    """Reserve; done when placed (pending and queued are not)."""
+    answer = api.reserve(body)
+    names = _names(api, [answer], output)
+    out.emit(console, answer, output, lambda wide: out.reservation_view(answer, names, wide))
+    return answer.get("status") == "placed"
 
 
 def _names(api: ServiceClient, reservations: list[dict[str, Any]], output: Output) -> dict[str, str]:
@@ -340,12 +348,12 @@ COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
     ("migrate", migrate, None),
     (
         "reserve",
-        _request_command("reserve"),
+        _request_command(_reserve),
         "Reserve GPUs (and cpu/memory) now for a duration (exit 3: pending).",
     ),
     (
         "preview",
-        _request_command("preview"),
+        _request_command(_preview),
         "Would this fit, where, and if not, why not (exit 3: it would not).",
     ),
     ("release", release, None),

@@ -25,6 +25,7 @@ from typer.testing import CliRunner, Result
 
 from app.cli import app
 from app.client.api import ServiceClient
+from app.client.flags import REQUEST_FLAGS, RequestFlags, UsageError, with_flag
 from tests.conftest import ADMIN_KEY, TABLES
 from tests.factories import gpu_node
 from tests.servers import REPO, Server, free_port, running_server
@@ -335,3 +336,40 @@ def test_lists_are_read_page_by_page(server: Server) -> None:
     with ServiceClient(server.url, ADMIN_KEY, page_size=1) as client:
         assert [n["id"] for n in client.nodes(pool.id)] == sorted(pool.nodes.values())
         assert len(client.nodes(pool.id, limit=2)) == 2
+
+
+@pytest.mark.parametrize(
+    ("path", "message", "expected"),
+    [
+        ("devices.0.count", "devices.0.count: Input should be ≥ 1", "--gpus: Input should be ≥ 1"),
+        ("devices.0.selector.matchExpressions.0.op", "bad op", "--selector: bad op"),
+        ("devices.0.selector", "selector: > needs a number", "--selector: > needs a number"),
+        ("duration", "duration: Value error, duration must be positive", "--for: duration must be positive"),
+        (
+            "resources.cpu",
+            "resources.cpu: Input should be greater than 0",
+            "--cpu: Input should be greater than 0",
+        ),
+        ("tenantId", "tenantId: String should match pattern", "--tenant: String should match pattern"),
+        ("start", "start: needs a timezone", "start: needs a timezone"),  # no flag sets it: unchanged
+        ("", "a JSON body is required", "a JSON body is required"),
+    ],
+)
+def test_api_field_paths_become_flags(path: str, message: str, expected: str) -> None:
+    assert with_flag(message, path, REQUEST_FLAGS) == expected
+
+
+def test_request_flags_make_the_api_body() -> None:
+    flags = RequestFlags("acme", "pool_x", 2, "90m", "vramGiB >= 80", True, 8.0, 0.5, "k-1", "gpu")
+    assert flags.request_body() == {
+        "tenantId": "acme",
+        "poolId": "pool_x",
+        "devices": [{"class": "gpu", "count": 2, "selector": "vramGiB >= 80", "topology": "nvlink-all"}],
+        "resources": {"cpu": 8, "memory": 0.5},
+        "duration": "90m",
+        "idempotencyKey": "k-1",
+    }
+    cpu_only = RequestFlags("acme", "pool_x", 0, "1d", None, False, 4.0, None, None, "gpu").request_body()
+    assert cpu_only["devices"] == [] and cpu_only["idempotencyKey"].startswith("cli-")
+    with pytest.raises(UsageError, match="--selector and --nvlink need --gpus"):
+        RequestFlags("acme", "pool_x", 0, "1d", "a = b", False, 4.0, None, None, "gpu").request_body()

@@ -58,11 +58,10 @@ def with_flag(message: str, path: str, flags: dict[str, str]) -> str:
     flag = flag_for(path, flags)
     if flag is None:
         return message
-    for prefix in (f"{path}: ", f"{path} "):
-        if path and message.startswith(prefix):
-            message = message[len(prefix) :]
-            break
-    message = message.removeprefix("Value error, ")
+    field = path.rsplit(".", 1)[-1]
+    # the path, pydantic's "Value error, " and a repeated field name ("selector: ...") say nothing more
+    for prefix in (f"{path}: ", "Value error, ", f"{field}: "):
+        message = message.removeprefix(prefix)
     return f"{flag}: {message}"
 
 
