@@ -322,12 +322,7 @@ def describe_node(
     """A node's status, labels, taints, resources, devices and links."""
     with service(server, key) as api:
         node = api.node(node_id)
-        pool_name = None
-        if output not in (Output.json, Output.yaml):
-            try:
-                pool_name = api.pool(node["poolId"])["name"]
-            except ServiceError:
-                pool_name = None  # a key that reads nodes but not the pool: show the pool id
+        pool_name = None if output in (Output.json, Output.yaml) else api.pool_name(node["poolId"])
         out.emit(console, node, output, lambda wide: out.describe_node_view(node, pool_name, wide))
 
 

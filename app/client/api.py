@@ -200,6 +200,11 @@ class ServiceClient:
         """``GET /v1/pools/{id}``."""
         return self.get(f"/v1/pools/{pool_id}")
 
+    def pool_name(self, pool_id: str) -> str | None:
+        """The pool's name, or None when this key may not read the pool (403) or it is gone (404)."""
+        pool = _readable(lambda: self.pool(pool_id))
+        return None if pool is None else pool["name"]
+
     def nodes(self, pool_id: str, limit: int | None = None) -> list[dict[str, Any]]:
         """``GET /v1/pools/{id}/nodes``: node summaries (``devices`` is ``{class: count}``), id order."""
         return self.items(f"/v1/pools/{pool_id}/nodes", limit=limit)
