@@ -214,8 +214,12 @@ def test_get_and_describe_reservations(server: Server) -> None:
         server, f"/v1/reservations/{placed['id']}"
     )
 
+    taint = {"key": "dedicated", "value": tenant, "effect": "NoSchedule"}
+    httpx.put(
+        f"{server.url}/v1/nodes/{node_id}/taints", json={"taints": [taint]}, headers=ADMIN
+    ).raise_for_status()
     node = cli(server, "describe", "node", node_id)
-    assert node.exit_code == 0
+    assert node.exit_code == 0 and f"Taints:    dedicated={tenant}:NoSchedule" in node.stdout
     assert f"Name:      {name}" in node.stdout and f"{pool.name} ({pool.id})" in node.stdout
     assert f"{name}-GPU1" in node.stdout and "NV12 × 1" in node.stdout and "cpu" in node.stdout
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import AppError
-from app.placement.request import parse_duration
 
 
 class UsageError(AppError):
@@ -85,6 +84,10 @@ class RequestFlags:
         """The ``POST /v1/reservations`` (and preview) body. Raises :class:`UsageError` when an amount
         is negative, nothing is claimed, or ``--for`` is no duration (the rule is the service's own
         ``parse_duration``)."""
+        # imported here: the request model pulls in pydantic and the placement package, a third of a
+        # second that get / describe / release need not pay at start-up
+        from app.placement.request import parse_duration
+
         if self.gpus < 0:
             raise UsageError(f"--gpus must be 0 or more, not {self.gpus}")
         for flag, amount in (("--cpu", self.cpu), ("--memory", self.memory)):
