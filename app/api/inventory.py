@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses
 from app.api.models.inventory import Node, NodeList, Pool, PoolList
-from app.api.paging import CURSOR_QUERY, decode_cursor, encode_cursor, page_after, time_then_id
+from app.api.paging import CURSOR_QUERY, decode_cursor, envelope, page_after, time_then_id
 from app.db.tx import in_transaction, read_only
 from app.iam.authorize import authorize, is_allowed
 from app.inventory import service as inventory
@@ -86,9 +86,7 @@ async def list_nodes(
     """The pool's nodes in id order, a page at a time."""
     authorize(principal, READ, f"pool:{pool_id}")
     after = None if cursor is None else decode_cursor(cursor, "nodes", 1)[0]
-    page = await read_only(svc.engine, inventory.list_nodes, pool_id, limit, after)
-    following = page["next"]
-    return {"items": page["items"], "nextCursor": following and encode_cursor("nodes", following)}
+    return envelope(await read_only(svc.engine, inventory.list_nodes, pool_id, limit, after), "nodes")
 
 
 @router.post(

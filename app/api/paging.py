@@ -49,6 +49,16 @@ def decode_cursor(cursor: str, kind: str, size: int) -> tuple[str, ...]:
     return tuple(data[1:])
 
 
+def envelope(page: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``{items, nextCursor}`` of a service's ``{items, next}`` page, ``next`` being the sort key (one
+    string or a tuple of strings) of the page's last item when more remain, else None."""
+    following = page["next"]
+    if following is None:
+        return {"items": page["items"], "nextCursor": None}
+    key = (following,) if isinstance(following, str) else tuple(following)
+    return {"items": page["items"], "nextCursor": encode_cursor(kind, *key)}
+
+
 def page_after(
     items: Sequence[T],
     kind: str,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Response
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses
 from app.api.models.reservations import Preview, Reservation, ReservationList, ReservationStatus
-from app.api.paging import CURSOR_QUERY, cursor_key, encode_cursor, time_then_id
+from app.api.paging import CURSOR_QUERY, cursor_key, envelope, time_then_id
 from app.capacity import reservations as svc_reservations
 from app.db.tx import read_only
 from app.errors import NotFound
@@ -103,8 +103,7 @@ async def list_reservations(
     authorize(principal, "compute:reservations:read", f"tenant:{tenant}" if tenant else "*")
     after = None if cursor is None else cursor_key(cursor, "reservations", time_then_id)
     page = await read_only(svc.engine, svc_reservations.list_reservations, tenant, status, limit, after)
-    following = page["next"]
-    return {"items": page["items"], "nextCursor": following and encode_cursor("reservations", *following)}
+    return envelope(page, "reservations")
 
 
 @router.post(
