@@ -17,7 +17,6 @@ answer in one page without a cursor (and the node list's older ``next``/``after`
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from enum import StrEnum
 from typing import Any
 
 import httpx
@@ -27,18 +26,6 @@ from app.errors import AppError
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 PAGE_SIZE = 500  # items asked per page (every list route accepts at least 1000)
 DIRECT_NAME_LOOKUPS = 8  # up to this many nodes are looked up one by one, more by listing their pool
-
-
-class ReservationStatus(StrEnum):
-    """The statuses a reservation can have (DESIGN.md, "Reservation lifecycle"): ``get reservations
-    --status`` takes one."""
-
-    queued = "queued"
-    pending = "pending"
-    placed = "placed"
-    released = "released"
-    preempted = "preempted"
-    ended = "ended"
 
 
 class ServiceError(AppError):

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field
 
 from app.api.models.common import NEXT_CURSOR, ApiModel, Number, Timestamp
-
-
-class ReservationStatus(StrEnum):
-    """Where a reservation is in its lifecycle (DESIGN.md, "Reservation lifecycle")."""
-
-    queued = "queued"
-    pending = "pending"
-    placed = "placed"
-    released = "released"
-    preempted = "preempted"
-    ended = "ended"
+from app.api.models.statuses import ReservationStatus
 
 
 class Condition(ApiModel):
