@@ -11,7 +11,7 @@ in one place:
 
 Lists page (DESIGN.md, "HTTP API"): ``?limit=&cursor=`` in, ``{items, nextCursor}`` out.
 :meth:`ServiceClient.items` follows ``nextCursor`` until it is absent or null, so it also reads lists that
-answer in one page without a cursor (and the node list's older ``next``/``after`` pair).
+answer in one page without a cursor.
 """
 
 from __future__ import annotations
@@ -146,12 +146,9 @@ class ServiceClient:
                 seen += 1
                 if limit is not None and seen >= limit:
                     return
-            if answer.get("nextCursor"):
-                position = {"cursor": answer["nextCursor"]}
-            elif answer.get("next"):  # the node list before cursors: `next` goes back as `after`
-                position = {"after": answer["next"]}
-            else:
+            if not answer.get("nextCursor"):
                 return
+            position = {"cursor": answer["nextCursor"]}
 
     # -- the service's operations ------------------------------------------------------------------
 
