@@ -21,9 +21,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from app.api.models.statuses import ReservationStatus
 from app.client import EXIT_API_ERROR, EXIT_NOT_PLACED, EXIT_USAGE
 from app.client import render as out
-from app.client.api import DEFAULT_SERVER, ReservationStatus, ServiceClient, ServiceError, Unreachable
+from app.client.api import DEFAULT_SERVER, ServiceClient, ServiceError, Unreachable
 from app.client.flags import LIST_RESERVATION_FLAGS, REQUEST_FLAGS, RequestFlags, UsageError, with_flag
 from app.client.render import Output
 from app.fleet.cli import placement_app

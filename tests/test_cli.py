@@ -48,7 +48,7 @@ def test_serve_on_the_embedded_database_stops_it_on_sigterm(tmp_path: Path) -> N
         pools = httpx.get(
             f"http://127.0.0.1:{port}/v1/pools", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
         )
-        assert pools.status_code == 200 and pools.json() == {"items": []}
+        assert pools.status_code == 200 and pools.json() == {"items": [], "nextCursor": None}
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi.exceptions import RequestValidationError, ResponseValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -40,9 +40,48 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorBody, "description": text.get(s, "error")} for s in statuses}
 
 
+SOURCES = ("body", "query", "path", "header", "cookie")
+PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def conflicts(*codes: str) -> dict[int | str, dict[str, Any]]:
+    """The 409 entry naming exactly the conflict codes one operation answers, to merge after
+    :func:`responses`: ``{**responses(401, 409), **conflicts("CONFLICT")}``."""
+    return {409: {"model": ErrorBody, "description": " or ".join(codes)}}
+
+
 def _path(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    parts = [str(p) for p in loc if p not in SOURCES]
     return ".".join(parts)
+
+
+def json_path(loc: tuple[Any, ...], body: Any, error_type: str) -> str:
+    """The dotted JSON path the caller sent (``devices.0.selector.matchExpressions.0.op``) for a pydantic
+    error location in a request body: steps that the body does not have are pydantic's names of union
+    members and validators (``SelectorBody``, ``str``, ``function-after[...]``, ``[key]``) and are left
+    out, except the last step of a ``missing`` error, the field that was not sent."""
+    if not loc or loc[0] != "body":
+        return _path(loc)
+    steps: list[str] = []
+    data = body
+    parts = loc[1:]
+    for index, part in enumerate(parts):
+        if isinstance(data, dict) and isinstance(part, str) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+        elif not (index == len(parts) - 1 and error_type == "missing"):
+            continue  # a union member's or a validator's name, not a step of the body
+        steps.append(str(part))
+    return ".".join(steps)
+
+
+def plain_message(message: str) -> str:
+    """A validation message without pydantic's ``Value error, `` prefix."""
+    for prefix in PYDANTIC_PREFIXES:
+        if message.startswith(prefix):
+            return message[len(prefix) :]
+    return message
 
 
 def _jsonable(value: Any) -> Any:
@@ -55,8 +94,41 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI document with the one error shape everywhere: FastAPI's default 422 response
+    (``HTTPValidationError``, a shape this service never answers) becomes :class:`ErrorBody`, and each
+    operation's description ends with the error statuses and codes it can answer. Changes ``schema``."""
+    components = schema.get("components", {}).get("schemas", {})
+    default_422 = {"$ref": "#/components/schemas/HTTPValidationError"}
+    error_body = {"$ref": "#/components/schemas/ErrorBody"}
+    for item in schema.get("paths", {}).values():
+        for operation in item.values():
+            answers = operation.get("responses", {})
+            for answer in answers.values():
+                content = answer.get("content", {}).get("application/json", {})
+                if content.get("schema") == default_422:
+                    content["schema"] = error_body
+                    answer["description"] = responses(422)[422]["description"]
+            errors = [f"`{s}` {answers[s]['description']}" for s in sorted(answers) if s >= "400"]
+            if errors:
+                lines = [operation.get("description", "").rstrip(), "Errors: " + "; ".join(errors) + "."]
+                operation["description"] = "\n\n".join(line for line in lines if line)
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    return schema
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Map AppError, validation errors, HTTP errors and unexpected errors to the one shape."""
+    """Map AppError, validation errors, HTTP errors and unexpected errors to the one shape (and say so
+    in the OpenAPI document: :func:`document_errors`)."""
+    plain_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_errors(plain_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(AppError)
     async def _app_error(_: Request, exc: AppError) -> JSONResponse:
@@ -64,17 +136,19 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = []
+        errors: list[dict[str, Any]] = []
         for e in exc.errors():
+            loc, kind = tuple(e.get("loc", ())), e.get("type", "")
             item = {
-                "path": _path(tuple(e.get("loc", ()))),
-                "message": e.get("msg", ""),
-                "type": e.get("type", ""),
+                "path": _path(loc) if kind == "json_invalid" else json_path(loc, exc.body, kind),
+                "message": plain_message(e.get("msg", "")),
+                "type": kind,
             }
             position = (e.get("ctx") or {}).get("position")
             if isinstance(position, int):
                 item["position"] = position  # a selector shorthand's 0-based character offset
-            errors.append(item)
+            if item not in errors:  # a union's members may report one field alike
+                errors.append(item)
         for e in errors:
             if e["type"] == "missing" and e["path"] == "":
                 e["message"] = "a JSON body is required"
@@ -114,6 +188,21 @@ def install_error_handlers(app: FastAPI) -> None:
             {"error": {"code": code, "message": str(exc.detail), "details": {}}},
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),  # e.g. Allow on 405
+        )
+
+    @app.exception_handler(ResponseValidationError)
+    async def _answer_off_contract(request: Request, exc: ResponseValidationError) -> JSONResponse:
+        # a service answered a shape its route's response model does not declare (app/api/models/):
+        # a defect of this service, named in the log so the model (or the service) can be fixed
+        problems = [f"{_path(tuple(e.get('loc', ())))}: {e.get('msg', '')}" for e in exc.errors()]
+        log.error(
+            "answer of %s %s does not match its response model: %s",
+            request.method,
+            request.url.path,
+            "; ".join(problems),
+        )
+        return JSONResponse(
+            {"error": {"code": "INTERNAL", "message": "internal error", "details": {}}}, status_code=500
         )
 
     @app.exception_handler(Exception)

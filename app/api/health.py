@@ -6,6 +6,8 @@ from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api.deps import Services, services
+from app.api.errors import responses
+from app.api.models.health import Health, Readiness
 from app.errors import AppError
 
 router = APIRouter(tags=["health"])
@@ -16,13 +18,18 @@ class NotReady(AppError):
     status = 503
 
 
-@router.get("/healthz", operation_id="healthz")
+@router.get("/healthz", response_model=Health, operation_id="checkHealth")
 async def healthz() -> dict[str, str]:
     """The process is up."""
     return {"status": "ok"}
 
 
-@router.get("/readyz", operation_id="readyz")
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {**responses(503)[503], "description": "NOT_READY: the database does not answer"}},
+    operation_id="checkReadiness",
+)
 async def readyz(svc: Services = Depends(services)) -> dict[str, str]:
     """The database answers."""
     try:
@@ -33,7 +40,14 @@ async def readyz(svc: Services = Depends(services)) -> dict[str, str]:
     return {"status": "ready"}
 
 
-@router.get("/metrics", operation_id="metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    operation_id="getMetrics",
+    response_class=Response,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"}
+    },
+)
 async def metrics() -> Response:
     """Prometheus metrics."""
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
+from app.api.models.iam import ApiKey
 from app.db.tx import in_transaction
 from app.iam.authorize import Grant, authorize
 from app.iam.service import create_api_key, revoke_api_key
@@ -29,25 +30,16 @@ class ApiKeyCreate(BaseModel):
     grants: list[GrantBody] = Field(default_factory=list, max_length=256)
 
 
-class ApiKeyCreated(BaseModel):
-    """The new key, shown once."""
-
-    id: str
-    key: str
-    principal: str
-    tenantId: str | None
-
-
 @router.post(
     "/v1/api-keys",
     status_code=201,
-    response_model=ApiKeyCreated,
+    response_model=ApiKey,
     responses=responses(401, 403, 422),
     operation_id="createApiKey",
 )
 async def create_key(
     body: ApiKeyCreate, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> ApiKeyCreated:
+) -> ApiKey:
     authorize(principal, "compute:iam:admin", "*")
     key_id, key = await in_transaction(
         svc.engine,
@@ -56,7 +48,7 @@ async def create_key(
         body.tenantId,
         [Grant(g.action, g.resource) for g in body.grants],
     )
-    return ApiKeyCreated(id=key_id, key=key, principal=body.principal, tenantId=body.tenantId)
+    return ApiKey(id=key_id, key=key, principal=body.principal, tenantId=body.tenantId)
 
 
 @router.delete(

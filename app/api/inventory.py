@@ -7,7 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query
 
 from app.api.deps import Principal, Services, current_principal, services
-from app.api.errors import responses
+from app.api.errors import conflicts, responses
+from app.api.models.inventory import Node, NodeList, Pool, PoolList
+from app.api.paging import CURSOR_QUERY, decode_cursor, envelope, page_after, time_then_id
 from app.db.tx import in_transaction, read_only
 from app.iam.authorize import authorize, is_allowed
 from app.inventory import service as inventory
@@ -21,7 +23,13 @@ async def _node_pool(svc: Services, node_id: str) -> str:
     return await read_only(svc.engine, inventory.node_pool_id, node_id)
 
 
-@router.post("/v1/pools", status_code=201, responses=responses(401, 403, 409, 422), operation_id="createPool")
+@router.post(
+    "/v1/pools",
+    status_code=201,
+    response_model=Pool,
+    responses={**responses(401, 403, 409, 422), **conflicts("CONFLICT")},
+    operation_id="createPool",
+)
 async def create_pool(
     body: PoolCreate, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
@@ -29,10 +37,14 @@ async def create_pool(
     return await in_transaction(svc.engine, inventory.create_pool, body.name)
 
 
-@router.get("/v1/pools", responses=responses(401), operation_id="listPools")
+@router.get("/v1/pools", response_model=PoolList, responses=responses(401, 422), operation_id="listPools")
 async def list_pools(
-    principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> dict[str, list[dict[str, Any]]]:
+    limit: int = Query(default=100, ge=1, le=1000),
+    cursor: str | None = CURSOR_QUERY,
+    principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    """A page of the pools the caller may read, oldest first."""
     pools = await read_only(svc.engine, inventory.list_pools)
     visible = [
         p
@@ -40,10 +52,16 @@ async def list_pools(
         if is_allowed(principal, READ, f"pool:{p['id']}")
         or is_allowed(principal, "compute:capacity:read", f"pool:{p['id']}")
     ]
-    return {"items": visible}
+    return page_after(visible, "pools", _pool_key, time_then_id, limit, cursor)
 
 
-@router.get("/v1/pools/{pool_id}", responses=responses(401, 403, 404), operation_id="getPool")
+def _pool_key(pool: dict[str, Any]) -> tuple[str, ...]:
+    return pool["createdAt"], pool["id"]
+
+
+@router.get(
+    "/v1/pools/{pool_id}", response_model=Pool, responses=responses(401, 403, 404), operation_id="getPool"
+)
 async def get_pool(
     pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
@@ -52,20 +70,31 @@ async def get_pool(
     return await read_only(svc.engine, inventory.get_pool, pool_id)
 
 
-@router.get("/v1/pools/{pool_id}/nodes", responses=responses(401, 403, 404, 422), operation_id="listNodes")
+@router.get(
+    "/v1/pools/{pool_id}/nodes",
+    response_model=NodeList,
+    responses=responses(401, 403, 404, 422),
+    operation_id="listNodes",
+)
 async def list_nodes(
     pool_id: str,
     limit: int = Query(default=1000, ge=1, le=10_000),
-    after: str | None = Query(default=None, max_length=128, description="the previous page's `next`"),
+    cursor: str | None = CURSOR_QUERY,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     """The pool's nodes in id order, a page at a time."""
     authorize(principal, READ, f"pool:{pool_id}")
-    return await read_only(svc.engine, inventory.list_nodes, pool_id, limit, after)
+    after = None if cursor is None else decode_cursor(cursor, "nodes", 1)[0]
+    return envelope(await read_only(svc.engine, inventory.list_nodes, pool_id, limit, after), "nodes")
 
 
-@router.post("/v1/pools/{pool_id}/archive", responses=responses(401, 403, 404), operation_id="archivePool")
+@router.post(
+    "/v1/pools/{pool_id}/archive",
+    response_model=Pool,
+    responses=responses(401, 403, 404),
+    operation_id="archivePool",
+)
 async def archive_pool(
     pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
@@ -76,7 +105,8 @@ async def archive_pool(
 @router.post(
     "/v1/pools/{pool_id}/nodes",
     status_code=201,
-    responses=responses(401, 403, 404, 409, 422),
+    response_model=Node,
+    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT")},
     operation_id="createNode",
 )
 async def create_node(
@@ -92,7 +122,8 @@ async def create_node(
 @router.post(
     "/v1/pools/{pool_id}/nodes/import",
     status_code=201,
-    responses=responses(401, 403, 404, 409, 422),
+    response_model=Node,
+    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT")},
     operation_id="importNode",
 )
 async def import_node(
@@ -105,7 +136,9 @@ async def import_node(
     return await in_transaction(svc.engine, inventory.import_node, pool_id, body)
 
 
-@router.get("/v1/nodes/{node_id}", responses=responses(401, 403, 404), operation_id="getNode")
+@router.get(
+    "/v1/nodes/{node_id}", response_model=Node, responses=responses(401, 403, 404), operation_id="getNode"
+)
 async def get_node(
     node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
@@ -113,7 +146,12 @@ async def get_node(
     return await read_only(svc.engine, inventory.get_node, node_id)
 
 
-@router.post("/v1/nodes/{node_id}/cordon", responses=responses(401, 403, 404), operation_id="cordonNode")
+@router.post(
+    "/v1/nodes/{node_id}/cordon",
+    response_model=Node,
+    responses=responses(401, 403, 404),
+    operation_id="cordonNode",
+)
 async def cordon(
     node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
@@ -121,7 +159,12 @@ async def cordon(
     return await in_transaction(svc.engine, inventory.set_cordon, node_id, True)
 
 
-@router.post("/v1/nodes/{node_id}/uncordon", responses=responses(401, 403, 404), operation_id="uncordonNode")
+@router.post(
+    "/v1/nodes/{node_id}/uncordon",
+    response_model=Node,
+    responses=responses(401, 403, 404),
+    operation_id="uncordonNode",
+)
 async def uncordon(
     node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
@@ -130,7 +173,10 @@ async def uncordon(
 
 
 @router.put(
-    "/v1/nodes/{node_id}/taints", responses=responses(401, 403, 404, 422), operation_id="setNodeTaints"
+    "/v1/nodes/{node_id}/taints",
+    response_model=Node,
+    responses=responses(401, 403, 404, 422),
+    operation_id="setNodeTaints",
 )
 async def set_taints(
     node_id: str,
@@ -143,7 +189,10 @@ async def set_taints(
 
 
 @router.put(
-    "/v1/nodes/{node_id}/labels", responses=responses(401, 403, 404, 422), operation_id="setNodeLabels"
+    "/v1/nodes/{node_id}/labels",
+    response_model=Node,
+    responses=responses(401, 403, 404, 422),
+    operation_id="setNodeLabels",
 )
 async def set_labels(
     node_id: str,
@@ -156,7 +205,10 @@ async def set_labels(
 
 
 @router.post(
-    "/v1/nodes/{node_id}/health", responses=responses(401, 403, 404, 422), operation_id="setNodeHealth"
+    "/v1/nodes/{node_id}/health",
+    response_model=Node,
+    responses=responses(401, 403, 404, 422),
+    operation_id="setNodeHealth",
 )
 async def set_health(
     node_id: str,

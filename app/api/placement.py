@@ -15,6 +15,8 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import Principal, Services, current_principal, services
+from app.api.errors import responses
+from app.api.models.placement import Comparison, Explanation, FleetBuild, JobHistory
 from app.db.job_records import job_history, record_job
 from app.db.tx import in_transaction, read_only
 from app.errors import InvalidInput
@@ -26,11 +28,7 @@ from app.iam.authorize import authorize
 router = APIRouter(tags=["placement"])
 MAX_AGE_LIMIT = 10 * 366 * 86400  # ten years, in seconds
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"description": "UNAUTHENTICATED: no or unknown API key"},
-    403: {"description": "FORBIDDEN: the key lacks compute:placement:explain"},
-    422: {"description": "INVALID_INPUT: a malformed document; details.path names the field"},
-}
+ERRORS = responses(401, 403, 422)
 
 
 class ExplainBody(BaseModel):
@@ -55,9 +53,11 @@ def _parse_now(value: str | None) -> datetime:
 
 @router.post(
     "/v1/placement/explain",
-    operation_id="placement_explain",
+    operation_id="explainPlacement",
+    response_model=Explanation,
+    response_model_exclude_unset=True,
     summary="Explain a completion-time placement (vq.placement-explanation/1)",
-    responses=ERROR_RESPONSES,
+    responses=ERRORS,
 )
 async def explain_placement_route(
     body: ExplainBody, principal: Principal = Depends(current_principal)
@@ -127,9 +127,11 @@ class CompareBody(BaseModel):
 
 @router.post(
     "/v1/placement/fleet",
-    operation_id="placement_fleet",
+    operation_id="buildPlacementFleet",
+    response_model=FleetBuild,
+    response_model_exclude_unset=True,
     summary="Build a fleet file from collected evidence ({fleet, report})",
-    responses=ERROR_RESPONSES,
+    responses=ERRORS,
 )
 async def build_fleet_route(
     body: FleetBody, principal: Principal = Depends(current_principal)
@@ -156,9 +158,11 @@ async def build_fleet_route(
 
 @router.post(
     "/v1/placement/compare",
-    operation_id="placement_compare",
+    operation_id="comparePlacementOrderings",
+    response_model=Comparison,
+    response_model_exclude_unset=True,
     summary="Compare the broker's capacity and completion-time orderings (vq.placement-compare/1)",
-    responses=ERROR_RESPONSES,
+    responses=ERRORS,
 )
 async def compare_orderings_route(
     body: CompareBody, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
@@ -179,9 +183,11 @@ async def compare_orderings_route(
 
 @router.put(
     "/v1/placement/jobs/{job_id}",
-    operation_id="placement_record_job",
+    operation_id="recordPlacementJob",
+    response_model=JobRecord,
+    response_model_exclude_unset=True,
     summary="Record (or replace) one job record for queue history and compare",
-    responses=ERROR_RESPONSES,
+    responses=ERRORS,
 )
 async def record_job_route(
     job_id: str,
@@ -199,9 +205,11 @@ async def record_job_route(
 
 @router.get(
     "/v1/placement/jobs",
-    operation_id="placement_job_history",
+    operation_id="listPlacementJobs",
+    response_model=JobHistory,
+    response_model_exclude_unset=True,
     summary="The stored job records as vq.job-history/1",
-    responses=ERROR_RESPONSES,
+    responses=ERRORS,
 )
 async def job_history_route(
     kind: Literal["local", "scheduler"] | None = Query(default=None),

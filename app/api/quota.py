@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
+from app.api.models.quota import Quota
 from app.db.tx import in_transaction, read_only
 from app.iam.authorize import authorize
 from app.quota import service as quota
@@ -30,6 +31,7 @@ class QuotaBody(BaseModel):
 
 @router.put(
     "/v1/tenants/{tenant_id}/quotas/{pool_id}",
+    response_model=Quota,
     responses=responses(401, 403, 404, 422),
     operation_id="setQuota",
 )
@@ -45,7 +47,10 @@ async def set_quota(
 
 
 @router.get(
-    "/v1/tenants/{tenant_id}/quotas/{pool_id}", responses=responses(401, 403, 404), operation_id="getQuota"
+    "/v1/tenants/{tenant_id}/quotas/{pool_id}",
+    response_model=Quota,
+    responses=responses(401, 403, 404),
+    operation_id="getQuota",
 )
 async def get_quota(
     tenant_id: str,

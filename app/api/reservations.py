@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Response
 
 from app.api.deps import Principal, Services, current_principal, services
-from app.api.errors import responses
+from app.api.errors import conflicts, responses
+from app.api.models.reservations import Preview, Reservation, ReservationList, ReservationStatus
+from app.api.paging import CURSOR_QUERY, cursor_key, envelope, time_then_id
 from app.capacity import reservations as svc_reservations
 from app.db.tx import read_only
 from app.errors import NotFound
@@ -19,6 +21,8 @@ router = APIRouter(tags=["reservations"])
 
 @router.post(
     "/v1/capacity/preview",
+    response_model=Preview,
+    response_model_exclude_unset=True,
     responses=responses(401, 403, 404, 422),
     operation_id="previewCapacity",
     tags=["capacity"],
@@ -36,7 +40,12 @@ async def preview(
 @router.post(
     "/v1/reservations",
     status_code=201,
-    responses=responses(401, 403, 404, 409, 422),
+    response_model=Reservation,
+    responses={
+        200: {"model": Reservation, "description": "An idempotent retry: the reservation made before"},
+        **responses(401, 403, 404, 409, 422),
+        **conflicts("QUOTA_EXCEEDED", "IDEMPOTENCY_KEY_REUSED"),
+    },
     operation_id="createReservation",
 )
 async def create_reservation(
@@ -63,7 +72,10 @@ async def _authorized_tenant(svc: Services, principal: Principal, reservation_id
 
 
 @router.get(
-    "/v1/reservations/{reservation_id}", responses=responses(401, 403, 404), operation_id="getReservation"
+    "/v1/reservations/{reservation_id}",
+    response_model=Reservation,
+    responses=responses(401, 403, 404),
+    operation_id="getReservation",
 )
 async def get_reservation(
     reservation_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
@@ -72,22 +84,31 @@ async def get_reservation(
     return await read_only(svc.engine, svc_reservations.get_reservation, reservation_id, tenant)
 
 
-@router.get("/v1/reservations", responses=responses(401, 403, 422), operation_id="listReservations")
+@router.get(
+    "/v1/reservations",
+    response_model=ReservationList,
+    responses=responses(401, 403, 422),
+    operation_id="listReservations",
+)
 async def list_reservations(
     tenantId: str | None = Query(default=None, max_length=128),
-    status: Literal["placed", "pending", "queued", "released", "preempted"] | None = Query(default=None),
+    status: ReservationStatus | None = Query(default=None),
     limit: int = Query(default=100, ge=1, le=1000),
+    cursor: str | None = CURSOR_QUERY,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, list[dict[str, Any]]]:
+) -> dict[str, Any]:
+    """A page of reservations, newest first; pass ``nextCursor`` as ``cursor`` for the next page."""
     tenant = tenantId or principal.tenant_id
     authorize(principal, "compute:reservations:read", f"tenant:{tenant}" if tenant else "*")
-    items = await read_only(svc.engine, svc_reservations.list_reservations, tenant, status, limit)
-    return {"items": items}
+    after = None if cursor is None else cursor_key(cursor, "reservations", time_then_id)
+    page = await read_only(svc.engine, svc_reservations.list_reservations, tenant, status, limit, after)
+    return envelope(page, "reservations")
 
 
 @router.post(
     "/v1/reservations/{reservation_id}/release",
+    response_model=Reservation,
     responses=responses(401, 403, 404),
     operation_id="releaseReservation",
 )

@@ -272,21 +272,33 @@ async def get_reservation(
 
 
 async def list_reservations(
-    conn: AsyncConnection, tenant_id: str | None, status: str | None, limit: int = 100
-) -> list[dict[str, Any]]:
-    """Reservations newest first, filtered by tenant and status."""
+    conn: AsyncConnection,
+    tenant_id: str | None,
+    status: str | None,
+    limit: int = 100,
+    after: tuple[datetime, str] | None = None,
+) -> dict[str, Any]:
+    """A page of reservations newest first (``created_at`` then id, descending), filtered by tenant and
+    status, after the key ``(createdAt, id)`` of the previous page's last item: ``{items, next}`` where
+    ``next`` is the last item's ``(createdAt, id)`` when more remain, else None."""
+    # SELECT * FROM reservations WHERE [tenant_id = :t] [AND status = :s] [AND (created_at, id) < (:c, :id)]
+    #   ORDER BY created_at DESC, id DESC LIMIT :limit + 1
     stmt = (
         sa.select(reservations)
         .order_by(reservations.c.created_at.desc(), reservations.c.id.desc())
-        .limit(limit)
+        .limit(limit + 1)
     )
     if tenant_id is not None:
         stmt = stmt.where(reservations.c.tenant_id == tenant_id)
     if status is not None:
         stmt = stmt.where(reservations.c.status == status)
+    if after is not None:
+        stmt = stmt.where(sa.tuple_(reservations.c.created_at, reservations.c.id) < sa.tuple_(*after))
     rows = (await conn.execute(stmt)).all()
-    allocs = await _allocations(conn, [r.id for r in rows])
-    return [_shape(r, allocs.get(r.id, [])) for r in rows]
+    page, more = rows[:limit], len(rows) > limit
+    allocs = await _allocations(conn, [r.id for r in page])
+    items = [_shape(r, allocs.get(r.id, [])) for r in page]
+    return {"items": items, "next": (items[-1]["createdAt"], items[-1]["id"]) if more else None}
 
 
 async def reservation_tenant(conn: AsyncConnection, reservation_id: str) -> tuple[str, str] | None:

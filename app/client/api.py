@@ -11,13 +11,12 @@ in one place:
 
 Lists page (DESIGN.md, "HTTP API"): ``?limit=&cursor=`` in, ``{items, nextCursor}`` out.
 :meth:`ServiceClient.items` follows ``nextCursor`` until it is absent or null, so it also reads lists that
-answer in one page without a cursor (and the node list's older ``next``/``after`` pair).
+answer in one page without a cursor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from enum import StrEnum
 from typing import Any
 
 import httpx
@@ -27,18 +26,6 @@ from app.errors import AppError
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 PAGE_SIZE = 500  # items asked per page (every list route accepts at least 1000)
 DIRECT_NAME_LOOKUPS = 8  # up to this many nodes are looked up one by one, more by listing their pool
-
-
-class ReservationStatus(StrEnum):
-    """The statuses a reservation can have (DESIGN.md, "Reservation lifecycle"): ``get reservations
-    --status`` takes one."""
-
-    queued = "queued"
-    pending = "pending"
-    placed = "placed"
-    released = "released"
-    preempted = "preempted"
-    ended = "ended"
 
 
 class ServiceError(AppError):
@@ -159,12 +146,9 @@ class ServiceClient:
                 seen += 1
                 if limit is not None and seen >= limit:
                     return
-            if answer.get("nextCursor"):
-                position = {"cursor": answer["nextCursor"]}
-            elif answer.get("next"):  # the node list before cursors: `next` goes back as `after`
-                position = {"after": answer["next"]}
-            else:
+            if not answer.get("nextCursor"):
                 return
+            position = {"cursor": answer["nextCursor"]}
 
     # -- the service's operations ------------------------------------------------------------------
 

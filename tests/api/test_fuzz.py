@@ -1,5 +1,6 @@
 """Fuzz the running service from its own OpenAPI document with schemathesis: no input may answer a 5xx,
-every status code is documented, and unsupported methods answer 405 (DESIGN.md names schemathesis)."""
+every status code is documented, every body matches the schema declared for its status (and content
+type), and unsupported methods answer 405 (DESIGN.md names schemathesis; issue 10, "Done when" 3)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import ADMIN_KEY
-from tests.factories import gpu_node
+from tests.factories import gpu_node, reservation
 from tests.servers import Server, running_server
 
 
@@ -24,20 +25,35 @@ def server(database_url: str, clean_db: AsyncEngine, tmp_path: Path) -> Iterator
 
 
 def test_schemathesis_finds_no_server_error(server: Server, tmp_path: Path) -> None:
+    """Every answer's status is declared and its body matches the declared schema. Path parameters are
+    pinned to real ids, so reads and writes of existing things answer 2xx and are checked too."""
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     pool = httpx.post(f"{server.url}/v1/pools", json={"name": "fuzz"}, headers=admin).json()["id"]
-    httpx.post(f"{server.url}/v1/pools/{pool}/nodes", json=gpu_node("f1", 4), headers=admin)
+    node = httpx.post(f"{server.url}/v1/pools/{pool}/nodes", json=gpu_node("f1", 4), headers=admin).json()
+    held = httpx.post(f"{server.url}/v1/reservations", json=reservation(pool, 1, key="fuzz"), headers=admin)
+    assert held.status_code == 201, held.text
+    pinned = {
+        "pool_id": pool,
+        "node_id": node["id"],
+        "reservation_id": held.json()["id"],
+        "tenant_id": "acme",
+    }
+    config = tmp_path / "schemathesis.toml"
+    config.write_text("[parameters]\n" + "".join(f'"path.{k}" = "{v}"\n' for k, v in pinned.items()))
     result = subprocess.run(
         [
             sys.executable,
             "-m",
             "schemathesis.cli",
+            "--config-file",
+            str(config),
             "run",
             f"{server.url}/openapi.json",
             "-H",
             f"Authorization: Bearer {ADMIN_KEY}",
             "--checks",
-            "not_a_server_error,status_code_conformance,unsupported_method",
+            "not_a_server_error,status_code_conformance,response_schema_conformance,"
+            "content_type_conformance,unsupported_method",
             "--max-examples",
             "25",
             "--request-timeout",
@@ -53,3 +69,6 @@ def test_schemathesis_finds_no_server_error(server: Server, tmp_path: Path) -> N
         cwd=tmp_path,  # its cache stays out of the checkout
     )
     assert result.returncode == 0, result.stdout[-6000:] + (server.output()[-3000:])
+    # the pinned ids reached the routes: the coverage phase's valid release released the reservation
+    released = httpx.get(f"{server.url}/v1/reservations/{pinned['reservation_id']}", headers=admin).json()
+    assert released["status"] == "released"

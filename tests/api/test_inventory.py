@@ -186,7 +186,9 @@ async def test_list_a_pools_nodes_a_page_at_a_time(admin_client: httpx.AsyncClie
     ]
     first = (await admin_client.get(f"/v1/pools/{pool}/nodes", params={"limit": 2})).json()
     assert [n["id"] for n in first["items"]] == sorted(n["id"] for n in made)[:2]
-    assert first["items"][0]["devices"] == {"gpu": 2} and first["next"] == first["items"][1]["id"]
-    rest = (await admin_client.get(f"/v1/pools/{pool}/nodes", params={"after": first["next"]})).json()
-    assert len(rest["items"]) == 1 and rest["next"] is None
+    assert first["items"][0]["devices"] == {"gpu": 2} and first["nextCursor"]
+    rest = (await admin_client.get(f"/v1/pools/{pool}/nodes", params={"cursor": first["nextCursor"]})).json()
+    assert [n["id"] for n in rest["items"]] == sorted(n["id"] for n in made)[2:] and rest[
+        "nextCursor"
+    ] is None
     assert (await admin_client.get("/v1/pools/pool_nope/nodes")).status_code == 404

@@ -1,0 +1,109 @@
+"""Inventory answers: pools, nodes, devices, links (DESIGN.md, "HTTP API", response shapes)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from app.api.models.common import NEXT_CURSOR, ApiModel, Number, Timestamp
+
+AttributeValue = str | bool | int | float
+
+
+class CapacityRollup(ApiModel):
+    """One resource of a pool's capacity rollup: ``total`` and ``allocated`` (atoms or scalar units)."""
+
+    total: Number
+    allocated: Number
+
+
+class Pool(ApiModel):
+    """A pool with its node count and capacity rollup by resource."""
+
+    id: str
+    name: str
+    createdAt: Timestamp = Field(description="ISO 8601")
+    archivedAt: Timestamp | None = Field(description="ISO 8601; null while the pool is active")
+    nodeCount: int
+    capacity: dict[str, CapacityRollup]
+
+
+class PoolList(ApiModel):
+    """A page of pools the caller may read, oldest first."""
+
+    items: list[Pool]
+    nextCursor: str | None = NEXT_CURSOR
+
+
+class Taint(ApiModel):
+    """A node taint; ``dedicated=<tenant>`` with NoSchedule dedicates the node to that tenant."""
+
+    key: str
+    value: str
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class NodeResource(ApiModel):
+    """A scalar resource of a node: room = floor(allocatable x ratio) - allocated."""
+
+    allocatable: Number
+    ratio: Number
+    allocated: Number
+
+
+class Device(ApiModel):
+    """One atom (a GPU or a MIG slice, whose ``parent`` is its GPU)."""
+
+    id: str
+    device_class: str = Field(alias="class")
+    attributes: dict[str, AttributeValue]
+    numaNode: int | None
+    parent: str | None
+    healthy: bool
+    bookable: bool
+
+
+class Link(ApiModel):
+    """The link between two atoms as nvidia-smi prints it (``NV4``, ``PIX``, ... ``SYS``)."""
+
+    a: str
+    b: str
+    link: str
+
+
+class Node(ApiModel):
+    """A node with its labels (and their source), taints, conditions, resources, devices and links."""
+
+    id: str
+    poolId: str
+    name: str
+    labels: dict[str, str]
+    labelSources: dict[str, Literal["system", "operator"]]
+    taints: list[Taint]
+    cordoned: bool
+    ready: bool
+    heartbeatLost: bool
+    leasable: bool
+    noScheduleReasons: list[str]
+    resources: dict[str, NodeResource]
+    devices: list[Device]
+    links: list[Link]
+
+
+class NodeSummary(ApiModel):
+    """A node in a pool's node list: ``devices`` counts atoms by class."""
+
+    id: str
+    name: str
+    cordoned: bool
+    noScheduleReasons: list[str]
+    labels: dict[str, str]
+    devices: dict[str, int]
+
+
+class NodeList(ApiModel):
+    """A page of a pool's nodes in id order."""
+
+    items: list[NodeSummary]
+    nextCursor: str | None = NEXT_CURSOR

@@ -1,0 +1,115 @@
+"""Reservation and preview answers (DESIGN.md, "HTTP API", response shapes; seed 000, preview)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from app.api.models.common import NEXT_CURSOR, ApiModel, Number, Timestamp
+from app.api.models.statuses import ReservationStatus
+
+
+class Condition(ApiModel):
+    """One step of a reservation's story, e.g. ``Unschedulable`` (reason ``NoFit``) with its message."""
+
+    type: str = Field(description="Unschedulable, Scheduled, Repaired, Preempted or Ended")
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+
+
+class Allocation(ApiModel):
+    """What one node holds for a reservation over ``[start, end)``: atoms and scalar amounts."""
+
+    id: str
+    nodeId: str
+    atoms: list[str]
+    resources: dict[str, Number]
+    start: Timestamp = Field(description="ISO 8601, inclusive")
+    end: Timestamp = Field(description="ISO 8601, exclusive")
+    releasedAt: Timestamp | None = Field(description="ISO 8601; null while held")
+
+
+class MatchExpressionSpec(ApiModel):
+    """A selector expression as stored (shorthand selectors are stored in this form)."""
+
+    key: str
+    op: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Gte", "Lt", "Lte"]
+    values: list[str | int | float] | None = None
+
+
+class SelectorSpec(ApiModel):
+    """``{matchExpressions: [...]}``."""
+
+    matchExpressions: list[MatchExpressionSpec]
+
+
+class DeviceRequestSpec(ApiModel):
+    """One device request as stored: ``{class, count, selector, topology}``."""
+
+    device_class: str = Field(alias="class")
+    count: int
+    selector: SelectorSpec | None
+    topology: Literal["nvlink-all"] | None
+
+
+class GangSpec(ApiModel):
+    """``{members, topologyKey}``."""
+
+    members: int
+    topologyKey: str | None
+
+
+class ReservationSpec(ApiModel):
+    """The request as stored with the reservation (the body without ``idempotencyKey``)."""
+
+    tenantId: str
+    poolId: str
+    devices: list[DeviceRequestSpec]
+    resources: dict[str, Number]
+    start: Timestamp | None = Field(description="ISO 8601; null: the database's now when placed")
+    duration: str | int
+    binding: Literal["device", "node", "kubernetes"]
+    gang: GangSpec | None
+    spot: bool
+
+
+class Reservation(ApiModel):
+    """A reservation: ``placed`` with allocations, ``pending`` with an Unschedulable condition, ..."""
+
+    id: str
+    tenantId: str
+    poolId: str
+    status: ReservationStatus
+    idempotencyKey: str
+    spec: ReservationSpec
+    allocations: list[Allocation]
+    conditions: list[Condition]
+    createdAt: Timestamp = Field(description="ISO 8601")
+    releasedAt: Timestamp | None = Field(description="ISO 8601; null until released")
+
+
+class ReservationList(ApiModel):
+    """A page of reservations, newest first."""
+
+    items: list[Reservation]
+    nextCursor: str | None = NEXT_CURSOR
+
+
+class Candidate(ApiModel):
+    """A node the request would fit on: the atoms picked, the total score and each scorer's score."""
+
+    nodeId: str
+    nodeName: str
+    atoms: list[str]
+    score: float
+    scores: dict[str, float]
+
+
+class Preview(ApiModel):
+    """``{fits, candidates, reason?}``: up to 10 candidates best first (a gang: its members), or why not."""
+
+    fits: bool
+    candidates: list[Candidate]
+    reason: str | None = Field(default=None, description="Why nothing fits; absent when it fits")

@@ -1,0 +1,17 @@
+"""The reservation statuses: one home for the API's models and the CLI (kept free of pydantic, so the
+CLI starts fast)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ReservationStatus(StrEnum):
+    """Where a reservation is in its lifecycle (DESIGN.md, "Reservation lifecycle")."""
+
+    queued = "queued"
+    pending = "pending"
+    placed = "placed"
+    released = "released"
+    preempted = "preempted"
+    ended = "ended"

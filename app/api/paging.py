@@ -1,0 +1,96 @@
+"""Opaque list cursors: ``limit`` and ``cursor`` in, ``items`` and ``nextCursor`` out (docs/api.md).
+
+A cursor is the sort key of the last item of a page, tagged with the list it belongs to, as URL-safe
+base64 of a JSON array: ``["reservations", "2026-12-01T12:00:00+00:00", "res_01k..."]``. Clients must
+not build or read them; a cursor that this API did not issue for this list is 422 INVALID_INPUT naming
+``cursor``. Pages continue after the key (keyset paging), so an item added or removed meanwhile neither
+repeats nor hides another.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from fastapi import Query
+
+from app.errors import InvalidInput
+
+T = TypeVar("T")
+
+CURSOR_QUERY = Query(default=None, max_length=512, description="The previous page's `nextCursor`.")
+
+
+def encode_cursor(kind: str, *key: str) -> str:
+    """The cursor after an item whose sort key is ``key`` in the list ``kind``."""
+    raw = json.dumps([kind, *key], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def decode_cursor(cursor: str, kind: str, size: int) -> tuple[str, ...]:
+    """The ``size`` strings of the sort key in ``cursor``; raises InvalidInput (path ``cursor``) for a
+    cursor not issued for the list ``kind``."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        data = json.loads(raw)
+    except (binascii.Error, ValueError):
+        data = None
+    if (
+        not isinstance(data, list)
+        or len(data) != size + 1
+        or data[0] != kind
+        or not all(isinstance(part, str) for part in data[1:])
+    ):
+        raise InvalidInput(f"cursor: not a cursor of this list ({kind})", path="cursor")
+    return tuple(data[1:])
+
+
+def envelope(page: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``{items, nextCursor}`` of a service's ``{items, next}`` page, ``next`` being the sort key (one
+    string or a tuple of strings) of the page's last item when more remain, else None."""
+    following = page["next"]
+    if following is None:
+        return {"items": page["items"], "nextCursor": None}
+    key = (following,) if isinstance(following, str) else tuple(following)
+    return {"items": page["items"], "nextCursor": encode_cursor(kind, *key)}
+
+
+def page_after(
+    items: Sequence[T],
+    kind: str,
+    key: Callable[[T], tuple[str, ...]],
+    order: Callable[[tuple[str, ...]], Any],
+    limit: int,
+    cursor: str | None,
+) -> dict[str, Any]:
+    """``{items, nextCursor}``: up to ``limit`` of ``items`` (sorted ascending by ``order(key(item))``)
+    after the cursor's key; for lists read whole (pools). ``order`` turns a key's strings into a
+    comparable value (e.g. a parsed time); a cursor it cannot read is InvalidInput naming ``cursor``."""
+    rest = list(items)
+    if cursor is not None:
+        after = cursor_key(cursor, kind, order)
+        rest = [item for item in rest if order(key(item)) > after]
+    page = rest[:limit]
+    more = len(rest) > limit
+    return {"items": page, "nextCursor": encode_cursor(kind, *key(page[-1])) if more else None}
+
+
+def time_then_id(key: tuple[str, ...]) -> tuple[datetime, str]:
+    """The order of a ``(createdAt, id)`` key: the aware time, then the id; ValueError otherwise."""
+    created = datetime.fromisoformat(key[0])
+    if created.tzinfo is None:
+        raise ValueError("a cursor's time carries its offset")
+    return created, key[1]
+
+
+def cursor_key(cursor: str, kind: str, order: Callable[[tuple[str, ...]], Any], size: int = 2) -> Any:
+    """``order`` of the cursor's key (``size`` strings); InvalidInput naming ``cursor`` when unreadable."""
+    parts = decode_cursor(cursor, kind, size)
+    try:
+        return order(parts)
+    except ValueError:
+        raise InvalidInput(f"cursor: not a cursor of this list ({kind})", path="cursor") from None
