@@ -8,8 +8,6 @@ it has, every state, with zero where nothing is counted, so a series exists befo
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -43,43 +41,61 @@ async def reservation_counts(conn: AsyncConnection) -> dict[tuple[str, str], int
 
 async def atom_counts(conn: AsyncConnection) -> dict[tuple[str, str, str], int]:
     """``{(pool_id, class, state): count}`` over the atoms of live pools now (``ATOM_STATES``). A GPU split
-    into MIG slices is not an atom (its slices are); a dedicated node's atoms are free (for its tenant)."""
+    into MIG slices is not an atom (its slices are); a dedicated node's atoms are free (for its tenant).
+
+    Devices are counted per node first (a hash join of devices and the bookings holding them now; the
+    exclusion constraint allows at most one such booking per device), then per pool over the node rows,
+    where each node's schedulability is decided once, not once per atom (bench/observability.py: 0.14 to
+    0.2 s for 80,000 atoms on this machine, against 1.1 s when each atom looked up its booking)."""
     child = devices.alias("child")
-    booked_now = (
-        sa.exists()
-        .where(device_bookings.c.device_pk == devices.c.pk, device_bookings.c.during.contains(sa.func.now()))
-        .correlate(devices)
+    usable = sa.and_(devices.c.healthy, devices.c.bookable)
+    held_now = sa.and_(
+        device_bookings.c.device_pk == devices.c.pk, device_bookings.c.during.contains(sa.func.now())
     )
-    state = sa.case(
-        (booked_now, "booked"),
-        (~sa.and_(devices.c.healthy, devices.c.bookable), "unhealthy"),
-        (~may_be_schedulable_sql(), "unschedulable"),
-        else_="free",
-    ).label("state")
-    # SELECT n.pool_id, d.class, CASE
-    #          WHEN EXISTS (SELECT 1 FROM device_bookings b WHERE b.device_pk = d.pk AND b.during @> now())
-    #            THEN 'booked'
-    #          WHEN NOT (d.healthy AND d.bookable) THEN 'unhealthy'
-    #          WHEN NOT <may_be_schedulable(n)> THEN 'unschedulable'
-    #          ELSE 'free' END AS state, count(*)
-    #   FROM devices d JOIN nodes n ON n.id = d.node_id JOIN pools p ON p.id = n.pool_id
-    #  WHERE p.archived_at IS NULL AND NOT EXISTS (SELECT 1 FROM devices c WHERE c.parent_id = d.id)
-    #  GROUP BY 1, 2, 3
+    free_of_bookings = device_bookings.c.device_pk.is_(None)
+    # WITH per_node AS (
+    #   SELECT d.node_id, d.class, count(b.device_pk) AS booked,
+    #          count(*) FILTER (WHERE b.device_pk IS NULL AND NOT (d.healthy AND d.bookable)) AS unhealthy,
+    #          count(*) FILTER (WHERE b.device_pk IS NULL AND d.healthy AND d.bookable) AS usable
+    #     FROM devices d LEFT JOIN device_bookings b ON b.device_pk = d.pk AND b.during @> now()
+    #    WHERE NOT EXISTS (SELECT 1 FROM devices c WHERE c.parent_id = d.id)
+    #    GROUP BY d.node_id, d.class)
+    # SELECT n.pool_id, pn.class, sum(booked), sum(unhealthy),
+    #        sum(usable) FILTER (WHERE <may_be_schedulable(n)>), sum(usable) FILTER (WHERE NOT ...)
+    #   FROM per_node pn JOIN nodes n ON n.id = pn.node_id JOIN pools p ON p.id = n.pool_id
+    #  WHERE p.archived_at IS NULL GROUP BY n.pool_id, pn.class
+    per_node = (
+        sa.select(
+            devices.c.node_id,
+            devices.c["class"].label("cls"),
+            sa.func.count(device_bookings.c.device_pk).label("booked"),
+            sa.func.count().filter(sa.and_(free_of_bookings, ~usable)).label("unhealthy"),
+            sa.func.count().filter(sa.and_(free_of_bookings, usable)).label("usable"),
+        )
+        .select_from(devices.outerjoin(device_bookings, held_now))
+        .where(~sa.exists().where(child.c.parent_id == devices.c.id))
+        .group_by(devices.c.node_id, devices.c["class"])
+        .cte("per_node")
+    )
+    schedulable = may_be_schedulable_sql()
     rows = (
         await conn.execute(
-            sa.select(nodes.c.pool_id, devices.c["class"], state, sa.func.count())
-            .select_from(devices.join(nodes, nodes.c.id == devices.c.node_id).join(pools))
-            .where(
-                pools.c.archived_at.is_(None),
-                ~sa.exists().where(child.c.parent_id == devices.c.id).correlate(devices),
+            sa.select(
+                nodes.c.pool_id,
+                per_node.c.cls,
+                sa.func.sum(per_node.c.booked),
+                sa.func.sum(per_node.c.unhealthy),
+                sa.func.sum(per_node.c.usable).filter(schedulable),
+                sa.func.sum(per_node.c.usable).filter(~schedulable),
             )
-            .group_by(nodes.c.pool_id, devices.c["class"], state)
+            .select_from(per_node.join(nodes, nodes.c.id == per_node.c.node_id).join(pools))
+            .where(pools.c.archived_at.is_(None))
+            .group_by(nodes.c.pool_id, per_node.c.cls)
         )
     ).all()
-    classes: dict[str, set[str]] = defaultdict(set)
-    for pool, cls, _, _ in rows:
-        classes[pool].add(cls)
-    out = {(pool, cls, s): 0 for pool, seen in classes.items() for cls in seen for s in ATOM_STATES}
-    for pool, cls, s, count in rows:
-        out[(pool, cls, s)] = count
+    out: dict[tuple[str, str, str], int] = {}
+    for pool, cls, booked, unhealthy, free, unschedulable in rows:
+        counts = {"free": free, "booked": booked, "unhealthy": unhealthy, "unschedulable": unschedulable}
+        for state in ATOM_STATES:
+            out[(pool, cls, state)] = int(counts[state] or 0)
     return out

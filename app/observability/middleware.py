@@ -23,12 +23,13 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from fastapi.routing import RouteContext, iter_route_contexts
+from fastapi.routing import iter_route_contexts
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
-from starlette.routing import BaseRoute, Match
+from starlette.routing import BaseRoute, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import AppError
@@ -52,21 +53,37 @@ def request_id_of(headers: Headers) -> str:
     return new_id("req")
 
 
-def route_template(scope: Scope, routes: Iterable[RouteContext]) -> str:
-    """The template (``path_format``) of the route the router picks for ``scope``: the first that
-    matches path and method, else the first that matches the path (a 405), else ``unmatched``. Matched
-    here rather than read from ``scope["route"]``, so answers given before routing (a 401, a 413) are
-    labelled too, and include prefixes are part of the template."""
-    partial: RouteContext | None = None
-    for route in routes:
-        match, _ = route.matches(scope)
-        if match is Match.FULL:
-            return route.path_format or metrics.UNMATCHED_ROUTE
-        if match is Match.PARTIAL and partial is None:
-            partial = route
-    if partial is not None and partial.path_format:
-        return partial.path_format
-    return metrics.UNMATCHED_ROUTE
+@dataclass(frozen=True, slots=True)
+class RouteTemplate:
+    """One route's template (``path_format``, include prefixes in it), its path regex and methods."""
+
+    template: str
+    pattern: re.Pattern[str]
+    methods: frozenset[str]
+
+
+def route_templates(routes: Sequence[BaseRoute]) -> list[RouteTemplate]:
+    """The app's routes (included routers flattened, in the router's order) as :class:`RouteTemplate`."""
+    out = []
+    for route in iter_route_contexts(routes):
+        if route.path_format:
+            pattern, _, _ = compile_path(route.path_format)
+            out.append(RouteTemplate(route.path_format, pattern, frozenset(route.methods or ())))
+    return out
+
+
+def route_template(scope: Scope, templates: Sequence[RouteTemplate]) -> str:
+    """The template of the route the router picks for ``scope``: the first whose path and method match,
+    else the first whose path matches (a 405), else ``unmatched``. Matched here rather than read from
+    ``scope["route"]``, so answers given before routing (a 401, a 413) are labelled too."""
+    path, method = scope["path"], scope["method"]
+    partial: str | None = None
+    for t in templates:
+        if t.pattern.match(path):
+            if not t.methods or method in t.methods:
+                return t.template
+            partial = partial or t.template
+    return partial or metrics.UNMATCHED_ROUTE
 
 
 class AccessLogMiddleware:
@@ -75,8 +92,8 @@ class AccessLogMiddleware:
 
     def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
         self.app = app
-        self.routes = list(iter_route_contexts(routes))
-        metrics.declare_routes(r.path_format for r in self.routes if r.path_format)
+        self.templates = route_templates(routes)
+        metrics.declare_routes(t.template for t in self.templates)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -100,7 +117,7 @@ class AccessLogMiddleware:
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
-            route = route_template(scope, self.routes)
+            route = route_template(scope, self.templates)
             error_log.exception("unhandled error in %s %s", method, route, extra={"request_id": request_id})
             if status is None:  # nothing sent yet: answer in the one error shape
                 response = JSONResponse(AppError("internal error").to_body(), status_code=500)
@@ -109,7 +126,7 @@ class AccessLogMiddleware:
         finally:
             REQUEST_ID.reset(token)
         seconds = time.perf_counter() - started
-        route = route_template(scope, self.routes)
+        route = route_template(scope, self.templates)
         code = status if status is not None else 500
         metrics.observe_http(route, method, code, seconds)
         key_id = state.get("api_key_id") or NO_KEY

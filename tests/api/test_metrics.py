@@ -193,3 +193,36 @@ def test_metrics_module_is_the_one_home_of_metric_names() -> None:
         str(p.relative_to(app_dir)) for p in app_dir.rglob("*.py") if definition.search(p.read_text())
     ]
     assert defining == ["observability/metrics.py"]
+
+
+async def test_a_gpu_split_into_mig_slices_is_not_an_atom(fresh_gauges_app: Any) -> None:
+    transport = httpx.ASGITransport(app=fresh_gauges_app)
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers) as client:
+        pool = await make_pool(client)
+        node = gpu_node("mig-host", 1)
+        node["devices"][0]["bookable"] = False  # the GPU is split: its slices are the atoms
+        parent = node["devices"][0]["id"]
+        node["devices"] += [
+            {"id": f"MIG-{i}", "class": "mig-1g.10gb", "parent": parent, "numaNode": 0} for i in range(3)
+        ]
+        await add_node(client, pool, node)
+        placed = (
+            await client.post(
+                "/v1/reservations",
+                json={**reservation(pool, 0), "devices": [{"class": "mig-1g.10gb", "count": 1}]},
+            )
+        ).json()
+        assert placed["status"] == "placed", placed
+        samples = await _scrape(client)
+    gauges = {
+        (dict(labels)["class"], dict(labels)["state"]): v
+        for (name, labels), v in samples.items()
+        if name == "bc_atoms" and dict(labels)["pool"] == pool
+    }
+    assert gauges == {
+        ("mig-1g.10gb", "free"): 2,
+        ("mig-1g.10gb", "booked"): 1,
+        ("mig-1g.10gb", "unhealthy"): 0,
+        ("mig-1g.10gb", "unschedulable"): 0,
+    }
