@@ -1,33 +1,45 @@
-"""The ``better-compute`` command (typer): serve, migrate, reserve / preview / release (HTTP clients of
-a running service), api-key creation, and ``placement explain|fleet|compare`` (local, seed 004)."""
+"""The ``better-compute`` command (typer).
+
+Local commands: ``serve``, ``migrate``, ``openapi``, ``placement explain|fleet|compare`` (seed 004).
+Client commands of a running service (DESIGN.md, "CLI"): ``reserve``, ``preview``, ``release``,
+``get reservations|pools|nodes [ID]``, ``describe reservation|node ID``; each takes ``--server``
+(``BC_SERVER``), ``--key`` (``BC_API_KEY``) and ``-o table|wide|json|yaml``, and exits 0 (done, placed),
+3 (pending, would not fit), 1 (an API error, printed ``CODE: message``, or an unreachable service) or
+2 (usage). The HTTP client and the output live in :mod:`app.client`; the commands here stay thin.
+"""
 
 from __future__ import annotations
 
-import json
+import io
 import os
-import secrets
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from app.client import EXIT_API_ERROR, EXIT_NOT_PLACED, EXIT_USAGE
+from app.client import render as out
+from app.client.api import DEFAULT_SERVER, ReservationStatus, ServiceClient, ServiceError, Unreachable
+from app.client.flags import LIST_RESERVATION_FLAGS, REQUEST_FLAGS, RequestFlags, UsageError, with_flag
+from app.client.render import Output
 from app.fleet.cli import placement_app
 
-app = typer.Typer(help="better-compute: decide where GPU work lands.", no_args_is_help=True)
-app.add_typer(placement_app, name="placement")
-console = Console(soft_wrap=True)  # no hard wraps at 80 columns when the output is not a terminal
-err = Console(stderr=True, soft_wrap=True)
+app = typer.Typer(
+    help="better-compute: decide where GPU work lands.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,  # a traceback must never print the API key
+)
+get_app = typer.Typer(help="List or show reservations, pools and nodes.", no_args_is_help=True)
+describe_app = typer.Typer(help="Show one reservation or node in detail.", no_args_is_help=True)
 
-URL_OPTION = typer.Option("--url", envvar="BC_URL", help="Service base URL.")
-KEY_OPTION = typer.Option("--key", envvar="BC_API_KEY", help="API key (or BC_API_KEY).")
+# no hard wraps when the output is not a terminal (kubectl does not wrap either: rows stay greppable)
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10_000)
 
 
-@app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
@@ -86,7 +98,6 @@ def serve(
     )
 
 
-@app.command()
 def migrate() -> None:
     """Migrate the database (DATABASE_URL, or the embedded PostgreSQL) to the latest schema."""
     from app.db.engine import migrate as run_migrate
@@ -98,23 +109,47 @@ def migrate() -> None:
     console.print("migrated to head")
 
 
-def _client(url: str, key: str | None) -> httpx.Client:
+# -- client commands ---------------------------------------------------------------------------------
+
+ServerOpt = Annotated[
+    str, typer.Option("--server", envvar="BC_SERVER", help="Service URL.", show_default=True)
+]
+KeyOpt = Annotated[
+    str | None, typer.Option("--key", envvar="BC_API_KEY", help="API key.", show_default=False)
+]
+OutputOpt = Annotated[Output, typer.Option("-o", "--output", help="Output format.")]
+LimitOpt = Annotated[
+    int | None, typer.Option("--limit", min=1, help="Show at most this many (default: all).")
+]
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    """Print one plain line on stderr (no markup: messages carry brackets) and make the exit."""
+    typer.echo(message, err=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def service(server: str, key: str | None, flags: dict[str, str] | None = None) -> Iterator[ServiceClient]:
+    """A client of ``server`` for one command, turning failures into exits: an unreachable service is
+    one line naming the URL (exit 1), an error answer ``CODE: message`` with the field path replaced by
+    its flag from ``flags`` (exit 1), a :class:`UsageError` its message (exit 2)."""
     if not key:
-        err.print("an API key is needed: --key or BC_API_KEY")
-        raise typer.Exit(2)
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
-
-
-def _answer(response: httpx.Response) -> Any:
+        raise _fail("an API key is needed: --key or BC_API_KEY", EXIT_USAGE)
+    if not server.startswith(("http://", "https://")):
+        raise _fail(f"--server {server!r}: give an http:// or https:// URL", EXIT_USAGE)
     try:
-        body = response.json()
-    except ValueError:
-        body = {"error": {"code": "HTTP", "message": response.text}}
-    if response.status_code >= 400:
-        e = body.get("error", {}) if isinstance(body, dict) else {}
-        err.print(f"[red]{response.status_code} {e.get('code')}[/red]: {e.get('message')}")
-        raise typer.Exit(1)
-    return body
+        with ServiceClient(server, key) as client:
+            yield client
+    except Unreachable as error:
+        raise _fail(error.message, EXIT_API_ERROR) from None
+    except ServiceError as error:
+        message = error.message
+        if flags is not None:
+            message = with_flag(message, str(error.details.get("path", "")), flags)
+        raise _fail(f"{error.code}: {message}", EXIT_API_ERROR) from None
+    except UsageError as error:
+        raise _fail(error.message, EXIT_USAGE) from None
 
 
 TenantOpt = Annotated[str, typer.Option("--tenant", help="Tenant id.")]
@@ -122,38 +157,17 @@ PoolOpt = Annotated[str, typer.Option("--pool", help="Pool id.")]
 GpusOpt = Annotated[int, typer.Option("--gpus", help="Number of atoms of --class.")]
 ForOpt = Annotated[str, typer.Option("--for", help="Duration: 90m, 2h, 1d, or seconds.")]
 SelectorOpt = Annotated[str | None, typer.Option("--selector", help="Selector shorthand.")]
-NvlinkOpt = Annotated[bool, typer.Option("--nvlink", help="topology: nvlink-all.")]
+NvlinkOpt = Annotated[bool, typer.Option("--nvlink", help="Only NVLink-complete sets (nvlink-all).")]
 CpuOpt = Annotated[float | None, typer.Option("--cpu", help="CPU cores.")]
 MemOpt = Annotated[float | None, typer.Option("--memory", help="Memory (MiB).")]
 IdemOpt = Annotated[str | None, typer.Option("--idempotency-key", help="Retry key (default: random).")]
 ClassOpt = Annotated[str, typer.Option("--class", help="Device class.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the JSON answer.")]
 
 
-NO_FIT_EXIT = 3  # preview: the request would not fit (scripts can tell "no" from an error)
-
-
-def _print_preview(answer: dict[str, Any]) -> None:
-    if not answer["fits"]:
-        console.print(f"[yellow]does not fit[/yellow]: {answer.get('reason')}")
-        return
-    table = Table("node", "score", "atoms")
-    for cand in answer["candidates"]:
-        table.add_row(cand.get("nodeName", cand["nodeId"]), f"{cand['score']:.3f}", ", ".join(cand["atoms"]))
-    console.print(table)
-
-
-def _print_reservation(answer: dict[str, Any]) -> None:
-    console.print(f"{answer['id']} [bold]{answer['status']}[/bold]")
-    for a in answer["allocations"]:
-        console.print(f"  {a['nodeId']}: {', '.join(a['atoms'])} {a['resources']} until {a['end']}")
-    for cond in answer["conditions"]:
-        console.print(f"  [yellow]{cond['reason']}[/yellow]: {cond['message']}")
-
-
-def _request_command(path: str, show: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
-    """A command that sends one reservation-shaped body to ``path`` (preview and reserve take the
-    same options, so they share this one definition)."""
+def _request_command(send: Callable[[ServiceClient, dict[str, Any], Output], bool]) -> Callable[..., None]:
+    """A command that sends the request the flags describe: ``send(api, body, output)`` calls the
+    service, prints the answer and says whether it is done (else exit 3). Preview and reserve take the
+    same flags, so they share this one definition."""
 
     def command(
         tenant: TenantOpt,
@@ -166,56 +180,152 @@ def _request_command(path: str, show: Callable[[dict[str, Any]], None]) -> Calla
         memory: MemOpt = None,
         idempotency_key: IdemOpt = None,
         device_class: ClassOpt = "gpu",
-        as_json: JsonOpt = False,
-        url: Annotated[str, URL_OPTION] = "http://127.0.0.1:8000",
-        key: Annotated[str | None, KEY_OPTION] = None,
+        output: OutputOpt = Output.table,
+        server: ServerOpt = DEFAULT_SERVER,
+        key: KeyOpt = None,
     ) -> None:
-        device: dict[str, Any] = {"class": device_class, "count": gpus}
-        if selector:
-            device["selector"] = selector
-        if nvlink:
-            device["topology"] = "nvlink-all"
-        body = {
-            "tenantId": tenant,
-            "poolId": pool,
-            "devices": [device] if gpus else [],
-            "resources": {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None},
-            "duration": for_,
-            "idempotencyKey": idempotency_key or f"cli-{secrets.token_hex(8)}",
-        }
-        with _client(url, key) as c:
-            answer = _answer(c.post(path, json=body))
-        if as_json:
-            print(json.dumps(answer, indent=2))
-        else:
-            show(answer)
-        if answer.get("fits") is False:
-            raise typer.Exit(NO_FIT_EXIT)
+        flags = RequestFlags(
+            tenant, pool, gpus, for_, selector, nvlink, cpu, memory, idempotency_key, device_class
+        )
+        with service(server, key, REQUEST_FLAGS) as api:
+            done = send(api, flags.request_body(), output)
+        if not done:
+            raise typer.Exit(EXIT_NOT_PLACED)
 
     return command
 
 
-app.command("preview", help="Would this fit, where, and if not, why not (exit code 3: it would not).")(
-    _request_command("/v1/capacity/preview", _print_preview)
-)
-app.command("reserve", help="Reserve GPUs (and cpu/memory) now for a duration.")(
-    _request_command("/v1/reservations", _print_reservation)
-)
+def _preview(api: ServiceClient, body: dict[str, Any], output: Output) -> bool:
+    """Preview; done when it would fit."""
+    answer = api.preview(body)
+    out.emit(console, answer, output, lambda wide: out.preview_view(answer, wide))
+    return bool(answer.get("fits"))
 
 
-@app.command()
+def _reserve(api: ServiceClient, body: dict[str, Any], output: Output) -> bool:
+    """Reserve; done when placed (pending and queued are not)."""
+    answer = api.reserve(body)
+    names = _names(api, [answer], output)
+    out.emit(console, answer, output, lambda wide: out.reservation_view(answer, names, wide))
+    return answer.get("status") == "placed"
+
+
+def _names(api: ServiceClient, reservations: list[dict[str, Any]], output: Output) -> dict[str, str]:
+    """Node names for the reservations' allocations, looked up only for human output."""
+    if output in (Output.json, Output.yaml):
+        return {}
+    return api.node_names(out.reservation_nodes(reservations))
+
+
 def release(
-    reservation_id: Annotated[str, typer.Argument(help="Reservation id (res_...).")],
-    url: Annotated[str, URL_OPTION] = "http://127.0.0.1:8000",
-    key: Annotated[str | None, KEY_OPTION] = None,
+    reservation_id: Annotated[str, typer.Argument(metavar="ID", help="Reservation id (res_...).")],
+    output: OutputOpt = Output.table,
+    server: ServerOpt = DEFAULT_SERVER,
+    key: KeyOpt = None,
 ) -> None:
-    """Release a reservation."""
-    with _client(url, key) as c:
-        answer = _answer(c.post(f"/v1/reservations/{reservation_id}/release"))
-    console.print(f"{answer['id']} [bold]{answer['status']}[/bold]")
+    """Release a reservation (its holdings end now)."""
+    with service(server, key) as api:
+        answer = api.release(reservation_id)
+        out.emit(console, answer, output, lambda wide: out.reservation_view(answer, {}, wide))
 
 
-@app.command("openapi")
+StatusOpt = Annotated[ReservationStatus | None, typer.Option("--status", help="Only this status.")]
+
+
+def get_reservations(
+    reservation_id: Annotated[
+        str | None, typer.Argument(metavar="[ID]", help="One reservation (res_...).")
+    ] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's.")] = None,
+    status: StatusOpt = None,
+    limit: LimitOpt = None,
+    output: OutputOpt = Output.table,
+    server: ServerOpt = DEFAULT_SERVER,
+    key: KeyOpt = None,
+) -> None:
+    """List reservations, newest first (or show one)."""
+    with service(server, key, LIST_RESERVATION_FLAGS) as api:
+        if reservation_id:
+            data: Any = api.reservation(reservation_id)
+            rows = [data]
+        else:
+            rows = api.reservations(tenant, status, limit)
+            data = {"items": rows}
+        names = _names(api, rows, output)
+        out.emit(console, data, output, lambda wide: out.reservations_view(rows, names, wide))
+
+
+def get_pools(
+    pool_id: Annotated[str | None, typer.Argument(metavar="[ID]", help="One pool (pool_...).")] = None,
+    limit: LimitOpt = None,
+    output: OutputOpt = Output.table,
+    server: ServerOpt = DEFAULT_SERVER,
+    key: KeyOpt = None,
+) -> None:
+    """List the pools this key may see (or show one)."""
+    with service(server, key) as api:
+        rows = [api.pool(pool_id)] if pool_id else api.pools(limit)
+        data = rows[0] if pool_id else {"items": rows}
+        out.emit(console, data, output, lambda wide: out.pools_view(rows, wide))
+
+
+def get_nodes(
+    node_id: Annotated[str | None, typer.Argument(metavar="[ID]", help="One node (node_...).")] = None,
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="Only this pool's nodes (default: every pool's).")
+    ] = None,
+    limit: LimitOpt = None,
+    output: OutputOpt = Output.table,
+    server: ServerOpt = DEFAULT_SERVER,
+    key: KeyOpt = None,
+) -> None:
+    """List nodes in id order, a pool's or every visible pool's (or show one)."""
+    if node_id and pool:
+        raise _fail("--pool lists a pool's nodes; a node id names the node alone", EXIT_USAGE)
+    with service(server, key) as api:
+        pool_names: dict[str, str] = {}
+        if node_id:
+            rows = [api.node(node_id)]
+            data: Any = rows[0]
+        else:
+            pools = [api.pool(pool)] if pool else api.pools()
+            pool_names = {p["id"]: p["name"] for p in pools}
+            rows = []
+            for p in pools:
+                wanted = None if limit is None else limit - len(rows)
+                if wanted == 0:
+                    break
+                rows += [{**n, "poolId": n.get("poolId", p["id"])} for n in api.nodes(p["id"], wanted)]
+            data = {"items": rows}
+        out.emit(console, data, output, lambda wide: out.nodes_view(rows, wide, pool_names))
+
+
+def describe_reservation(
+    reservation_id: Annotated[str, typer.Argument(metavar="ID", help="Reservation id (res_...).")],
+    output: OutputOpt = Output.table,
+    server: ServerOpt = DEFAULT_SERVER,
+    key: KeyOpt = None,
+) -> None:
+    """A reservation's request, allocations (by node name) and conditions."""
+    with service(server, key) as api:
+        answer = api.reservation(reservation_id)
+        names = _names(api, [answer], output)
+        out.emit(console, answer, output, lambda wide: out.describe_reservation_view(answer, names, wide))
+
+
+def describe_node(
+    node_id: Annotated[str, typer.Argument(metavar="ID", help="Node id (node_...).")],
+    output: OutputOpt = Output.table,
+    server: ServerOpt = DEFAULT_SERVER,
+    key: KeyOpt = None,
+) -> None:
+    """A node's status, labels, taints, resources, devices and links."""
+    with service(server, key) as api:
+        node = api.node(node_id)
+        pool_name = None if output in (Output.json, Output.yaml) else api.pool_name(node["poolId"])
+        out.emit(console, node, output, lambda wide: out.describe_node_view(node, pool_name, wide))
+
+
 def openapi_command(
     output: Annotated[str, typer.Option("-o", help="Where to write it.")] = "openapi/openapi.json",
 ) -> None:
@@ -226,8 +336,61 @@ def openapi_command(
     console.print(f"wrote {output}")
 
 
+# -- the command list (help shows them in this order; new commands, e.g. `agent`, join it) ------------
+
+COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
+    ("serve", serve, None),
+    ("migrate", migrate, None),
+    (
+        "reserve",
+        _request_command(_reserve),
+        "Reserve GPUs (and cpu/memory) now for a duration (exit 3: pending).",
+    ),
+    (
+        "preview",
+        _request_command(_preview),
+        "Would this fit, where, and if not, why not (exit 3: it would not).",
+    ),
+    ("release", release, None),
+    ("openapi", openapi_command, None),
+]
+GET_COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
+    ("reservations", get_reservations, None),
+    ("pools", get_pools, None),
+    ("nodes", get_nodes, None),
+]
+DESCRIBE_COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
+    ("reservation", describe_reservation, None),
+    ("node", describe_node, None),
+]
+GROUPS: list[tuple[str, typer.Typer]] = [
+    ("get", get_app),
+    ("describe", describe_app),
+    ("placement", placement_app),
+]
+# kubectl takes either number: `get reservation ID`, `describe nodes ID`
+ALIASES: list[tuple[typer.Typer, str, Callable[..., None]]] = [
+    (get_app, "reservation", get_reservations),
+    (get_app, "pool", get_pools),
+    (get_app, "node", get_nodes),
+    (describe_app, "reservations", describe_reservation),
+    (describe_app, "nodes", describe_node),
+]
+
+for group, commands in ((app, COMMANDS), (get_app, GET_COMMANDS), (describe_app, DESCRIBE_COMMANDS)):
+    for name, function, help_text in commands:
+        group.command(name, help=help_text)(function)
+for name, sub_app in GROUPS:
+    app.add_typer(sub_app, name=name)
+for group, name, function in ALIASES:
+    group.command(name, hidden=True)(function)
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (output is UTF-8 whatever the locale: ``×`` stays ``×``)."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(encoding="utf-8")
     app(prog_name="better-compute")
 
 

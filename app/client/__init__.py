@@ -1,0 +1,15 @@
+"""The client half of the ``better-compute`` command: it talks to a running service over HTTP.
+
+- :mod:`app.client.api`: the HTTP client (``ServiceClient``), paging, and the two client-side errors
+  (an error answer of the service, an unreachable service);
+- :mod:`app.client.flags`: reserve/preview flags -> the request body, and API field paths -> flags;
+- :mod:`app.client.render`: ``-o table|wide|json|yaml`` output (tables by rich).
+
+The commands themselves stay thin in ``app/cli.py``.
+"""
+
+# Exit codes of every client command (DESIGN.md, "CLI"); scripts tell "no" from an error by them.
+EXIT_OK = 0  # done, or placed / would fit
+EXIT_API_ERROR = 1  # the service answered an error, or could not be reached
+EXIT_USAGE = 2  # the command line is wrong (click uses 2 for its own usage errors too)
+EXIT_NOT_PLACED = 3  # reserve went pending (or is still queued); preview: it would not fit

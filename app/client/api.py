@@ -1,0 +1,240 @@
+"""An HTTP client of a running better-compute service (the CLI's ``reserve``, ``get``, ``describe`` ...).
+
+:class:`ServiceClient` sends one request per call with ``Authorization: Bearer <key>`` and returns the
+decoded JSON answer. Failures are two :class:`~app.errors.AppError` subclasses, so a command handles them
+in one place:
+
+- :class:`ServiceError`: the service answered 4xx/5xx; it carries the answer's ``code``, ``message``,
+  HTTP ``status`` and ``details`` (``details.path`` names the field of a 422);
+- :class:`Unreachable`: no answer at all (refused, unknown host, timeout, a broken connection); its
+  message is one line naming the URL, e.g. ``cannot reach http://127.0.0.1:8000: connection refused``.
+
+Lists page (DESIGN.md, "HTTP API"): ``?limit=&cursor=`` in, ``{items, nextCursor}`` out.
+:meth:`ServiceClient.items` follows ``nextCursor`` until it is absent or null, so it also reads lists that
+answer in one page without a cursor (and the node list's older ``next``/``after`` pair).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from enum import StrEnum
+from typing import Any
+
+import httpx
+
+from app.errors import AppError
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+PAGE_SIZE = 500  # items asked per page (every list route accepts at least 1000)
+DIRECT_NAME_LOOKUPS = 8  # up to this many nodes are looked up one by one, more by listing their pool
+
+
+class ReservationStatus(StrEnum):
+    """The statuses a reservation can have (DESIGN.md, "Reservation lifecycle"): ``get reservations
+    --status`` takes one."""
+
+    queued = "queued"
+    pending = "pending"
+    placed = "placed"
+    released = "released"
+    preempted = "preempted"
+    ended = "ended"
+
+
+class ServiceError(AppError):
+    """An error answer of the service: ``code`` and ``message`` from its ``{"error": {...}}`` body,
+    ``status`` the HTTP status, ``details`` the body's details (``{"path": "devices.0.count"}`` on 422)."""
+
+    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details)
+        self.status = status
+        self.code = code
+
+
+class Unreachable(AppError):
+    """The service gave no answer: ``message`` is ``cannot reach <url>: <why>`` (one line)."""
+
+    code = "UNREACHABLE"
+
+    def __init__(self, url: str, why: str) -> None:
+        super().__init__(f"cannot reach {url}: {why}", {"url": url})
+        self.url = url
+
+
+def _why(error: httpx.TransportError, timeout: float) -> str:
+    """The short cause of a transport failure: the operating system's text (``connection refused``,
+    ``name or service not known``) when there is one, else httpx's."""
+    if isinstance(error, httpx.TimeoutException):
+        return f"no answer within {timeout:g} s"
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror.lower()
+        cause = cause.__cause__ or cause.__context__
+    text = str(error).strip().splitlines()
+    return text[-1] if text else type(error).__name__
+
+
+def _error_from(response: httpx.Response) -> ServiceError:
+    """The :class:`ServiceError` for a 4xx/5xx answer (a body that is not the service's error shape,
+    e.g. a proxy's HTML page, becomes ``HTTP_<status>`` with the body's first line)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("code"), str):
+        details = error.get("details")
+        return ServiceError(
+            response.status_code,
+            error["code"],
+            str(error.get("message", "")),
+            details if isinstance(details, dict) else {},
+        )
+    first_line = next(iter(response.text.strip().splitlines()), response.reason_phrase)
+    return ServiceError(response.status_code, f"HTTP_{response.status_code}", first_line[:200])
+
+
+class ServiceClient:
+    """A client of one service: ``ServiceClient(server, key)`` is a context manager around an
+    ``httpx.Client`` (``timeout`` in seconds per request; lists are read ``page_size`` items a
+    request). Every method raises :class:`ServiceError` or :class:`Unreachable`."""
+
+    def __init__(
+        self,
+        server: str,
+        key: str,
+        timeout: float = 60.0,
+        page_size: int = PAGE_SIZE,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self.timeout = timeout
+        self.page_size = page_size
+        self._http = httpx.Client(
+            base_url=self.server,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=timeout,
+        )
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._http.close()
+
+    def request(
+        self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None
+    ) -> tuple[int, Any]:
+        """``(status, decoded JSON)`` of one request; a 4xx/5xx answer raises :class:`ServiceError`."""
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = self._http.request(method, path, params=query, json=body)
+        except httpx.TransportError as error:
+            raise Unreachable(self.server, _why(error, self.timeout)) from None
+        if response.status_code >= 400:
+            raise _error_from(response)
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            raise ServiceError(
+                response.status_code, "BAD_ANSWER", f"{method} {path} answered something other than JSON"
+            ) from None
+
+    def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        """The decoded answer of ``GET path``."""
+        return self.request("GET", path, params)[1]
+
+    def items(self, path: str, params: dict[str, Any] | None = None, limit: int | None = None) -> list[Any]:
+        """Every item of a list route (at most ``limit``), following ``nextCursor`` page by page."""
+        return list(self._pages(path, dict(params or {}), limit))
+
+    def _pages(self, path: str, params: dict[str, Any], limit: int | None) -> Iterator[Any]:
+        seen = 0
+        position: dict[str, Any] = {}
+        while True:
+            page_size = self.page_size if limit is None else min(self.page_size, limit - seen)
+            answer = self.get(path, {**params, **position, "limit": page_size})
+            for item in answer.get("items", []):
+                yield item
+                seen += 1
+                if limit is not None and seen >= limit:
+                    return
+            if answer.get("nextCursor"):
+                position = {"cursor": answer["nextCursor"]}
+            elif answer.get("next"):  # the node list before cursors: `next` goes back as `after`
+                position = {"after": answer["next"]}
+            else:
+                return
+
+    # -- the service's operations ------------------------------------------------------------------
+
+    def preview(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/capacity/preview``: ``{fits, candidates: [{nodeId, nodeName, atoms, score,
+        scores}], reason?}``."""
+        return self.request("POST", "/v1/capacity/preview", body=body)[1]
+
+    def reserve(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/reservations``: the reservation (placed, pending or queued; an idempotent retry
+        answers the same one)."""
+        return self.request("POST", "/v1/reservations", body=body)[1]
+
+    def release(self, reservation_id: str) -> dict[str, Any]:
+        """``POST /v1/reservations/{id}/release``: the released reservation."""
+        return self.request("POST", f"/v1/reservations/{reservation_id}/release")[1]
+
+    def reservation(self, reservation_id: str) -> dict[str, Any]:
+        """``GET /v1/reservations/{id}``."""
+        return self.get(f"/v1/reservations/{reservation_id}")
+
+    def reservations(
+        self, tenant: str | None = None, status: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """``GET /v1/reservations?tenantId=&status=``, newest first, every page (at most ``limit``)."""
+        return self.items("/v1/reservations", {"tenantId": tenant, "status": status}, limit)
+
+    def pools(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """``GET /v1/pools``: the pools this key may see."""
+        return self.items("/v1/pools", limit=limit)
+
+    def pool(self, pool_id: str) -> dict[str, Any]:
+        """``GET /v1/pools/{id}``."""
+        return self.get(f"/v1/pools/{pool_id}")
+
+    def pool_name(self, pool_id: str) -> str | None:
+        """The pool's name, or None when this key may not read the pool (403) or it is gone (404)."""
+        pool = _readable(lambda: self.pool(pool_id))
+        return None if pool is None else pool["name"]
+
+    def nodes(self, pool_id: str, limit: int | None = None) -> list[dict[str, Any]]:
+        """``GET /v1/pools/{id}/nodes``: node summaries (``devices`` is ``{class: count}``), id order."""
+        return self.items(f"/v1/pools/{pool_id}/nodes", limit=limit)
+
+    def node(self, node_id: str) -> dict[str, Any]:
+        """``GET /v1/nodes/{id}``: the whole node (devices, links, resources)."""
+        return self.get(f"/v1/nodes/{node_id}")
+
+    def node_names(self, pool_node_ids: dict[str, set[str]]) -> dict[str, str]:
+        """``{node id: name}`` for the given ``{pool id: node ids}``. A few nodes are read one by one,
+        more by listing their pool; a node the key may not read (403, 404) keeps its id as its name, so
+        a tenant key without inventory grants still gets its output."""
+        names: dict[str, str] = {}
+        for pool_id, node_ids in pool_node_ids.items():
+            if len(node_ids) > DIRECT_NAME_LOOKUPS:
+                pool_nodes = _readable(lambda pool_id=pool_id: self.nodes(pool_id)) or []
+                names.update({n["id"]: n["name"] for n in pool_nodes if n["id"] in node_ids})
+            else:
+                for node_id in sorted(node_ids):
+                    node = _readable(lambda node_id=node_id: self.node(node_id))
+                    if node is not None:
+                        names[node_id] = node["name"]
+        return names
+
+
+def _readable(read: Callable[[], Any]) -> Any:
+    """``read()``, or None when the key may not read it (403) or it is gone (404)."""
+    try:
+        return read()
+    except ServiceError as error:
+        if error.status in (403, 404):
+            return None
+        raise

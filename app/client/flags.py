@@ -1,0 +1,126 @@
+"""The reserve/preview flags as a request body, and the way back: an API field path to the flag.
+
+The service names a malformed field by its JSON path (``details.path``, e.g. ``devices.0.count``); a
+command-line user typed ``--gpus``. :func:`flag_for` maps the one to the other, so errors name the flag.
+Obvious mistakes are caught before anything is sent (:func:`request_body` raises :class:`UsageError`,
+the command exits 2); the rest (a selector's grammar, the service's limits) come back as a 422 whose path
+is mapped here.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from app.errors import AppError
+
+
+class UsageError(AppError):
+    """The command line is wrong (exit 2); ``message`` names the flag, e.g. ``--for '3x': ...``."""
+
+    code = "USAGE"
+
+
+# The JSON path the service reports -> the flag that set it. The longest matching prefix wins, so
+# ``devices.0.selector.matchExpressions.0.op`` is ``--selector``.
+REQUEST_FLAGS: dict[str, str] = {
+    "tenantId": "--tenant",
+    "poolId": "--pool",
+    "devices": "--gpus",
+    "devices.0.count": "--gpus",
+    "devices.0.class": "--class",
+    "devices.0.selector": "--selector",
+    "devices.0.topology": "--nvlink",
+    "resources": "--cpu/--memory",
+    "resources.cpu": "--cpu",
+    "resources.memory": "--memory",
+    "duration": "--for",
+    "idempotencyKey": "--idempotency-key",
+}
+LIST_RESERVATION_FLAGS: dict[str, str] = {"tenantId": "--tenant", "status": "--status", "limit": "--limit"}
+
+
+def flag_for(path: str, flags: dict[str, str]) -> str | None:
+    """The flag behind the API field ``path`` (dotted, e.g. ``devices.0.count``), or None."""
+    parts = path.split(".") if path else []
+    for end in range(len(parts), 0, -1):
+        flag = flags.get(".".join(parts[:end]))
+        if flag:
+            return flag
+    return None
+
+
+def with_flag(message: str, path: str, flags: dict[str, str]) -> str:
+    """An API error message with its field path replaced by the flag: ``devices.0.count: Input should
+    be ...`` -> ``--gpus: Input should be ...``; unchanged when no flag set that field."""
+    flag = flag_for(path, flags)
+    if flag is None:
+        return message
+    field = path.rsplit(".", 1)[-1]
+    # the path, pydantic's "Value error, " and a repeated field name ("selector: ...") say nothing more
+    for prefix in (f"{path}: ", "Value error, ", f"{field}: "):
+        message = message.removeprefix(prefix)
+    return f"{flag}: {message}"
+
+
+@dataclass(frozen=True)
+class RequestFlags:
+    """What reserve and preview were told: ``gpus`` atoms of ``device_class`` (0 = none), ``cpu``
+    cores and ``memory`` MiB (None = none), ``duration`` as typed (``90m``, ``1d``, seconds)."""
+
+    tenant: str
+    pool: str
+    gpus: int
+    duration: str
+    selector: str | None
+    nvlink: bool
+    cpu: float | None
+    memory: float | None
+    idempotency_key: str | None
+    device_class: str
+
+    def request_body(self) -> dict[str, Any]:
+        """The ``POST /v1/reservations`` (and preview) body. Raises :class:`UsageError` when an amount
+        is negative, nothing is claimed, or ``--for`` is no duration (the rule is the service's own
+        ``parse_duration``)."""
+        # imported here: the request model pulls in pydantic and the placement package, a third of a
+        # second that get / describe / release need not pay at start-up
+        from app.placement.request import parse_duration
+
+        if self.gpus < 0:
+            raise UsageError(f"--gpus must be 0 or more, not {self.gpus}")
+        for flag, amount in (("--cpu", self.cpu), ("--memory", self.memory)):
+            if amount is not None and not amount > 0:  # also NaN
+                raise UsageError(f"{flag} must be more than 0, not {amount:g}")
+        if not self.gpus and self.cpu is None and self.memory is None:
+            raise UsageError("nothing to reserve: give --gpus, --cpu or --memory")
+        if (self.selector or self.nvlink) and not self.gpus:
+            raise UsageError("--selector and --nvlink need --gpus")
+        try:
+            parse_duration(self.duration)
+        except ValueError as error:
+            raise UsageError(f"--for {self.duration!r}: {error}") from None
+        device: dict[str, Any] = {"class": self.device_class, "count": self.gpus}
+        if self.selector:
+            device["selector"] = self.selector
+        if self.nvlink:
+            device["topology"] = "nvlink-all"
+        resources = {
+            name: _json_number(amount) for name, amount in (("cpu", self.cpu), ("memory", self.memory))
+        }
+        return {
+            "tenantId": self.tenant,
+            "poolId": self.pool,
+            "devices": [device] if self.gpus else [],
+            "resources": {name: amount for name, amount in resources.items() if amount is not None},
+            "duration": self.duration,
+            "idempotencyKey": self.idempotency_key or f"cli-{secrets.token_hex(8)}",
+        }
+
+
+def _json_number(amount: float | None) -> int | float | None:
+    """A flag's amount as a JSON number (8, not 8.0; 0.5 stays 0.5)."""
+    if amount is None:
+        return None
+    return int(amount) if amount.is_integer() else amount
