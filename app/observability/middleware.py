@@ -114,10 +114,10 @@ class AccessLogMiddleware:
             await send(message)
 
         method = scope["method"]
+        route = route_template(scope, self.templates)  # before the app runs: a Mount rewrites the path
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
-            route = route_template(scope, self.templates)
             error_log.exception("unhandled error in %s %s", method, route, extra={"request_id": request_id})
             if status is None:  # nothing sent yet: answer in the one error shape
                 response = JSONResponse(AppError("internal error").to_body(), status_code=500)
@@ -126,7 +126,6 @@ class AccessLogMiddleware:
         finally:
             REQUEST_ID.reset(token)
         seconds = time.perf_counter() - started
-        route = route_template(scope, self.templates)
         code = status if status is not None else 500
         metrics.observe_http(route, method, code, seconds)
         key_id = state.get("api_key_id") or NO_KEY
