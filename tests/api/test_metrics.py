@@ -12,20 +12,22 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity.commit import LOST_RACE_KINDS
 from app.capacity.placer import Placed, place_inline
 from app.capacity.snapshot import PoolCache
+from app.db.engine import create_engine
 from app.main import create_app
-from app.observability.metrics import package_version
+from app.observability.metrics import FleetGauges, exposition, package_version
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
 from tests.api.metrics_text import Samples, parse, value
 from tests.capacity.helpers import book, day_after, db_time, make_pool_with_nodes, node_body, reservation_row
 from tests.conftest import ADMIN_KEY, settings_for
 from tests.factories import add_node, gpu_node, make_pool, reservation
-from tests.servers import running_server
+from tests.servers import free_port, running_server
 
 RESULTS = ("placed", "pending", "error")
 COUNTERS = {
@@ -226,3 +228,20 @@ async def test_a_gpu_split_into_mig_slices_is_not_an_atom(fresh_gauges_app: Any)
         ("mig-1g.10gb", "unhealthy"): 0,
         ("mig-1g.10gb", "unschedulable"): 0,
     }
+
+
+async def test_without_the_database_the_scrape_serves_everything_but_the_fleet_gauges(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    unreachable = create_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere")
+    gauges = FleetGauges()
+    registry = CollectorRegistry()
+    registry.register(gauges)
+    try:
+        await gauges.refresh(unreachable, ttl=0)
+    finally:
+        await unreachable.dispose()
+    assert list(registry.collect()) == []  # left out, not served stale or as zeros
+    assert "bc_reservations and bc_atoms left out of this scrape" in caplog.text
+    samples = parse((await exposition(unreachable, 0)).decode())  # the process's own metrics are still there
+    assert value(samples, "bc_quota_rejections_total") >= 0
