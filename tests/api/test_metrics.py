@@ -245,3 +245,15 @@ async def test_without_the_database_the_scrape_serves_everything_but_the_fleet_g
     assert "bc_reservations and bc_atoms left out of this scrape" in caplog.text
     samples = parse((await exposition(unreachable, 0)).decode())  # the process's own metrics are still there
     assert value(samples, "bc_quota_rejections_total") >= 0
+
+
+async def test_the_fleet_gauges_are_counted_again_only_after_their_ttl(clean_db: AsyncEngine) -> None:
+    gauges = FleetGauges()
+    await gauges.refresh(clean_db, ttl=60)
+    assert gauges.reservations == {}
+    pool, _ = await make_pool_with_nodes(clean_db, [node_body("ttl-0", 2)])
+    await gauges.refresh(clean_db, ttl=60)  # younger than 60 s: the same count
+    assert gauges.reservations == {}
+    await gauges.refresh(clean_db, ttl=0)
+    assert gauges.reservations is not None and gauges.reservations[(pool, "pending")] == 0
+    assert gauges.atoms is not None and gauges.atoms[(pool, "gpu", "free")] == 2
