@@ -8,12 +8,15 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from app.api import health, iam, inventory, quota, reservations
+from app.api.cors import BrowserCors
 from app.api.deps import Services
 from app.api.errors import install_error_handlers
 from app.api.text_guard import check_json_body
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.db.engine import create_engine, migrate_async, resolve_database_url
+from app.observability.logs import configure_logging
+from app.observability.middleware import AccessLogMiddleware
 from app.placement.options import SchedulerOptions
 from app.placement.plugins import load_plugins
 from app.settings import Settings, get_settings
@@ -40,6 +43,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     PostgreSQL), migrates it to head when ``run_migrations``, and builds the shared services."""
     settings = settings or get_settings()
     config = capacity_config(settings)
+    configure_logging(settings.log_format)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,6 +70,10 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     from app.api import placement
 
     app.include_router(placement.router)
+    # middlewares, innermost first (each add wraps the ones before): CORS, then the access log outermost
+    if settings.cors_origins:
+        app.add_middleware(BrowserCors, origins=settings.cors_origins)
+    app.add_middleware(AccessLogMiddleware, routes=app.routes)
     return app
 
 

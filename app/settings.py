@@ -3,13 +3,16 @@
 Environment variables: ``DATABASE_URL`` (unset -> embedded PostgreSQL), ``BC_BOOTSTRAP_ADMIN_KEY``,
 ``BC_DATA_DIR``, ``BC_SCHEDULER_WEIGHTS`` (JSON object, scorer id -> weight), ``BC_SCHEDULER_TOP_N``,
 ``BC_SCHEDULER_PLUGINS`` (JSON list of ``module:attribute`` import paths), ``BC_CAPACITY_MAX_ATTEMPTS``,
-``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection).
+``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection), ``BC_CORS_ORIGINS`` (JSON list of
+browser origins allowed to call the API), ``BC_LOG_FORMAT`` (``text`` or ``json``),
+``BC_METRICS_GAUGE_TTL_SECONDS`` (how long the gauges read from PostgreSQL at a scrape are reused).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,6 +36,12 @@ class Settings(BaseSettings):
     capacity_shortlist_min: int = Field(default=48, ge=1)
     fleet_hosts_file: Path | None = None
     db_pool_size: int = Field(default=10, ge=1, le=200)
+    # browser origins (``https://dash.example.com``) allowed to call the API; none: CORS is off
+    cors_origins: list[str] = Field(default_factory=list)
+    # the service's log lines (access log, errors): plain text, or one JSON object per line
+    log_format: Literal["text", "json"] = "text"
+    # bc_reservations / bc_atoms are read from PostgreSQL at a scrape and reused this long (seconds)
+    metrics_gauge_ttl_seconds: float = Field(default=5.0, ge=0, le=300)
 
 
 @lru_cache(maxsize=1)

@@ -20,3 +20,13 @@ rack_affinity = define_scheduler_plugin(
     filters=[{"id": "no-quarantine-rack", "filter": _no_quarantine}],
     scorers=[{"id": "rack-a", "weight": 0.5, "score": _rack_a}],
 )
+
+
+def _explode(request: Any, node: Any) -> Any:
+    if node.inventory.labels.get("explode") == "yes":
+        raise RuntimeError("a plugin bug: an unexpected error (tests: it is logged once)")
+    return True
+
+
+# a plugin with a bug: its filter raises on nodes labelled explode=yes (the service answers 500)
+exploding = define_scheduler_plugin("exploding", filters=[{"id": "explode", "filter": _explode}])

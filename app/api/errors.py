@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,8 +11,6 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import AppError
-
-log = logging.getLogger("better_compute")
 
 
 class ErrorDetail(BaseModel):
@@ -207,7 +204,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error", exc_info=exc)
-        return JSONResponse(
-            {"error": {"code": "INTERNAL", "message": "internal error", "details": {}}}, status_code=500
-        )
+        # reached only by an error outside the access-log middleware (which logs and answers the rest
+        # itself, once); Starlette re-raises it after this answer and the server logs the traceback
+        return JSONResponse(AppError("internal error").to_body(), status_code=500)

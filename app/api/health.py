@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.deps import Services, services
 from app.api.errors import responses
 from app.api.models.health import Health, Readiness
 from app.errors import AppError
+from app.observability.metrics import exposition
 
 router = APIRouter(tags=["health"])
 
@@ -48,6 +49,7 @@ async def readyz(svc: Services = Depends(services)) -> dict[str, str]:
         200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"}
     },
 )
-async def metrics() -> Response:
-    """Prometheus metrics."""
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+async def metrics(svc: Services = Depends(services)) -> Response:
+    """Prometheus metrics (docs/metrics.md)."""
+    body = await exposition(svc.engine, svc.settings.metrics_gauge_ttl_seconds)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -47,6 +47,12 @@ from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
 
 LOST_RACE_SQLSTATES = frozenset({"40P01", "23P01"})  # deadlock detected, exclusion violation
+# the kinds of seed 000's four lost-race reasons, in the reasons' order
+NOT_SCHEDULABLE = "not_schedulable"
+ATOM_UNHEALTHY = "atom_unhealthy"
+ATOM_BOOKED = "atom_booked"
+SCALAR_RAN_OUT = "scalar_ran_out"
+LOST_RACE_KINDS = (NOT_SCHEDULABLE, ATOM_UNHEALTHY, ATOM_BOOKED, SCALAR_RAN_OUT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +68,12 @@ class Committed:
 
 @dataclass(frozen=True, slots=True)
 class LostRace:
-    """The commit lost a race; ``reason`` is one of seed 000's four texts."""
+    """The commit lost a race; ``reason`` is one of seed 000's four texts (naming the node), ``kind`` its
+    bounded class, one of :data:`LOST_RACE_KINDS` (the ``reason`` label of ``bc_lost_races_total``)."""
 
     node_id: str
     reason: str
+    kind: str
 
 
 def sqlstate(exc: DBAPIError) -> str | None:
@@ -127,7 +135,9 @@ async def commit_placements(
         except DBAPIError as exc:
             if sqlstate(exc) not in LOST_RACE_SQLSTATES:
                 raise
-            result = LostRace(candidate.node_id, f"an atom on {candidate.node_name} was booked concurrently")
+            result = LostRace(
+                candidate.node_id, f"an atom on {candidate.node_name} was booked concurrently", ATOM_BOOKED
+            )
         if isinstance(result, LostRace):
             outcome = result
             break
@@ -173,7 +183,7 @@ async def _guarded_writes(
         )
     ).first()
     if still is None:
-        return LostRace(node, f"{name} is no longer schedulable")
+        return LostRace(node, f"{name} is no longer schedulable", NOT_SCHEDULABLE)
     if request.node_labels:
         # the locked node's labels again: one that went away since the plan is a lost race
         have = {
@@ -187,7 +197,7 @@ async def _guarded_writes(
             ).all()
         }
         if not labels_hold(request.node_labels, have):
-            return LostRace(node, f"{name} is no longer schedulable")
+            return LostRace(node, f"{name} is no longer schedulable", NOT_SCHEDULABLE)
 
     atoms = list(candidate.atoms)
     classes: dict[str, Decimal] = {}
@@ -205,7 +215,7 @@ async def _guarded_writes(
             )
         ).all()
         if len(healthy) != len(atoms):
-            return LostRace(node, f"an atom on {name} turned unhealthy or unbookable")
+            return LostRace(node, f"an atom on {name} turned unhealthy or unbookable", ATOM_UNHEALTHY)
         for r in healthy:
             classes[r[1]] = classes.get(r[1], Decimal(0)) + 1
 
@@ -242,7 +252,7 @@ async def _guarded_writes(
             )
         ).all()
         if len(booked) != len(atoms):
-            return LostRace(node, f"an atom on {name} was booked concurrently")
+            return LostRace(node, f"an atom on {name} was booked concurrently", ATOM_BOOKED)
 
     for resource, n in sorted(candidate.resources.items()):
         # UPDATE node_resources SET allocated = allocated + :n
@@ -262,7 +272,7 @@ async def _guarded_writes(
             )
         ).first()
         if row is None:
-            return LostRace(node, f"{resource} on {name} ran out")
+            return LostRace(node, f"{resource} on {name} ran out", SCALAR_RAN_OUT)
 
     # the rollup delta is applied by the caller once every member is written: the rollup rows come
     # last in the lock order, after every node, device and scalar row of every member

@@ -16,10 +16,10 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.commit import Committed, LostRace, commit_placements
-from app.capacity.metrics import LOST_RACES
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
 from app.inventory.service import lock_pool
+from app.observability.metrics import LOST_RACES, record_placement
 from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
 from app.placement.options import SchedulerOptions
 
@@ -49,6 +49,7 @@ def plan_seed(reservation_id: str, attempt: int) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
+@record_placement("inline", lambda outcome: "placed" if isinstance(outcome, Placed) else "pending")
 async def place_inline(
     conn: AsyncConnection,
     cache: PoolCache,
@@ -113,7 +114,7 @@ async def place_inline(
             return Placed(outcome, tuple(tokens))
         for token in tokens:
             cache.forget(request.pool_id, token)
-        LOST_RACES.inc()
+        LOST_RACES.labels(outcome.kind).inc()
         lost.append(outcome)
     reasons = "; ".join(r.reason for r in lost)
     return Pending(f"Unschedulable after {len(lost)} conflicting attempts: {reasons}")

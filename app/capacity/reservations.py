@@ -30,7 +30,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit import Committed, apply_rollup_delta, sqlstate
-from app.capacity.metrics import RESERVATIONS
 from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
@@ -153,7 +152,6 @@ async def _create(
                     f"idempotency key {body.idempotencyKey} was used with another body",
                     {"idempotencyKey": body.idempotencyKey, "reservationId": existing.id},
                 )
-            RESERVATIONS.labels("replayed").inc()
             return await _view(conn, existing), False
 
         now = inserted.created_at  # the database's now()
@@ -194,7 +192,6 @@ async def _create(
                 .returning(*reservations.c)
             )
         ).one()
-        RESERVATIONS.labels(status).inc()
         allocs = (
             [_committed_view(a, request) for a in outcome.allocations] if isinstance(outcome, Placed) else []
         )

@@ -41,7 +41,6 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.commit import labels_hold
-from app.capacity.metrics import PLAN_SECONDS, PLANS
 from app.capacity.predicates import schedulable_sql_tolerating
 from app.capacity.snapshot import (
     PoolCache,
@@ -53,6 +52,7 @@ from app.capacity.snapshot import (
     window,
 )
 from app.db.tables import device_bookings, devices, node_resources, nodes, pools
+from app.observability.metrics import PLAN_DURATION, PLANS
 from app.placement.bounds import pick_score_ceiling
 from app.placement.gang import plan_gang
 from app.placement.model import (
@@ -301,7 +301,7 @@ async def plan_request(
     as the whole pool, else on the whole pool. ``needed`` (default topN) is how many of the best
     candidates must be exact. Raises NotFound when the pool does not exist."""
     assert request.start is not None and request.end is not None
-    with PLAN_SECONDS.time():
+    with PLAN_DURATION.time():
         outcome = await _plan_request(conn, cache, request, options, shortlist_min, needed or options.top_n)
     PLANS.labels(outcome.path).inc()
     return outcome

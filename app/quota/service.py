@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.db.tables import pools, quota_limits, quota_usage
 from app.errors import NotFound, QuotaExceeded
 from app.jsonnum import num
+from app.observability.metrics import QUOTA_REJECTIONS
 
 
 async def set_limits(
@@ -96,6 +97,7 @@ async def charge(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: M
             await _ensure_usage_rows(conn, tenant_id, pool_id, [resource])
             row = await _guarded_add(conn, tenant_id, pool_id, resource, n)
         if row is None:
+            QUOTA_REJECTIONS.inc()
             state = (await get_quota(conn, tenant_id, pool_id)).get(resource, {})
             raise QuotaExceeded(
                 f"quota for {resource} in pool {pool_id} exceeded: {state.get('used')} used of "

@@ -253,7 +253,7 @@ async def test_metrics_and_health_need_no_key(
     assert (await anon_client.get("/healthz")).json() == {"status": "ok"}
     assert (await anon_client.get("/readyz")).json() == {"status": "ready"}
     text = (await anon_client.get("/metrics")).text
-    assert 'bc_reservations_total{outcome="placed"}' in text
+    assert 'bc_placement_attempts_total{placer="inline",result="placed"}' in text
     assert 'bc_plans_total{path="shortlist"}' in text
 
 

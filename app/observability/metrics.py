@@ -1,0 +1,224 @@
+"""Every Prometheus metric of the service, in one module (served at ``/metrics``; docs/metrics.md).
+
+Modelled on kube-scheduler's stable set (``scheduler_schedule_attempts_total{result, profile}``,
+``scheduler_scheduling_attempt_duration_seconds``) and Prometheus naming: base units (seconds), ``_total``
+on counters, a ``_info`` gauge of 1 for the build. Labels are bounded: pool ids and device classes may
+appear, tenant ids, reservation ids, node names and free texts never. Every label set that is known in
+advance is created at zero when this module is imported, so ``rate()`` and ``absent()`` work before the
+first event; the ``_created`` series (timestamps that look like counts) are switched off here, before any
+metric exists.
+
+``bc_reservations`` and ``bc_atoms`` describe the fleet now, not this process: they are counted in
+PostgreSQL (:mod:`app.capacity.census`) when ``/metrics`` is served, at most once per
+``BC_METRICS_GAUGE_TTL_SECONDS``, and every replica reports the same values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from importlib.metadata import PackageNotFoundError, version
+from typing import ParamSpec, TypeVar
+
+import prometheus_client
+from prometheus_client import REGISTRY, Counter, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.capacity import census
+from app.capacity.commit import LOST_RACE_KINDS
+from app.errors import AppError
+
+prometheus_client.disable_created_metrics()  # before the first metric: no ``*_created`` series at all
+
+log = logging.getLogger("better_compute.metrics")
+
+# 1 ms .. 16.384 s, doubling (prometheus_client's exponential buckets: start 0.001, factor 2, count 15)
+DURATION_BUCKETS = tuple(0.001 * 2**i for i in range(15))
+PLACEMENT_RESULTS = ("placed", "pending", "error")
+PLACERS = ("inline",)  # the pool-lease placer adds "pool-lease"
+PLAN_PATHS = ("shortlist", "full")
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER_METHOD = "other"  # any other method a client sends (a bounded label)
+UNMATCHED_ROUTE = "unmatched"  # a path no route matches (never the raw path)
+GAUGE_READ_TIMEOUT = 5.0  # seconds: a scrape that cannot count in time serves the other metrics
+
+PLACEMENT_ATTEMPTS = Counter(
+    "bc_placement_attempts_total",
+    "Placement attempts (plan and commit of one reservation), by result: placed, pending (nothing fits, "
+    "or every commit lost its race) or error (an internal error). A refusal (over quota) is no result.",
+    ["result", "placer"],
+)
+PLACEMENT_ATTEMPT_DURATION = Histogram(
+    "bc_placement_attempt_duration_seconds",
+    "Duration of a whole placement attempt: every plan and guarded commit, lost races included (seconds).",
+    ["result"],
+    buckets=DURATION_BUCKETS,
+)
+PLAN_DURATION = Histogram(
+    "bc_plan_duration_seconds",
+    "Duration of one plan: snapshot reads and the placement pipeline, no commit (seconds).",
+    buckets=DURATION_BUCKETS,
+)
+PLANS = Counter("bc_plans_total", "Plans made, by path: the shortlist or the whole pool.", ["path"])
+LOST_RACES = Counter(
+    "bc_lost_races_total",
+    "Guarded commits that lost a race and replanned, by reason: not_schedulable, atom_unhealthy, "
+    "atom_booked, scalar_ran_out.",
+    ["reason"],
+)
+QUOTA_REJECTIONS = Counter(
+    "bc_quota_rejections_total", "Requests refused because a tenant's quota would be exceeded (409)."
+)
+HTTP_REQUESTS = Counter(
+    "bc_http_requests_total",
+    "HTTP requests answered, by route template, method and status code.",
+    ["route", "method", "code"],
+)
+HTTP_REQUEST_DURATION = Histogram(
+    "bc_http_request_duration_seconds",
+    "Time from a request's arrival to the end of its answer, by route template (seconds).",
+    ["route"],
+    buckets=DURATION_BUCKETS,
+)
+BUILD = Info("bc_build", "The running build: bc_build_info{version} is 1.")
+
+
+def package_version() -> str:
+    """The installed ``better-compute`` version (``unknown`` when run from a tree that is not installed)."""
+    try:
+        return version("better-compute")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+BUILD.info({"version": package_version()})
+for _result in PLACEMENT_RESULTS:
+    PLACEMENT_ATTEMPT_DURATION.labels(_result)
+    for _placer in PLACERS:
+        PLACEMENT_ATTEMPTS.labels(_result, _placer)
+for _path in PLAN_PATHS:
+    PLANS.labels(_path)
+for _kind in LOST_RACE_KINDS:
+    LOST_RACES.labels(_kind)
+HTTP_REQUEST_DURATION.labels(UNMATCHED_ROUTE)
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def record_placement(
+    placer: str, result_of: Callable[[T], str]
+) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
+    """Decorate a placer: each call is one attempt, counted in ``bc_placement_attempts_total`` and timed
+    in ``bc_placement_attempt_duration_seconds`` with ``result_of(outcome)`` (``placed`` or ``pending``).
+    An exception is ``error``, except an :class:`~app.errors.AppError` below 500 (a refusal such as
+    QUOTA_EXCEEDED, counted where it is raised), which is no placement result."""
+
+    def decorate(place: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+        @functools.wraps(place)
+        async def recorded(*args: P.args, **kwargs: P.kwargs) -> T:
+            started = time.perf_counter()
+            try:
+                outcome = await place(*args, **kwargs)
+            except AppError as exc:
+                if exc.status >= 500:
+                    _attempt(placer, "error", started)
+                raise
+            except Exception:
+                _attempt(placer, "error", started)
+                raise
+            _attempt(placer, result_of(outcome), started)
+            return outcome
+
+        return recorded
+
+    return decorate
+
+
+def _attempt(placer: str, result: str, started: float) -> None:
+    PLACEMENT_ATTEMPTS.labels(result, placer).inc()
+    PLACEMENT_ATTEMPT_DURATION.labels(result).observe(time.perf_counter() - started)
+
+
+def http_method(method: str) -> str:
+    """The ``method`` label: the request's method when it is a standard one, else ``other``."""
+    return method if method in HTTP_METHODS else OTHER_METHOD
+
+
+def observe_http(route: str, method: str, status: int, seconds: float) -> None:
+    """Count and time one answered request under its route template."""
+    HTTP_REQUESTS.labels(route, http_method(method), str(status)).inc()
+    HTTP_REQUEST_DURATION.labels(route).observe(seconds)
+
+
+def declare_routes(routes: Iterable[str]) -> None:
+    """Create ``bc_http_request_duration_seconds{route}`` at zero for every route template."""
+    for route in routes:
+        HTTP_REQUEST_DURATION.labels(route)
+
+
+class FleetGauges(Collector):
+    """``bc_reservations{pool, status}`` and ``bc_atoms{pool, class, state}`` from the last census.
+
+    :meth:`refresh` counts in PostgreSQL (async, when ``/metrics`` is served); :meth:`collect` (called
+    by prometheus_client while it renders) only yields what the last refresh read. When the database
+    cannot be read, the two gauges are left out of the scrape rather than served stale."""
+
+    def __init__(self) -> None:
+        self.reservations: dict[tuple[str, str], int] | None = None
+        self.atoms: dict[tuple[str, str, str], int] | None = None
+        self.read_at = float("-inf")
+        self.lock = asyncio.Lock()
+
+    async def refresh(self, engine: AsyncEngine, ttl: float) -> None:
+        """Count again unless the last count is younger than ``ttl`` seconds (concurrent scrapes share
+        one count)."""
+        async with self.lock:
+            if time.monotonic() - self.read_at < ttl and self.reservations is not None:
+                return
+            try:
+                async with asyncio.timeout(GAUGE_READ_TIMEOUT), engine.connect() as conn:
+                    reservations = await census.reservation_counts(conn)
+                    atoms = await census.atom_counts(conn)
+            except Exception as exc:  # an outage must not break the scrape of everything else
+                log.warning("bc_reservations and bc_atoms left out of this scrape: %s", type(exc).__name__)
+                self.reservations = self.atoms = None
+                self.read_at = float("-inf")
+                return
+            self.reservations, self.atoms, self.read_at = reservations, atoms, time.monotonic()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.reservations is None or self.atoms is None:
+            return
+        reservations = GaugeMetricFamily(
+            "bc_reservations", "Reservations now, by pool and status.", labels=["pool", "status"]
+        )
+        for (pool, status), count in sorted(self.reservations.items()):
+            reservations.add_metric([pool, status], count)
+        yield reservations
+        atoms = GaugeMetricFamily(
+            "bc_atoms",
+            "Atoms (GPUs, MIG slices) now, by pool, class and state: free, booked (held by a booking now), "
+            "unhealthy (unhealthy or unbookable), unschedulable (the node takes no work).",
+            labels=["pool", "class", "state"],
+        )
+        for (pool, cls, state), count in sorted(self.atoms.items()):
+            atoms.add_metric([pool, cls, state], count)
+        yield atoms
+
+
+FLEET_GAUGES = FleetGauges()
+REGISTRY.register(FLEET_GAUGES)
+
+
+async def exposition(engine: AsyncEngine, gauge_ttl: float) -> bytes:
+    """The text exposition of every metric, after refreshing the fleet gauges (at most every
+    ``gauge_ttl`` seconds)."""
+    await FLEET_GAUGES.refresh(engine, gauge_ttl)
+    return prometheus_client.generate_latest(REGISTRY)
