@@ -3,7 +3,10 @@
 Environment variables: ``DATABASE_URL`` (unset -> embedded PostgreSQL), ``BC_BOOTSTRAP_ADMIN_KEY``,
 ``BC_DATA_DIR``, ``BC_SCHEDULER_WEIGHTS`` (JSON object, scorer id -> weight), ``BC_SCHEDULER_TOP_N``,
 ``BC_SCHEDULER_PLUGINS`` (JSON list of ``module:attribute`` import paths), ``BC_CAPACITY_MAX_ATTEMPTS``,
-``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection).
+``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection); request bounds ``BC_MAX_BODY_BYTES``,
+``BC_MAX_IMPORT_BODY_BYTES``, ``BC_MAX_PLACEMENT_BODY_BYTES``, ``BC_MAX_JSON_DEPTH``; rate limits
+``BC_RATE_LIMIT`` and ``BC_AUTH_FAILURE_RATE_LIMIT`` (``limits`` notation: ``100/second``, ``5/minute``);
+serving ``BC_LIMIT_CONCURRENCY`` and ``BC_KEEP_ALIVE_SECONDS`` (docs/operating.md).
 """
 
 from __future__ import annotations
@@ -33,6 +36,17 @@ class Settings(BaseSettings):
     capacity_shortlist_min: int = Field(default=48, ge=1)
     fleet_hosts_file: Path | None = None
     db_pool_size: int = Field(default=10, ge=1, le=200)
+    # request bounds, enforced before a body is parsed (app/api/guard.py, docs/api.md)
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    max_import_body_bytes: int = Field(default=24 * 1024 * 1024, ge=1024)  # nvidia-smi -q -x XML
+    max_placement_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)  # vq.* fleet documents
+    max_json_depth: int = Field(default=64, ge=2, le=512)
+    # per key; per client address for failed authentication (``limits`` rate notation)
+    rate_limit: str = "100/second"
+    auth_failure_rate_limit: str = "10/second"
+    # uvicorn: open connections + tasks beyond which it answers 503; idle keep-alive seconds
+    limit_concurrency: int = Field(default=1000, ge=1)
+    keep_alive_seconds: int = Field(default=75, ge=1, le=3600)
 
 
 @lru_cache(maxsize=1)

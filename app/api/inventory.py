@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
 from app.db.tx import in_transaction, read_only
-from app.iam.authorize import authorize, is_allowed
+from app.iam.authorize import authorize, holds_grant_on
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, LabelsBody, NodeCreate, NodeImport, PoolCreate, TaintsBody
 
@@ -34,20 +34,14 @@ async def list_pools(
     principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, list[dict[str, Any]]]:
     pools = await read_only(svc.engine, inventory.list_pools)
-    visible = [
-        p
-        for p in pools
-        if is_allowed(principal, READ, f"pool:{p['id']}")
-        or is_allowed(principal, "compute:capacity:read", f"pool:{p['id']}")
-    ]
-    return {"items": visible}
+    return {"items": [p for p in pools if holds_grant_on(principal, f"pool:{p['id']}")]}
 
 
 @router.get("/v1/pools/{pool_id}", responses=responses(401, 403, 404), operation_id="getPool")
 async def get_pool(
     pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
-    if not is_allowed(principal, "compute:capacity:read", f"pool:{pool_id}"):
+    if not holds_grant_on(principal, f"pool:{pool_id}"):  # the rule of list_pools
         authorize(principal, READ, f"pool:{pool_id}")
     return await read_only(svc.engine, inventory.get_pool, pool_id)
 

@@ -15,6 +15,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import Principal, Services, current_principal, services
+from app.api.errors import responses
 from app.db.job_records import job_history, record_job
 from app.db.tx import in_transaction, read_only
 from app.errors import InvalidInput
@@ -30,6 +31,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "UNAUTHENTICATED: no or unknown API key"},
     403: {"description": "FORBIDDEN: the key lacks compute:placement:explain"},
     422: {"description": "INVALID_INPUT: a malformed document; details.path names the field"},
+    **responses(),  # 413, 429, 503 (every route)
 }
 
 

@@ -77,8 +77,8 @@ async def check_json_body(request: Request) -> None:
         data = json.loads(body, object_pairs_hook=_no_duplicate_keys)
     except _DuplicateKey as duplicate:
         raise InvalidInput(f"{duplicate.key}: named twice in one JSON object", path=duplicate.key) from None
-    except ValueError:
-        return  # not JSON: the body validation answers that
+    except (ValueError, RecursionError):
+        return  # not JSON (or nested past the guard's limit): the body validation answers that
     found = find_unstorable(data)
     if found:
         path, problem = found

@@ -65,7 +65,9 @@ def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
         async_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=False,
+        # a pooled connection is pinged when checked out, so the first request after a PostgreSQL
+        # restart reconnects instead of failing on a connection the server closed meanwhile
+        pool_pre_ping=True,
         connect_args={"server_settings": {"application_name": "better-compute"}},
     )
 
@@ -90,3 +92,34 @@ def migrate(url: str) -> None:
 async def migrate_async(url: str) -> None:
     """:func:`migrate` off the event loop."""
     await asyncio.to_thread(migrate, url)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True when ``exc`` (or what it wraps) says the database cannot be reached or is going away:
+    refused or dropped connections, a server starting up or shutting down, a pool checkout timeout.
+    Such failures answer 503 UNAVAILABLE (nothing was committed); any other error stays a 500."""
+    import asyncpg
+    import sqlalchemy.exc as sa_exc
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
+            return True
+        if isinstance(current, sa_exc.TimeoutError):  # QueuePool limit reached, nothing freed in time
+            return True
+        if isinstance(
+            current,
+            (
+                OSError,  # ConnectionRefusedError, ConnectionResetError, socket errors
+                asyncio.TimeoutError,
+                asyncpg.exceptions.PostgresConnectionError,
+                asyncpg.exceptions.CannotConnectNowError,  # the database system is starting up
+                asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash shutdown
+                asyncpg.exceptions.InterfaceError,  # connection is closed / released
+            ),
+        ):
+            return True
+        current = getattr(current, "orig", None) or current.__cause__ or current.__context__
+    return False
