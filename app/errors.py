@@ -122,13 +122,18 @@ class Unavailable(AppError):
 QUOTE_LIMIT = 200  # characters of any input an error message may quote
 
 
-def quote_input(value: object, limit: int = QUOTE_LIMIT) -> str:
-    """``repr``-like quotation of caller input for an error message, at most ``limit`` characters of the
-    input (a longer one ends in ``...(N characters)``), so a 1 MB id is never echoed back."""
+def clip_input(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """Caller input as text for an error message or a field path: at most ``limit`` characters of it (a
+    longer one ends in ``...(N characters)``), so a 1 MB id is never echoed back. The one helper for
+    quoting input (app/errors.py); :func:`quote_input` adds quotes."""
     text = value if isinstance(value, str) else str(value)
-    if len(text) <= limit:
-        return repr(text)
-    return repr(text[:limit]) + f"...({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
+
+
+def quote_input(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """:func:`clip_input` in ``repr`` quotes: ``'abc'``, ``'aaaa...'...(N characters)``."""
+    text = value if isinstance(value, str) else str(value)
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"...({len(text)} characters)"
 
 
 ERROR_CODES: dict[str, int] = {

@@ -13,7 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.db.engine import is_outage
-from app.errors import AppError, Unavailable
+from app.errors import AppError, Unavailable, clip_input
 
 log = logging.getLogger("better_compute")
 
@@ -51,7 +51,7 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _path(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    parts = [clip_input(p) for p in loc if p not in ("body", "query", "path", "header")]  # keys are input
     return ".".join(parts)
 
 

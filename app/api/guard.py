@@ -48,6 +48,7 @@ from app.errors import (
     RateLimited,
     Unauthenticated,
     Unavailable,
+    clip_input,
 )
 from app.iam.service import principal_for_key
 from app.settings import Settings
@@ -211,7 +212,8 @@ class RequestGuard:
         for name, value in parse_qsl(query, keep_blank_values=True):
             found = find_unstorable({name: value})
             if found:
-                raise InvalidInput(f"query parameter {found[0]}: {found[1]}", path=found[0])
+                name = clip_input(found[0])
+                raise InvalidInput(f"query parameter {name}: {found[1]}", path=name)
 
     async def _read_bounded_body(self, scope: Scope, receive: Receive) -> bytes | None:
         limit = body_limit(scope["path"], self.settings)

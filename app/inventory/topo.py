@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, quote_input
 
 __all__ = [
     "TRAILING_LABELS",
@@ -144,13 +144,13 @@ def parse_cpu_list(text: str) -> list[int]:
     if not text:
         return []
     if not _CPU_LIST_RE.fullmatch(text):
-        raise ValueError(f"not a CPU list: {text!r}")
+        raise ValueError(f"not a CPU list: {quote_input(text)}")
     ids: set[int] = set()
     for part in text.split(","):
         lo, _, hi = part.partition("-")
         first, last = int(lo), int(hi or lo)
         if last < first:
-            raise ValueError(f"descending range {part!r}")
+            raise ValueError(f"descending range {quote_input(part)}")
         ids.update(range(first, last + 1))
     return sorted(ids)
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, quote_input
 from app.placement.model import (
     COMPARISON_OPS,
     MAX_EXPRESSIONS,
@@ -196,7 +196,7 @@ def parse_selector(text: str) -> Selector | None:
 def _shorthand_value(value: str | Decimal) -> str:
     text = str(value)
     if not text or any(c in WHITESPACE or c in SPECIAL for c in text):
-        raise ValueError(f"value {text!r} cannot be written in the selector shorthand")
+        raise ValueError(f"value {quote_input(text)} cannot be written in the selector shorthand")
     return text
 
 
