@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -47,6 +47,14 @@ class Settings(BaseSettings):
     # uvicorn: open connections + tasks beyond which it answers 503; idle keep-alive seconds
     limit_concurrency: int = Field(default=1000, ge=1)
     keep_alive_seconds: int = Field(default=75, ge=1, le=3600)
+
+    @field_validator("rate_limit", "auth_failure_rate_limit")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        from limits import parse
+
+        parse(value)  # ValueError for anything but e.g. "100/second", "5 per minute"
+        return value
 
 
 @lru_cache(maxsize=1)
