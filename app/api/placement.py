@@ -30,6 +30,7 @@ MAX_AGE_LIMIT = 10 * 366 * 86400  # ten years, in seconds
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "UNAUTHENTICATED: no or unknown API key"},
     403: {"description": "FORBIDDEN: the key lacks compute:placement:explain"},
+    404: {"description": "NOT_FOUND: a path parameter names nothing (one holding a NUL, for example)"},
     422: {"description": "INVALID_INPUT: a malformed document; details.path names the field"},
     **responses(),  # 413, 429, 503 (every route)
 }

@@ -1,8 +1,10 @@
 """Fuzz the running service from its own OpenAPI document with schemathesis: no input may answer a 5xx,
-every status code is documented, and unsupported methods answer 405 (DESIGN.md names schemathesis)."""
+every status code is documented, and unsupported methods answer 405 (DESIGN.md names schemathesis).
+Path and query parameters also take NUL text (tests/api/fuzz_hooks.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import ADMIN_KEY
 from tests.factories import gpu_node
-from tests.servers import Server, running_server
+from tests.servers import REPO, Server, running_server
 
 
 @pytest.fixture
@@ -46,7 +48,11 @@ def test_schemathesis_finds_no_server_error(server: Server, tmp_path: Path) -> N
             "20261129",
             "--phases",
             "coverage,fuzzing",
+            "--generation-allow-x00",
+            "true",
         ],
+        # path and query parameters also take NUL text (tests/api/fuzz_hooks.py)
+        env={**os.environ, "SCHEMATHESIS_HOOKS": "tests.api.fuzz_hooks", "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         timeout=300,
