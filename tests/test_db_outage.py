@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.db.engine import create_engine, migrate
+from app.db.engine import create_engine, is_outage, migrate
 from tests.capacity.test_stress import _violations
 from tests.conftest import ADMIN_KEY
 from tests.factories import gpu_node, reservation
@@ -150,3 +150,20 @@ def test_postgres_restart_answers_503_then_recovers(own_postgres: PgInstance, tm
             await engine.dispose()
 
     assert asyncio.run(books()) == {}
+
+
+@pytest.mark.parametrize(
+    ("error", "outage"),
+    [
+        (ConnectionRefusedError(111, "Connection refused"), True),
+        (OSError("Multiple exceptions: [Errno 111] Connect call failed ('127.0.0.1', 5999)"), True),
+        (TimeoutError(), True),
+        (FileNotFoundError(2, "No such file"), False),  # a file a route reads is no database outage
+        (ValueError("bad"), False),
+    ],
+)
+def test_which_errors_are_an_outage(error: BaseException, outage: bool) -> None:
+    assert is_outage(error) is outage
+    wrapped = RuntimeError("while serving")
+    wrapped.__cause__ = error
+    assert is_outage(wrapped) is outage

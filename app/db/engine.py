@@ -8,6 +8,8 @@ Either way :func:`migrate` runs Alembic to head before the service serves.
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,10 @@ async def migrate_async(url: str) -> None:
     await asyncio.to_thread(migrate, url)
 
 
+_NETWORK_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EPIPE, errno.ETIMEDOUT, errno.EHOSTUNREACH}
+_NETWORK_ERRNOS |= {errno.ENETUNREACH, errno.ECONNABORTED}
+
+
 def is_outage(exc: BaseException) -> bool:
     """True when ``exc`` (or what it wraps) says the database cannot be reached or is going away:
     refused or dropped connections, a server starting up or shutting down, a pool checkout timeout.
@@ -112,14 +118,18 @@ def is_outage(exc: BaseException) -> bool:
         if isinstance(
             current,
             (
-                OSError,  # ConnectionRefusedError, ConnectionResetError, socket errors
-                asyncio.TimeoutError,
+                ConnectionError,  # refused, reset, broken pipe
+                TimeoutError,  # connect timeout
+                socket.gaierror,  # the database host name does not resolve (DNS down)
                 asyncpg.exceptions.PostgresConnectionError,
                 asyncpg.exceptions.CannotConnectNowError,  # the database system is starting up
                 asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash shutdown
-                asyncpg.exceptions.InterfaceError,  # connection is closed / released
             ),
         ):
             return True
+        if isinstance(current, OSError) and (
+            current.errno in _NETWORK_ERRNOS or "Multiple exceptions" in str(current)
+        ):
+            return True  # asyncpg trying every address of the host: "Multiple exceptions: [Errno 111] ..."
         current = getattr(current, "orig", None) or current.__cause__ or current.__context__
     return False
