@@ -36,6 +36,7 @@ from urllib.parse import parse_qsl
 from limits import parse as parse_rate
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
+from prometheus_client import Counter
 from starlette.responses import JSONResponse
 
 from app.api.text_guard import find_unstorable
@@ -65,6 +66,12 @@ PLACEMENT_PREFIX = "/v1/placement/"
 # a JSON string, unrolled so a multi-megabyte string is one linear scan: "[^"\\]*(?:\\.[^"\\]*)*"
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+REFUSED = Counter(
+    "bc_guard_refusals_total",
+    "Requests the request guard answered before routing, by error code (UNAUTHENTICATED, RATE_LIMITED, "
+    "PAYLOAD_TOO_LARGE, INVALID_INPUT, NOT_FOUND, UNAVAILABLE).",
+    ["code"],
+)
 
 
 def body_limit(path: str, settings: Settings) -> int:
@@ -164,6 +171,7 @@ class RequestGuard:
             self._check_path_and_query(scope)
             body = await self._read_bounded_body(scope, receive)
         except AppError as refused:
+            REFUSED.labels(refused.code).inc()
             response = JSONResponse(refused.to_body(), status_code=refused.status, headers=refused.headers)
             await response(scope, receive, send)
             return

@@ -59,3 +59,6 @@ async def test_failed_authentication_is_limited_per_address(limited_app: Any) ->
         assert (await other.get("/v1/pools")).status_code == 401
     async with _client(limited_app, ADMIN_KEY, "10.0.0.8") as admin:
         assert (await admin.get("/v1/pools")).status_code == 200
+        metrics = (await admin.get("/metrics")).text
+    assert 'bc_guard_refusals_total{code="RATE_LIMITED"}' in metrics
+    assert 'bc_guard_refusals_total{code="UNAUTHENTICATED"}' in metrics
