@@ -131,9 +131,12 @@ def clip_input(value: object, limit: int = QUOTE_LIMIT) -> str:
 
 
 def quote_input(value: object, limit: int = QUOTE_LIMIT) -> str:
-    """:func:`clip_input` in ``repr`` quotes: ``'abc'``, ``'aaaa...'...(N characters)``."""
-    text = value if isinstance(value, str) else str(value)
-    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"...({len(text)} characters)"
+    """``f"{value!r}"`` of at most ``limit`` characters of input: ``'abc'``, ``5``,
+    ``'aaaa...'...(N characters)``."""
+    if not isinstance(value, str):
+        text = repr(value)
+        return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + f"...({len(value)} characters)"
 
 
 ERROR_CODES: dict[str, int] = {
