@@ -94,8 +94,12 @@ def serve(
         workers=workers,
         log_level="warning",
         # longer than the idle timeout of common load balancers and HTTP clients, so a client never
-        # reuses a keep-alive connection the server has just closed
-        timeout_keep_alive=75,
+        # reuses a keep-alive connection the server has just closed (BC_KEEP_ALIVE_SECONDS, default 75)
+        timeout_keep_alive=settings.keep_alive_seconds,
+        # beyond this many open connections and tasks uvicorn answers 503 at once instead of queueing
+        # without bound (BC_LIMIT_CONCURRENCY, default 1000); header/body read timeouts belong to the
+        # reverse proxy in front (docs/operating.md)
+        limit_concurrency=settings.limit_concurrency,
     )
 
 

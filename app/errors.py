@@ -15,6 +15,7 @@ class AppError(Exception):
 
     code = "INTERNAL"
     status = 500
+    headers: dict[str, str] = {}  # extra response headers (``Retry-After`` on 429 and 503)
 
     def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -86,6 +87,58 @@ class PoolArchived(Conflict):
     code = "POOL_ARCHIVED"
 
 
+class PayloadTooLarge(AppError):
+    """The body is larger than the route's limit (HTTP 413); it was not read past the limit."""
+
+    code = "PAYLOAD_TOO_LARGE"
+    status = 413
+
+
+class RateLimited(AppError):
+    """Too many requests from this key, or too many failed authentications from this address (HTTP
+    429). ``Retry-After`` gives the seconds until the window has room again."""
+
+    code = "RATE_LIMITED"
+    status = 429
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message, {"retryAfterSeconds": retry_after})
+        self.headers = {"Retry-After": str(retry_after)}
+
+
+class Unavailable(AppError):
+    """The database cannot be reached (HTTP 503): nothing was written; retry after ``Retry-After`` s."""
+
+    code = "UNAVAILABLE"
+    status = 503
+
+    def __init__(
+        self, message: str = "the database is unavailable; retry shortly", retry_after: int = 2
+    ) -> None:
+        super().__init__(message, {"retryAfterSeconds": retry_after})
+        self.headers = {"Retry-After": str(retry_after)}
+
+
+QUOTE_LIMIT = 200  # characters of any input an error message may quote
+
+
+def clip_input(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """Caller input as text for an error message or a field path: at most ``limit`` characters of it (a
+    longer one ends in ``...(N characters)``), so a 1 MB id is never echoed back. The one helper for
+    quoting input (app/errors.py); :func:`quote_input` adds quotes."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
+
+
+def quote_input(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``f"{value!r}"`` of at most ``limit`` characters of input: ``'abc'``, ``5``,
+    ``'aaaa...'...(N characters)``."""
+    if not isinstance(value, str):
+        text = repr(value)
+        return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + f"...({len(value)} characters)"
+
+
 ERROR_CODES: dict[str, int] = {
     cls.code: cls.status
     for cls in (
@@ -98,5 +151,8 @@ ERROR_CODES: dict[str, int] = {
         QuotaExceeded,
         IdempotencyKeyReused,
         PoolArchived,
+        PayloadTooLarge,
+        RateLimited,
+        Unavailable,
     )
 }

@@ -11,6 +11,7 @@ from app.api import health, iam, inventory, quota, reservations
 from app.api.cors import BrowserCors
 from app.api.deps import Services
 from app.api.errors import install_error_handlers
+from app.api.guard import RequestGuard
 from app.api.text_guard import check_json_body
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.add_middleware(RequestGuard, settings=settings)  # inner: authenticate and bound the body first
     for module in (health, iam, inventory, quota, reservations):
         app.include_router(module.router)
     from app.api import placement

@@ -6,6 +6,10 @@ Environment variables: ``DATABASE_URL`` (unset -> embedded PostgreSQL), ``BC_BOO
 ``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection), ``BC_CORS_ORIGINS`` (JSON list of
 browser origins allowed to call the API), ``BC_LOG_FORMAT`` (``text`` or ``json``),
 ``BC_METRICS_GAUGE_TTL_SECONDS`` (how long the gauges read from PostgreSQL at a scrape are reused).
+``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection); request bounds ``BC_MAX_BODY_BYTES``,
+``BC_MAX_IMPORT_BODY_BYTES``, ``BC_MAX_PLACEMENT_BODY_BYTES``, ``BC_MAX_JSON_DEPTH``; rate limits
+``BC_RATE_LIMIT`` and ``BC_AUTH_FAILURE_RATE_LIMIT`` (``limits`` notation: ``100/second``, ``5/minute``);
+serving ``BC_LIMIT_CONCURRENCY`` and ``BC_KEEP_ALIVE_SECONDS`` (docs/operating.md).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -42,6 +46,25 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     # bc_reservations / bc_atoms are read from PostgreSQL at a scrape and reused this long (seconds)
     metrics_gauge_ttl_seconds: float = Field(default=5.0, ge=0, le=300)
+    # request bounds, enforced before a body is parsed (app/api/guard.py, docs/api.md)
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    max_import_body_bytes: int = Field(default=24 * 1024 * 1024, ge=1024)  # nvidia-smi -q -x XML
+    max_placement_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)  # vq.* fleet documents
+    max_json_depth: int = Field(default=64, ge=2, le=512)
+    # per key; per client address for failed authentication (``limits`` rate notation)
+    rate_limit: str = "100/second"
+    auth_failure_rate_limit: str = "10/second"
+    # uvicorn: open connections + tasks beyond which it answers 503; idle keep-alive seconds
+    limit_concurrency: int = Field(default=1000, ge=1)
+    keep_alive_seconds: int = Field(default=75, ge=1, le=3600)
+
+    @field_validator("rate_limit", "auth_failure_rate_limit")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        from limits import parse
+
+        parse(value)  # ValueError for anything but e.g. "100/second", "5 per minute"
+        return value
 
 
 @lru_cache(maxsize=1)

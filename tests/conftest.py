@@ -24,6 +24,8 @@ from app.db.tables import metadata
 from app.settings import Settings
 
 ADMIN_KEY = "test-admin-key-" + "0" * 32
+# tests hammer the service from one address with one key: rate limits are off unless a test sets them
+UNLIMITED_RATES = {"BC_RATE_LIMIT": "1000000/second", "BC_AUTH_FAILURE_RATE_LIMIT": "1000000/second"}
 DATA = Path(__file__).parent / "data"
 
 
@@ -95,7 +97,9 @@ async def clean_db(engine: AsyncEngine) -> AsyncEngine:
 
 def settings_for(database_url: str, **overrides: Any) -> Settings:
     """Settings for a test app on ``database_url`` with the test admin key."""
-    return Settings(database_url=database_url, bootstrap_admin_key=ADMIN_KEY, **overrides)
+    rates = {"rate_limit": UNLIMITED_RATES["BC_RATE_LIMIT"]}
+    rates["auth_failure_rate_limit"] = UNLIMITED_RATES["BC_AUTH_FAILURE_RATE_LIMIT"]
+    return Settings(database_url=database_url, bootstrap_admin_key=ADMIN_KEY, **{**rates, **overrides})
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import ADMIN_KEY
+from tests.conftest import ADMIN_KEY, UNLIMITED_RATES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,10 +48,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn_server(database_url: str, log: Path) -> Server:
-    """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key."""
+def spawn_server(database_url: str, log: Path, extra_env: dict[str, str] | None = None) -> Server:
+    """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key (rate limits off
+    unless ``extra_env`` sets them)."""
     env = dict(os.environ)
     env.update({"DATABASE_URL": database_url, "BC_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "PYTHONUNBUFFERED": "1"})
+    env.update(UNLIMITED_RATES)
+    env.update(extra_env or {})
     port = free_port()
     handle = log.open("wb")
     process = subprocess.Popen(
@@ -92,11 +95,13 @@ def stop_server(server: Server) -> None:
 
 
 @contextmanager
-def running_server(database_url: str, log_dir: Path, attempts: int = 3) -> Iterator[Server]:
+def running_server(
+    database_url: str, log_dir: Path, attempts: int = 3, extra_env: dict[str, str] | None = None
+) -> Iterator[Server]:
     """One service process on the test database, healthy, stopped on exit (a port taken meanwhile is
     retried on another)."""
     for attempt in range(attempts):
-        started = spawn_server(database_url, log_dir / f"server-{attempt}.log")
+        started = spawn_server(database_url, log_dir / f"server-{attempt}.log", extra_env)
         try:
             if wait_healthy(started, time.monotonic() + 60):
                 yield started

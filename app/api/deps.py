@@ -12,7 +12,6 @@ from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.errors import Unauthenticated
 from app.iam.authorize import Principal
-from app.iam.service import principal_for_key
 from app.settings import Settings
 
 bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer bck_...`")
@@ -36,11 +35,12 @@ def services(request: Request) -> Services:
 
 
 async def current_principal(
-    credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
-    svc: Services = Depends(services),
+    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
 ) -> Principal:
-    """The principal of the presented API key; 401 UNAUTHENTICATED when missing, unknown or revoked."""
-    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+    """The principal of the presented API key, resolved once by the request guard before the body was
+    read (app/api/guard.py); ``credentials`` only declares the bearer scheme in the OpenAPI document.
+    401 UNAUTHENTICATED when the guard resolved no key (it answers missing or unknown keys itself)."""
+    principal = request.scope.get("state", {}).get("principal")
+    if not isinstance(principal, Principal):
         raise Unauthenticated("an API key is required: Authorization: Bearer <key>")
-    async with svc.engine.connect() as conn:
-        return await principal_for_key(conn, credentials.credentials, svc.settings.bootstrap_admin_key)
+    return principal

@@ -9,9 +9,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError, ResponseValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import AppError
+from app.db.engine import is_outage
+from app.errors import AppError, Unavailable, clip_input
 
 log = logging.getLogger("better_compute")
 
@@ -29,15 +31,23 @@ class ErrorBody(BaseModel):
 
 
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` entries for the given error statuses (all share :class:`ErrorBody`)."""
+    """OpenAPI ``responses`` entries for the given error statuses (all share :class:`ErrorBody`), plus
+    the 413, 429 and 503 that the request guard and an outage may answer on every route."""
     text = {
         401: "UNAUTHENTICATED",
         403: "FORBIDDEN",
         404: "NOT_FOUND",
         409: "CONFLICT, QUOTA_EXCEEDED or IDEMPOTENCY_KEY_REUSED",
+        413: "PAYLOAD_TOO_LARGE: the body is over the route's limit",
         422: "INVALID_INPUT (details.path names the field)",
+        429: "RATE_LIMITED: too many requests; Retry-After gives the seconds to wait",
+        503: "UNAVAILABLE: the database cannot be reached; Retry-After gives the seconds to wait",
     }
-    return {s: {"model": ErrorBody, "description": text.get(s, "error")} for s in statuses}
+    every_route = (413, 429, 503)
+    return {
+        s: {"model": ErrorBody, "description": text.get(s, "error")}
+        for s in sorted({*statuses, *every_route})
+    }
 
 
 SOURCES = ("body", "query", "path", "header", "cookie")
@@ -51,7 +61,7 @@ def conflicts(*codes: str) -> dict[int | str, dict[str, Any]]:
 
 
 def _path(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in SOURCES]
+    parts = [clip_input(p) for p in loc if p not in SOURCES]  # keys are input
     return ".".join(parts)
 
 
@@ -72,7 +82,7 @@ def json_path(loc: tuple[Any, ...], body: Any, error_type: str) -> str:
             data = data[part]
         elif not (index == len(parts) - 1 and error_type == "missing"):
             continue  # a union member's or a validator's name, not a step of the body
-        steps.append(str(part))
+        steps.append(clip_input(str(part)))  # keys are input
     return ".".join(steps)
 
 
@@ -132,7 +142,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(AppError)
     async def _app_error(_: Request, exc: AppError) -> JSONResponse:
-        return JSONResponse(exc.to_body(), status_code=exc.status)
+        return JSONResponse(exc.to_body(), status_code=exc.status, headers=exc.headers or None)
+
+    @app.exception_handler(SQLAlchemyError)
+    @app.exception_handler(OSError)
+    async def _database(_: Request, exc: Exception) -> JSONResponse:
+        """A database outage is 503 with Retry-After, answered normally so the client's keep-alive
+        connection stays open; any other such error goes on to the 500 handler."""
+        if not is_outage(exc):
+            raise exc
+        unavailable = Unavailable()
+        return JSONResponse(unavailable.to_body(), status_code=503, headers=unavailable.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

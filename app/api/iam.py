@@ -9,8 +9,8 @@ from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
 from app.api.models.iam import ApiKey
 from app.db.tx import in_transaction
-from app.iam.authorize import Grant, authorize
-from app.iam.service import create_api_key, revoke_api_key
+from app.iam.authorize import Grant
+from app.iam.service import authorize_key_creation, create_api_key, revoke_api_key
 
 router = APIRouter(tags=["iam"])
 
@@ -40,14 +40,9 @@ class ApiKeyCreate(BaseModel):
 async def create_key(
     body: ApiKeyCreate, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> ApiKey:
-    authorize(principal, "compute:iam:admin", "*")
-    key_id, key = await in_transaction(
-        svc.engine,
-        create_api_key,
-        body.principal,
-        body.tenantId,
-        [Grant(g.action, g.resource) for g in body.grants],
-    )
+    key_grants = [Grant(g.action, g.resource) for g in body.grants]
+    authorize_key_creation(principal, body.tenantId, key_grants)
+    key_id, key = await in_transaction(svc.engine, create_api_key, body.principal, body.tenantId, key_grants)
     return ApiKey(id=key_id, key=key, principal=body.principal, tenantId=body.tenantId)
 
 
@@ -57,5 +52,4 @@ async def create_key(
 async def revoke_key(
     key_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> None:
-    authorize(principal, "compute:iam:admin", "*")
-    await in_transaction(svc.engine, revoke_api_key, key_id)
+    await in_transaction(svc.engine, revoke_api_key, key_id, principal)

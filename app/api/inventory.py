@@ -11,7 +11,7 @@ from app.api.errors import conflicts, responses
 from app.api.models.inventory import Node, NodeList, Pool, PoolList
 from app.api.paging import CURSOR_QUERY, decode_cursor, envelope, page_after, time_then_id
 from app.db.tx import in_transaction, read_only
-from app.iam.authorize import authorize, is_allowed
+from app.iam.authorize import authorize, holds_grant_on
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, LabelsBody, NodeCreate, NodeImport, PoolCreate, TaintsBody
 
@@ -46,12 +46,7 @@ async def list_pools(
 ) -> dict[str, Any]:
     """A page of the pools the caller may read, oldest first."""
     pools = await read_only(svc.engine, inventory.list_pools)
-    visible = [
-        p
-        for p in pools
-        if is_allowed(principal, READ, f"pool:{p['id']}")
-        or is_allowed(principal, "compute:capacity:read", f"pool:{p['id']}")
-    ]
+    visible = [p for p in pools if holds_grant_on(principal, f"pool:{p['id']}")]
     return page_after(visible, "pools", _pool_key, time_then_id, limit, cursor)
 
 
@@ -65,7 +60,7 @@ def _pool_key(pool: dict[str, Any]) -> tuple[str, ...]:
 async def get_pool(
     pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
-    if not is_allowed(principal, "compute:capacity:read", f"pool:{pool_id}"):
+    if not holds_grant_on(principal, f"pool:{pool_id}"):  # the rule of list_pools
         authorize(principal, READ, f"pool:{pool_id}")
     return await read_only(svc.engine, inventory.get_pool, pool_id)
 

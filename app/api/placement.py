@@ -19,7 +19,7 @@ from app.api.errors import responses
 from app.api.models.placement import Comparison, Explanation, FleetBuild, JobHistory
 from app.db.job_records import job_history, record_job
 from app.db.tx import in_transaction, read_only
-from app.errors import InvalidInput
+from app.errors import InvalidInput, quote_input
 from app.fleet.documents import parse_instant
 from app.fleet.explain import DEFAULT_MAX_AGE_SECONDS, explain_documents
 from app.fleet.history import JobRecord
@@ -28,7 +28,7 @@ from app.iam.authorize import authorize
 router = APIRouter(tags=["placement"])
 MAX_AGE_LIMIT = 10 * 366 * 86400  # ten years, in seconds
 
-ERRORS = responses(401, 403, 422)
+ERRORS = responses(401, 403, 404, 422)  # 404: a path parameter names nothing
 
 
 class ExplainBody(BaseModel):
@@ -199,7 +199,9 @@ async def record_job_route(
     history of ``target``); the path's ``job_id`` must equal the body's."""
     authorize(principal, "compute:inventory:write", "*")
     if body.job_id != job_id:
-        raise InvalidInput(f"job_id {body.job_id!r} differs from the path's {job_id!r}", path="job_id")
+        raise InvalidInput(
+            f"job_id {quote_input(body.job_id)} differs from the path's {quote_input(job_id)}", path="job_id"
+        )
     return await in_transaction(svc.engine, record_job, body)
 
 

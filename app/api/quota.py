@@ -42,7 +42,7 @@ async def set_quota(
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
-    authorize(principal, "compute:quota:write", f"pool:{pool_id}")
+    authorize(principal, "compute:quota:write", f"pool:{pool_id}", tenant=tenant_id)
     return await in_transaction(svc.engine, quota.replace_limits, tenant_id, pool_id, dict(body.limits))
 
 

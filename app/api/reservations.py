@@ -12,8 +12,8 @@ from app.api.models.reservations import Preview, Reservation, ReservationList, R
 from app.api.paging import CURSOR_QUERY, cursor_key, envelope, time_then_id
 from app.capacity import reservations as svc_reservations
 from app.db.tx import read_only
-from app.errors import NotFound
-from app.iam.authorize import authorize
+from app.errors import quote_input
+from app.iam.authorize import authorize, authorize_owned
 from app.placement.request import ReservationRequest
 
 router = APIRouter(tags=["reservations"])
@@ -33,7 +33,7 @@ async def preview(
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     """The placement pipeline without the commit: ``{fits, candidates, reason?}``."""
-    authorize(principal, "compute:capacity:read", f"pool:{body.poolId}")
+    authorize(principal, "compute:capacity:read", f"pool:{body.poolId}", tenant=body.tenantId)
     return await svc_reservations.preview(svc.engine, svc.cache, svc.capacity, body)
 
 
@@ -65,10 +65,9 @@ async def create_reservation(
 
 async def _authorized_tenant(svc: Services, principal: Principal, reservation_id: str, action: str) -> str:
     owner = await read_only(svc.engine, svc_reservations.reservation_tenant, reservation_id)
-    if owner is None or (principal.tenant_id is not None and owner[0] != principal.tenant_id):
-        raise NotFound(f"reservation {reservation_id} not found")
-    authorize(principal, action, f"tenant:{owner[0]}")
-    return owner[0]
+    return authorize_owned(
+        principal, action, owner[0] if owner else None, f"reservation {quote_input(reservation_id)}"
+    )
 
 
 @router.get(

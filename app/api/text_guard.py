@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import Request
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, clip_input
 
 
 def _bad_text(value: str) -> str | None:
@@ -76,10 +76,11 @@ async def check_json_body(request: Request) -> None:
     try:
         data = json.loads(body, object_pairs_hook=_no_duplicate_keys)
     except _DuplicateKey as duplicate:
-        raise InvalidInput(f"{duplicate.key}: named twice in one JSON object", path=duplicate.key) from None
-    except ValueError:
-        return  # not JSON: the body validation answers that
+        key = clip_input(duplicate.key)
+        raise InvalidInput(f"{key}: named twice in one JSON object", path=key) from None
+    except (ValueError, RecursionError):
+        return  # not JSON (or nested past the guard's limit): the body validation answers that
     found = find_unstorable(data)
     if found:
-        path, problem = found
+        path, problem = clip_input(found[0]), found[1]
         raise InvalidInput(f"{path}: {problem}" if path else problem, path=path)

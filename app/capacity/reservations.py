@@ -34,7 +34,7 @@ from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
 from app.db.tables import allocations, device_bookings, devices, node_resources, reservations
-from app.errors import IdempotencyKeyReused, InvalidInput, NotFound
+from app.errors import IdempotencyKeyReused, InvalidInput, NotFound, quote_input
 from app.ids import new_id
 from app.inventory.service import lock_pool
 from app.jsonnum import num
@@ -135,7 +135,7 @@ async def _create(
             ).first()
         except IntegrityError as exc:  # the pool foreign key: no such pool, and nothing was written
             if sqlstate(exc) == FOREIGN_KEY_VIOLATION:
-                raise NotFound(f"pool {body.poolId} not found") from None
+                raise NotFound(f"pool {quote_input(body.poolId)} not found") from None
             raise
         if inserted is None:
             existing = (
@@ -264,7 +264,7 @@ async def get_reservation(
     """The reservation view; another tenant's reservation (``tenant_id`` set) is NotFound, not 403."""
     row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).first()
     if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
-        raise NotFound(f"reservation {reservation_id} not found")
+        raise NotFound(f"reservation {quote_input(reservation_id)} not found")
     return await _view(conn, row)
 
 
@@ -322,7 +322,7 @@ async def release_reservation(
             )
         ).first()
         if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
-            raise NotFound(f"reservation {reservation_id} not found")
+            raise NotFound(f"reservation {quote_input(reservation_id)} not found")
         if row.status in ("released", "preempted"):
             return await _view(conn, row)
         if row.status == "placed":

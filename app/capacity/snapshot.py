@@ -33,7 +33,7 @@ from app.db.tables import (
     nodes,
     pools,
 )
-from app.errors import NotFound
+from app.errors import NotFound, quote_input
 from app.placement.model import Atom, NodeInventory, NodeSnapshot, NodeState, PoolSnapshot, ScalarResource
 from app.placement.topology import node_topology
 
@@ -136,7 +136,7 @@ async def read_pool_head(conn: AsyncConnection, pool_id: str) -> PoolHead:
         )
     ).first()
     if row is None:
-        raise NotFound(f"pool {pool_id} not found")
+        raise NotFound(f"pool {quote_input(pool_id)} not found")
     return PoolHead(row.id, row.archived_at is not None, row.inventory_version)
 
 

@@ -8,6 +8,8 @@ Either way :func:`migrate` runs Alembic to head before the service serves.
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +67,9 @@ def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
         async_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=False,
+        # a pooled connection is pinged when checked out, so the first request after a PostgreSQL
+        # restart reconnects instead of failing on a connection the server closed meanwhile
+        pool_pre_ping=True,
         connect_args={"server_settings": {"application_name": "better-compute"}},
     )
 
@@ -90,3 +94,42 @@ def migrate(url: str) -> None:
 async def migrate_async(url: str) -> None:
     """:func:`migrate` off the event loop."""
     await asyncio.to_thread(migrate, url)
+
+
+_NETWORK_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EPIPE, errno.ETIMEDOUT, errno.EHOSTUNREACH}
+_NETWORK_ERRNOS |= {errno.ENETUNREACH, errno.ECONNABORTED}
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True when ``exc`` (or what it wraps) says the database cannot be reached or is going away:
+    refused or dropped connections, a server starting up or shutting down, a pool checkout timeout.
+    Such failures answer 503 UNAVAILABLE (nothing was committed); any other error stays a 500."""
+    import asyncpg
+    import sqlalchemy.exc as sa_exc
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
+            return True
+        if isinstance(current, sa_exc.TimeoutError):  # QueuePool limit reached, nothing freed in time
+            return True
+        if isinstance(
+            current,
+            (
+                ConnectionError,  # refused, reset, broken pipe
+                TimeoutError,  # connect timeout
+                socket.gaierror,  # the database host name does not resolve (DNS down)
+                asyncpg.exceptions.PostgresConnectionError,
+                asyncpg.exceptions.CannotConnectNowError,  # the database system is starting up
+                asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash shutdown
+            ),
+        ):
+            return True
+        if isinstance(current, OSError) and (
+            current.errno in _NETWORK_ERRNOS or "Multiple exceptions" in str(current)
+        ):
+            return True  # asyncpg trying every address of the host: "Multiple exceptions: [Errno 111] ..."
+        current = getattr(current, "orig", None) or current.__cause__ or current.__context__
+    return False

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, quote_input
 from app.fleet.capacity import CapacityAnswer, overlay_capacity
 from app.fleet.documents import PlacementFleet, as_invalid_input, dump_document, load_fleet
 from app.fleet.history import (
@@ -95,10 +95,10 @@ def parse_assignment(text: str, option: str, *, value_required: bool) -> tuple[s
     name, sep, value = text.partition("=")
     if not name or (sep and not value):
         raise FleetBuildRefused(
-            f"{option} {text!r}: want NAME{'=' if value_required else '[='}VALUE", path=option
+            f"{option} {quote_input(text)}: want NAME{'=' if value_required else '[='}VALUE", path=option
         )
     if value_required and not sep:
-        raise FleetBuildRefused(f"{option} {text!r}: want NAME=VALUE", path=option)
+        raise FleetBuildRefused(f"{option} {quote_input(text)}: want NAME=VALUE", path=option)
     return name, (value if sep else None)
 
 
@@ -167,7 +167,9 @@ def check_plan(
         if hosts is not None:
             if hosts.get(host) not in ("slurm", "pbs"):
                 raise _refuse(
-                    "--scheduler-shape", lane, f"host {host!r} is not a configured Slurm or PBS host"
+                    "--scheduler-shape",
+                    lane,
+                    f"host {quote_input(host)} is not a configured Slurm or PBS host",
                 )
         elif shape_schedulers is not None and lane not in shape_schedulers:
             raise _refuse("--scheduler-shape", lane, "no scheduler output given")
@@ -180,7 +182,7 @@ def check_plan(
             if name not in hosts:
                 raise _refuse("--runtime-root", name, "not a configured [hosts.NAME]")
             if not PurePosixPath(root).is_absolute():
-                raise _refuse("--runtime-root", name, f"ROOT {root!r} is not an absolute path")
+                raise _refuse("--runtime-root", name, f"ROOT {quote_input(root)} is not an absolute path")
     for name in _duplicates([name for name, _ in plan.runtime_root]):
         raise _refuse("--runtime-root", name, "the same target named twice")
 
@@ -522,7 +524,7 @@ def build_fleet_documents(
             raise _prefixed(error, f"runtimeRoot.{name}") from None
         if not PurePosixPath(listing.root).is_absolute():
             raise FleetBuildRefused(
-                f"runtimeRoot.{name}.root: {listing.root!r} is not an absolute path",
+                f"runtimeRoot.{name}.root: {quote_input(listing.root)} is not an absolute path",
                 path=f"runtimeRoot.{name}.root",
             )
         runtimes[name] = RuntimeEvidence(listing=listing)

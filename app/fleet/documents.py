@@ -46,7 +46,7 @@ from pydantic import (
     model_validator,
 )
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, quote_input
 
 FLEET_SCHEMA = "vq.placement-fleet/1"
 REQUEST_SCHEMA = "vq.placement-request/1"
@@ -110,7 +110,7 @@ def _no_duplicates(values: list[str] | None) -> list[str] | None:
         seen: set[str] = set()
         for index, value in enumerate(values):
             if value in seen:
-                raise FieldError(str(index), f"duplicate label {value!r}")
+                raise FieldError(str(index), f"duplicate label {quote_input(value)}")
             seen.add(value)
     return values
 
@@ -252,7 +252,7 @@ class PlacementFleet(_Document):
         seen: set[str] = set()
         for index, target in enumerate(self.targets):
             if target.name in seen:
-                raise FieldError(f"targets.{index}.name", f"duplicate target name {target.name!r}")
+                raise FieldError(f"targets.{index}.name", f"duplicate target name {quote_input(target.name)}")
             seen.add(target.name)
         return self
 
@@ -358,7 +358,7 @@ def as_invalid_input(error: ValidationError, what: str) -> InvalidInput:
             message = message[len("Value error, ") :]
         elif item["type"] == "string_pattern_mismatch":
             shape = _PATTERN_SHAPES.get(str((item.get("ctx") or {}).get("pattern")), "the allowed syntax")
-            message = f"{item['input']!r} is not {shape}"
+            message = f"{quote_input(item['input'])} is not {shape}"
         elif item["type"] == "extra_forbidden":
             message = "unknown field"
         elif item["type"] == "missing":
@@ -376,7 +376,7 @@ def _check_schema_name(data: Any, expected: str, what: str) -> None:
     name = data.get("schema_name")
     if name != expected:
         shown = "missing" if name is None else repr(name)
-        raise InvalidInput(f"{what}: schema_name: {shown}, want {expected!r}", path="schema_name")
+        raise InvalidInput(f"{what}: schema_name: {shown}, want {quote_input(expected)}", path="schema_name")
 
 
 def load_fleet(data: dict[str, Any]) -> PlacementFleet:
@@ -438,7 +438,7 @@ def parse_instant(value: str, name: str = "now") -> datetime:
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise InvalidInput(f"{name}: {value!r} is not an ISO 8601 time", path="now") from None
+        raise InvalidInput(f"{name}: {quote_input(value)} is not an ISO 8601 time", path="now") from None
     if parsed.tzinfo is None or parsed.utcoffset() is None:
-        raise InvalidInput(f"{name}: {value!r} must carry a UTC offset, e.g. +00:00", path="now")
+        raise InvalidInput(f"{name}: {quote_input(value)} must carry a UTC offset, e.g. +00:00", path="now")
     return parsed

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, model_validator
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, quote_input
 from app.fleet.documents import (
     Digest,
     FieldError,
@@ -194,7 +194,8 @@ def check_estimate_program(request: PlacementRequestDoc, estimate: CalibratedEst
     request's; both faces call it right after loading, so the error names the estimate document."""
     if estimate.program != request.program:
         raise InvalidInput(
-            f"estimate: program: {estimate.program!r} does not match the request's {request.program!r}",
+            f"estimate: program: {quote_input(estimate.program)} does not match the request's "
+            f"{quote_input(request.program)}",
             path="program",
         )
 

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from app.errors import quote_input
+
 
 class PbsParseError(ValueError):
     """Text that is not valid PBS/Torque output; the message says what and where."""
@@ -39,7 +41,7 @@ def parse_pbs_walltime(text: str) -> int:
     """
     raw = text.strip()
     if not _WALLTIME_RE.match(raw):
-        raise PbsParseError(f"not a PBS walltime: {text!r}")
+        raise PbsParseError(f"not a PBS walltime: {quote_input(text)}")
     whole = raw.split(".", 1)[0]
     seconds = 0
     for part, scale in zip(reversed(whole.split(":")), (1, 60, 3600, 86400), strict=False):
@@ -62,7 +64,7 @@ def parse_pbs_size(text: str) -> int:
     """
     match = _SIZE_RE.match(text.strip())
     if match is None:
-        raise PbsParseError(f"not a PBS size: {text!r}")
+        raise PbsParseError(f"not a PBS size: {quote_input(text)}")
     unit = WORD_BYTES if match.group("unit").lower() == "w" else 1
     return int(match.group("num")) * _MULTIPLIER[match.group("mult").lower()] * unit
 
@@ -79,7 +81,7 @@ def parse_pbs_bool(text: str) -> bool:
         return True
     if lowered in ("false", "f", "0", "no", "n"):
         return False
-    raise PbsParseError(f"not a PBS boolean: {text!r}")
+    raise PbsParseError(f"not a PBS boolean: {quote_input(text)}")
 
 
 # --- key = value blocks -------------------------------------------------------------------------
@@ -102,12 +104,12 @@ def _blocks(text: str, header: re.Pattern[str], what: str) -> list[tuple[str, di
         if not line[0].isspace():
             match = header.match(line)
             if match is None:
-                raise PbsParseError(f"line {number}: expected a {what} line, got {line!r}")
+                raise PbsParseError(f"line {number}: expected a {what} line, got {quote_input(line)}")
             blocks.append((match.group("name"), {}))
             continue
         attribute = _ATTRIBUTE_RE.match(line)
         if attribute is None:
-            raise PbsParseError(f"line {number}: expected 'key = value', got {line!r}")
+            raise PbsParseError(f"line {number}: expected 'key = value', got {quote_input(line)}")
         if not blocks:
             raise PbsParseError(f"line {number}: attribute before any {what} line")
         # Values keep trailing blanks (state_count ends with one); only the line break is removed.
@@ -166,7 +168,7 @@ class PbsQueue:
         if value is None:
             return None
         if not value.isdigit():
-            raise PbsParseError(f"resources_max.nodect is not a count: {value!r}")
+            raise PbsParseError(f"resources_max.nodect is not a count: {quote_input(value)}")
         return int(value)
 
     @property
@@ -244,7 +246,7 @@ class PbsNode:
             return None
         value = value.strip()
         if not value.isdigit():
-            raise PbsParseError(f"node {self.name}: {key} is not a count: {value!r}")
+            raise PbsParseError(f"node {self.name}: {key} is not a count: {quote_input(value)}")
         return int(value)
 
     @property
@@ -391,7 +393,7 @@ def queue_limits(qstat_text: str, queue_name: str) -> PbsQueueLimits:
     queues = {queue.name: queue for queue in parse_qstat_queues(qstat_text)}
     queue = queues.get(queue_name)
     if queue is None:
-        raise PbsParseError(f"qstat lists no queue {queue_name!r}")
+        raise PbsParseError(f"qstat lists no queue {quote_input(queue_name)}")
     walltime = queue.max_walltime_s
     if walltime == 0:
         raise PbsParseError(f"queue {queue_name}: resources_max.walltime is 0")
@@ -420,7 +422,7 @@ def queue_node_shape(qstat_text: str, queue_name: str, pbsnodes_text: str) -> Pb
     queues = {queue.name: queue for queue in parse_qstat_queues(qstat_text)}
     queue = queues.get(queue_name)
     if queue is None:
-        raise PbsParseError(f"qstat lists no queue {queue_name!r}")
+        raise PbsParseError(f"qstat lists no queue {quote_input(queue_name)}")
     routed = routed_nodes(queue, parse_pbsnodes(pbsnodes_text))
     if not routed:
         return None

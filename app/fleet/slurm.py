@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Literal
 
+from app.errors import quote_input
+
 INFINITE: Literal["infinite"] = "infinite"
 """Marker for an unlimited time limit or job size (``infinite`` / ``UNLIMITED``)."""
 
@@ -61,7 +63,7 @@ def parse_slurm_time(text: str, *, zero_is_unlimited: bool = False) -> TimeLimit
         return None
     match = _TIME_RE.match(raw)
     if match is None:
-        raise SlurmParseError(f"not a Slurm time: {text!r}")
+        raise SlurmParseError(f"not a Slurm time: {quote_input(text)}")
     if match.group("days") is not None:
         seconds = (
             int(match.group("days")) * 86400
@@ -104,13 +106,13 @@ def parse_slurm_count(text: str) -> SlurmCount:
     """
     match = _NUMBER_RE.match(text.strip())
     if match is None:
-        raise SlurmParseError(f"not a Slurm count: {text!r}")
+        raise SlurmParseError(f"not a Slurm count: {quote_input(text)}")
     try:
         scaled = Decimal(match.group("num")) * _UNIT[match.group("unit")]
     except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
-        raise SlurmParseError(f"not a Slurm count: {text!r}") from exc
+        raise SlurmParseError(f"not a Slurm count: {quote_input(text)}") from exc
     if scaled != scaled.to_integral_value():
-        raise SlurmParseError(f"not a whole count: {text!r}")
+        raise SlurmParseError(f"not a whole count: {quote_input(text)}")
     return SlurmCount(int(scaled), lower_bound=bool(match.group("plus")))
 
 
@@ -192,11 +194,11 @@ def parse_gres(text: str) -> list[GresEntry]:
             continue
         match = _GRES_ENTRY_RE.match(item)
         if match is None:
-            raise SlurmParseError(f"not a GRES entry: {item!r}")
+            raise SlurmParseError(f"not a GRES entry: {quote_input(item)}")
         parts = [p for p in match.group("body").split(":") if p != "no_consume"]
         name = parts[0]
         if not _GRES_NAME_RE.match(name):
-            raise SlurmParseError(f"not a GRES name: {item!r}")
+            raise SlurmParseError(f"not a GRES name: {quote_input(item)}")
         count = 1
         rest = parts[1:]
         if rest and _NUMBER_RE.match(rest[-1]) and not rest[-1].endswith("+"):
@@ -353,7 +355,7 @@ def _format_fields(fmt: str) -> tuple[list[str], str | None]:
     A ``None`` separator means fields are separated by whitespace."""
     tokens = re.findall(r"%[.\-]?\d*([A-Za-z])", fmt)
     if not tokens:
-        raise SlurmParseError(f"not a sinfo format: {fmt!r}")
+        raise SlurmParseError(f"not a sinfo format: {quote_input(fmt)}")
     names = []
     for letter in tokens:
         if letter not in _FORMAT_FIELDS:
@@ -364,7 +366,7 @@ def _format_fields(fmt: str) -> tuple[list[str], str | None]:
     if separators and all(s.strip() == "" for s in separators):
         return names, None
     if len(separators) != 1:
-        raise SlurmParseError(f"sinfo format needs one separator between fields: {fmt!r}")
+        raise SlurmParseError(f"sinfo format needs one separator between fields: {quote_input(fmt)}")
     return names, separators.pop()
 
 
@@ -373,7 +375,7 @@ def _split_row(line: str, count: int, separator: str | None) -> list[str]:
     # the field that may contain commas (GRES, features) comes last.
     cells = line.split(separator, count - 1) if separator else line.split(None, count - 1)
     if len(cells) != count:
-        raise SlurmParseError(f"expected {count} fields, got {len(cells)}: {line!r}")
+        raise SlurmParseError(f"expected {count} fields, got {len(cells)}: {quote_input(line)}")
     return cells
 
 

@@ -4,13 +4,18 @@ Actions: ``compute:capacity:read``, ``compute:reservations:create|read|release``
 ``compute:inventory:write|read``, ``compute:quota:write``, ``compute:placement:explain``,
 ``compute:iam:admin``. Resources: ``pool:<id>``, ``tenant:<id>``, ``*``. A grant's action may be ``*``
 or end in ``:*`` (a prefix); its resource may be ``*`` or ``pool:*`` / ``tenant:*``.
+
+Tenant scope (DESIGN.md, "Security rules") lives here, once for every route: a tenant-scoped principal
+acts only for its own tenant (another tenant named in a body or path is 403 whatever its grants say),
+and a resource owned by another tenant does not exist for it (404, :func:`authorize_owned`). An admin is
+a principal without a tenant holding ``compute:iam:admin`` on ``*``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.errors import Forbidden
+from app.errors import Forbidden, NotFound
 
 ACTIONS: tuple[str, ...] = (
     "compute:capacity:read",
@@ -41,6 +46,7 @@ class Principal:
     name: str
     tenant_id: str | None = None
     grants: tuple[Grant, ...] = field(default_factory=tuple)
+    key_id: str | None = None  # the API key presented ("bootstrap" for BC_BOOTSTRAP_ADMIN_KEY)
 
 
 def _action_matches(granted: str, wanted: str) -> bool:
@@ -63,20 +69,48 @@ def is_allowed(principal: Principal, action: str, resource: str) -> bool:
     )
 
 
-def authorize(principal: Principal, action: str, *resources: str) -> None:
+def is_admin(principal: Principal) -> bool:
+    """An admin key: no tenant, and ``compute:iam:admin`` on ``*``."""
+    return principal.tenant_id is None and is_allowed(principal, "compute:iam:admin", "*")
+
+
+def holds_grant_on(principal: Principal, resource: str) -> bool:
+    """True when some grant (any action) covers ``resource``, e.g. ``pool:<id>`` (pool listing)."""
+    return any(_resource_matches(g.resource, resource) for g in principal.grants)
+
+
+def can_see_tenant(principal: Principal, tenant_id: str) -> bool:
+    """False when a tenant-scoped principal looks at another tenant's resource."""
+    return principal.tenant_id is None or principal.tenant_id == tenant_id
+
+
+def authorize(principal: Principal, action: str, *resources: str, tenant: str | None = None) -> None:
     """Raise :class:`~app.errors.Forbidden` unless ``action`` is granted on every one of ``resources``.
 
-    A tenant-scoped principal may act only for its own tenant: a ``tenant:<other>`` resource is refused
-    whatever its grants say.
+    ``tenant`` names the tenant the request acts for (a body's ``tenantId``, a path's tenant). A
+    tenant-scoped principal may act only for its own tenant: another ``tenant`` and any
+    ``tenant:<other>`` resource are refused whatever its grants say.
     """
+    if tenant is not None and not can_see_tenant(principal, tenant):
+        raise Forbidden(
+            f"this key acts for tenant {principal.tenant_id} only", {"tenantId": principal.tenant_id}
+        )
     for resource in resources or ("*",):
-        if (
-            principal.tenant_id is not None
-            and resource.startswith("tenant:")
-            and resource != f"tenant:{principal.tenant_id}"
-        ):
+        if resource.startswith("tenant:") and not can_see_tenant(principal, resource[len("tenant:") :]):
             raise Forbidden(f"this key acts for tenant {principal.tenant_id} only", {"resource": resource})
         if not is_allowed(principal, action, resource):
             raise Forbidden(
                 f"{action} is not granted on {resource}", {"action": action, "resource": resource}
             )
+
+
+def authorize_owned(principal: Principal, action: str, owner_tenant: str | None, what: str) -> str:
+    """Authorize ``action`` on a resource owned by ``owner_tenant`` (None: it does not exist) and return
+    the owner. Raises :class:`~app.errors.NotFound` (``"<what> not found"``) when it does not exist or
+    belongs to another tenant than a tenant-scoped principal's (404, not 403: its existence is not
+    revealed), :class:`~app.errors.Forbidden` when it is visible but ``action`` is not granted on
+    ``tenant:<owner>``."""
+    if owner_tenant is None or not can_see_tenant(principal, owner_tenant):
+        raise NotFound(f"{what} not found")
+    authorize(principal, action, f"tenant:{owner_tenant}")
+    return owner_tenant

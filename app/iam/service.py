@@ -6,12 +6,15 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import api_keys, grants, principals
-from app.errors import InvalidInput, NotFound, Unauthenticated
-from app.iam.authorize import ACTIONS, Grant, Principal
+from app.errors import Forbidden, InvalidInput, NotFound, Unauthenticated, quote_input
+from app.iam.authorize import ACTIONS, Grant, Principal, authorize, authorize_owned, is_admin, is_allowed
 from app.iam.keys import generate_key, hash_key, same_key
 from app.ids import new_id
 
-BOOTSTRAP_PRINCIPAL = Principal(id="principal_bootstrap", name="bootstrap-admin", grants=(Grant("*", "*"),))
+BOOTSTRAP_KEY_ID = "bootstrap"  # the key id of BC_BOOTSTRAP_ADMIN_KEY (access log, rate limit)
+BOOTSTRAP_PRINCIPAL = Principal(
+    id="principal_bootstrap", name="bootstrap-admin", grants=(Grant("*", "*"),), key_id=BOOTSTRAP_KEY_ID
+)
 RESOURCE_PREFIXES = ("pool:", "tenant:")
 
 
@@ -22,11 +25,33 @@ def validate_grants(items: list[Grant]) -> None:
     """
     for i, g in enumerate(items):
         if g.action != "*" and g.action not in ACTIONS and not g.action.endswith(":*"):
-            raise InvalidInput(f"unknown action {g.action!r}", path=f"grants.{i}.action")
+            raise InvalidInput(f"unknown action {quote_input(g.action)}", path=f"grants.{i}.action")
         if g.resource != "*" and not (
             g.resource.startswith(RESOURCE_PREFIXES) and len(g.resource.split(":", 1)[1]) > 0
         ):
             raise InvalidInput("a resource is '*', 'pool:<id>' or 'tenant:<id>'", path=f"grants.{i}.resource")
+
+
+def authorize_key_creation(creator: Principal, tenant_id: str | None, key_grants: list[Grant]) -> None:
+    """No escalation: a key mints keys only for its own tenant and only with grants it holds itself.
+
+    An admin (untenanted, ``compute:iam:admin`` on ``*``) mints anything. Any other creator needs
+    ``compute:iam:admin`` on ``tenant:<tenantId>`` (on ``*`` for an untenanted key); a tenant-scoped
+    creator must name its own tenant, and every requested grant must be covered by one of its own
+    (``pool:*`` covers ``pool:p1``; ``*`` only by ``*``). Raises :class:`~app.errors.Forbidden`."""
+    if is_admin(creator):
+        return
+    if creator.tenant_id is not None and tenant_id != creator.tenant_id:
+        raise Forbidden(
+            f"this key mints keys for tenant {creator.tenant_id} only", {"tenantId": creator.tenant_id}
+        )
+    authorize(creator, "compute:iam:admin", f"tenant:{tenant_id}" if tenant_id else "*", tenant=tenant_id)
+    for i, g in enumerate(key_grants):
+        if not is_allowed(creator, g.action, g.resource):
+            raise Forbidden(
+                f"grants.{i}: this key does not hold {g.action} on {g.resource} itself",
+                {"path": f"grants.{i}", "action": g.action, "resource": g.resource},
+            )
 
 
 async def create_api_key(
@@ -52,29 +77,54 @@ async def create_api_key(
     return key_id, key
 
 
-async def revoke_api_key(conn: AsyncConnection, key_id: str) -> None:
-    """Revoke a key; raises :class:`~app.errors.NotFound` for an unknown or already revoked id."""
+async def revoke_api_key(conn: AsyncConnection, key_id: str, revoker: Principal) -> None:
+    """Revoke a key. Raises :class:`~app.errors.NotFound` for an unknown or already revoked id, or a key
+    of another tenant than a tenant-scoped revoker's; :class:`~app.errors.Forbidden` without
+    ``compute:iam:admin`` on the key's tenant (``*`` for an untenanted key)."""
+    # SELECT p.tenant_id FROM api_keys k JOIN principals p ON p.id = k.principal_id
+    #  WHERE k.id = :key_id AND k.revoked_at IS NULL
+    row = (
+        await conn.execute(
+            sa.select(principals.c.tenant_id)
+            .select_from(api_keys.join(principals, principals.c.id == api_keys.c.principal_id))
+            .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+        )
+    ).first()
+    what = f"api key {quote_input(key_id)}"
+    if row is None:
+        raise NotFound(f"{what} not found")
+    if row.tenant_id is None:
+        if revoker.tenant_id is not None:  # an untenanted key is invisible to a tenant's key
+            raise NotFound(f"{what} not found")
+        authorize(revoker, "compute:iam:admin", "*")
+    else:
+        authorize_owned(revoker, "compute:iam:admin", row.tenant_id, what)
     result = await conn.execute(
         sa.update(api_keys)
         .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
         .values(revoked_at=sa.func.now())
         .returning(api_keys.c.id)
     )
-    if result.first() is None:
-        raise NotFound(f"api key {key_id} not found")
+    if result.first() is None:  # revoked meanwhile
+        raise NotFound(f"{what} not found")
 
 
 async def principal_for_key(conn: AsyncConnection, key: str, bootstrap_key: str | None) -> Principal:
     """The principal behind ``key``; raises :class:`~app.errors.Unauthenticated` when unknown or revoked."""
     if bootstrap_key and same_key(key, bootstrap_key):
         return BOOTSTRAP_PRINCIPAL
-    # SELECT p.id, p.name, p.tenant_id, g.action, g.resource FROM api_keys k
+    # SELECT k.id, p.id, p.name, p.tenant_id, g.action, g.resource FROM api_keys k
     #   JOIN principals p ON p.id = k.principal_id LEFT JOIN grants g ON g.principal_id = p.id
     #  WHERE k.key_hash = :hash AND k.revoked_at IS NULL
     rows = (
         await conn.execute(
             sa.select(
-                principals.c.id, principals.c.name, principals.c.tenant_id, grants.c.action, grants.c.resource
+                api_keys.c.id.label("key_id"),
+                principals.c.id,
+                principals.c.name,
+                principals.c.tenant_id,
+                grants.c.action,
+                grants.c.resource,
             )
             .select_from(
                 api_keys.join(principals, principals.c.id == api_keys.c.principal_id).outerjoin(
@@ -88,4 +138,6 @@ async def principal_for_key(conn: AsyncConnection, key: str, bootstrap_key: str 
         raise Unauthenticated("unknown or revoked API key")
     first = rows[0]
     held = tuple(Grant(r.action, r.resource) for r in rows if r.action is not None)
-    return Principal(id=first.id, name=first.name, tenant_id=first.tenant_id, grants=held)
+    return Principal(
+        id=first.id, name=first.name, tenant_id=first.tenant_id, grants=held, key_id=first.key_id
+    )

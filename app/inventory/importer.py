@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, quote_input
 from app.inventory.nvsmi_xml import XML_PATH, GpuInfo, parse_nvidia_smi_log
 from app.inventory.topo import TopoMatrix, parse_topo_matrix
 
@@ -150,7 +150,8 @@ def build_imported_node(name: str, topo_text: str, xml_text: str | None = None) 
             atom = f"{name}-{gpu_name}"
             if not _ATOM_ID_RE.fullmatch(atom) or len(atom) > 128:
                 raise InvalidInput(
-                    f"node name {name!r} cannot name atoms (<name>-GPU<i>): use letters, digits, . _ : -",
+                    f"node name {quote_input(name)} cannot name atoms (<name>-GPU<i>): "
+                    "use letters, digits, . _ : -",
                     path="name",
                 )
             attrs: dict[str, Any] = {} if topo_numa is None else {"numaNode": topo_numa}

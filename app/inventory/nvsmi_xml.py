@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Literal
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, quote_input
 
 __all__ = [
     "ARCHITECTURE_COMPUTE_CAPABILITY",
@@ -160,7 +160,7 @@ def _int(el: ET.Element | None, path: str, what: str) -> int | None:
     try:
         return int(value, 0) if value.lower().startswith("0x") else int(value)
     except ValueError:
-        raise _error(f"{what} {value!r} is not an integer") from None
+        raise _error(f"{what} {quote_input(value)} is not an integer") from None
 
 
 def _mib(el: ET.Element | None, path: str, what: str) -> int | None:
@@ -170,7 +170,7 @@ def _mib(el: ET.Element | None, path: str, what: str) -> int | None:
         return None
     m = _MIB_RE.fullmatch(value)
     if not m:
-        raise _error(f"{what} {value!r} is not a memory size")
+        raise _error(f"{what} {quote_input(value)} is not a memory size")
     amount = Decimal(m.group(1))
     unit = (m.group(2) or "MiB").lower()
     scale = {"mib": Decimal(1), "gib": Decimal(1024), "kib": Decimal(1) / 1024, "b": Decimal(1) / 1024**2}[

@@ -5,12 +5,35 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LABEL_KEY = r"^[A-Za-z][A-Za-z0-9._/-]*$"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-LabelKey = Annotated[str, Field(pattern=LABEL_KEY, max_length=253)]
-LabelValue = Annotated[str, Field(max_length=253)]
+# Kubernetes label sizes (docs/api.md, "Limits"): a key is ``[prefix/]name`` with a prefix of at most
+# 253 and a name of at most 63 characters; a value holds at most 63 characters. A node holds at most 256
+# labels (operator and system together) and 64 taints.
+MAX_LABEL_PREFIX, MAX_LABEL_NAME, MAX_LABEL_VALUE = 253, 63, 63
+MAX_LABELS, MAX_TAINTS = 256, 64
+
+
+def _label_key_sizes(key: str) -> str:
+    prefix, _, name = key.rpartition("/")
+    if len(name) > MAX_LABEL_NAME:
+        raise ValueError(f"a label key's name (after the last '/') holds at most {MAX_LABEL_NAME} characters")
+    if len(prefix) > MAX_LABEL_PREFIX:
+        raise ValueError(
+            f"a label key's prefix (before the last '/') holds at most {MAX_LABEL_PREFIX} characters"
+        )
+    return key
+
+
+LabelKey = Annotated[
+    str,
+    Field(pattern=LABEL_KEY, max_length=MAX_LABEL_PREFIX + 1 + MAX_LABEL_NAME),
+    AfterValidator(_label_key_sizes),
+]
+LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE)]
+Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)]
 Amount = Annotated[Decimal, Field(ge=0, max_digits=24, decimal_places=6, allow_inf_nan=False)]
 
 
@@ -46,7 +69,9 @@ class DeviceBody(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
     device_class: str = Field(alias="class", default="gpu", pattern=r"^[a-z][a-z0-9._-]*$", max_length=64)
-    attributes: dict[LabelKey, str | int | float | bool] = Field(default_factory=dict)
+    attributes: dict[LabelKey, Annotated[str, Field(max_length=1024)] | int | float | bool] = Field(
+        default_factory=dict, max_length=MAX_LABELS
+    )
     numaNode: int | None = Field(default=None, ge=0, le=1024)
     parent: str | None = None
     healthy: bool = True
@@ -67,8 +92,8 @@ class NodeCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=128, pattern=NAME)
-    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
-    taints: list[TaintBody] = Field(default_factory=list, max_length=64)
+    labels: Labels = Field(default_factory=dict)
+    taints: list[TaintBody] = Field(default_factory=list, max_length=MAX_TAINTS)
     cordoned: bool = False
     leasable: bool = True
     resources: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceBody] = (
@@ -106,8 +131,8 @@ class NodeImport(BaseModel):
     name: str = Field(min_length=1, max_length=128, pattern=NAME)
     topo: str = Field(min_length=1, max_length=1_000_000)
     nvidiaSmiXml: str | None = Field(default=None, max_length=20_000_000)
-    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
-    taints: list[TaintBody] = Field(default_factory=list, max_length=64)
+    labels: Labels = Field(default_factory=dict)
+    taints: list[TaintBody] = Field(default_factory=list, max_length=MAX_TAINTS)
     resources: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceBody] = (
         Field(default_factory=dict)
     )
@@ -117,21 +142,21 @@ class LabelsBody(BaseModel):
     """``PUT /v1/nodes/{nodeId}/labels``: the node's operator labels (system labels are kept)."""
 
     model_config = ConfigDict(extra="forbid")
-    labels: dict[LabelKey, LabelValue]
+    labels: Labels
 
 
 class TaintsBody(BaseModel):
     """``PUT /v1/nodes/{nodeId}/taints``: the node's whole taint list."""
 
     model_config = ConfigDict(extra="forbid")
-    taints: list[TaintBody] = Field(max_length=64)
+    taints: list[TaintBody] = Field(max_length=MAX_TAINTS)
 
 
 class DeviceHealth(BaseModel):
     """Health of one atom."""
 
     model_config = ConfigDict(extra="forbid")
-    id: str
+    id: str = Field(min_length=1, max_length=128)
     healthy: bool | None = None
     bookable: bool | None = None
 

@@ -25,10 +25,11 @@ from app.db.tables import (
     pool_capacity_rollup,
     pools,
 )
-from app.errors import Conflict, InvalidInput, NotFound
+from app.errors import Conflict, InvalidInput, NotFound, quote_input
 from app.ids import new_id
 from app.inventory.reasons import no_schedule_reasons
 from app.inventory.schemas import (
+    MAX_LABELS,
     DeviceBody,
     HealthBody,
     LinkBody,
@@ -119,7 +120,7 @@ async def lock_pool(conn: AsyncConnection, pool_id: str, *, for_update: bool = T
     stmt = stmt.with_for_update() if for_update else stmt.with_for_update(read=True)
     row = (await conn.execute(stmt)).first()
     if row is None:
-        raise NotFound(f"pool {pool_id} not found")
+        raise NotFound(f"pool {quote_input(pool_id)} not found")
     return row
 
 
@@ -157,7 +158,7 @@ async def add_node(
     """
     pool = await lock_pool(conn, pool_id)
     if pool.archived_at is not None:
-        raise Conflict(f"pool {pool_id} is archived", {"poolId": pool_id})
+        raise Conflict(f"pool {quote_input(pool_id)} is archived", {"poolId": pool_id})
     node_id = new_id("node")
     taints = [(t.key, t.value, t.effect) for t in body.taints]
     inserted = (
@@ -208,8 +209,18 @@ async def _write_labels(
         if k in system:
             continue  # a system label is not overwritten by an operator's
         rows[k] = {"node_id": node_id, "key": k, "value": v, "source": "operator"}
+    check_label_count(len(rows), len(system))
     if rows:
         await conn.execute(sa.insert(node_labels), list(rows.values()))
+
+
+def check_label_count(total: int, system: int) -> None:
+    """Raise InvalidInput (path ``labels``) when a node would hold more than MAX_LABELS labels."""
+    if total > MAX_LABELS:
+        raise InvalidInput(
+            f"a node holds at most {MAX_LABELS} labels ({total} with its {system} system labels)",
+            path="labels",
+        )
 
 
 async def _write_devices(
@@ -363,7 +374,7 @@ async def get_pool_row(conn: AsyncConnection, pool_id: str) -> Any:
     """The pool row (no lock); NotFound if absent."""
     row = (await conn.execute(sa.select(pools).where(pools.c.id == pool_id))).first()
     if row is None:
-        raise NotFound(f"pool {pool_id} not found")
+        raise NotFound(f"pool {quote_input(pool_id)} not found")
     return row
 
 
@@ -373,7 +384,7 @@ async def _node_row(conn: AsyncConnection, node_id: str, *, lock: bool = False) 
         stmt = stmt.with_for_update()
     row = (await conn.execute(stmt)).first()
     if row is None:
-        raise NotFound(f"node {node_id} not found")
+        raise NotFound(f"node {quote_input(node_id)} not found")
     return row
 
 
@@ -381,7 +392,7 @@ async def node_pool_id(conn: AsyncConnection, node_id: str) -> str:
     """The pool a node belongs to (for authorization); NotFound if absent."""
     pool_id = (await conn.execute(sa.select(nodes.c.pool_id).where(nodes.c.id == node_id))).scalar()
     if pool_id is None:
-        raise NotFound(f"node {node_id} not found")
+        raise NotFound(f"node {quote_input(node_id)} not found")
     return pool_id
 
 
@@ -520,6 +531,7 @@ async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]
         for k, v in labels.items()
         if k not in system
     ]
+    check_label_count(len(rows) + len(system), len(system))
     if rows:
         await conn.execute(sa.insert(node_labels), rows)
     return await get_node(conn, node_id)

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, quote_input
 
 __all__ = [
     "TRAILING_LABELS",
@@ -144,13 +144,13 @@ def parse_cpu_list(text: str) -> list[int]:
     if not text:
         return []
     if not _CPU_LIST_RE.fullmatch(text):
-        raise ValueError(f"not a CPU list: {text!r}")
+        raise ValueError(f"not a CPU list: {quote_input(text)}")
     ids: set[int] = set()
     for part in text.split(","):
         lo, _, hi = part.partition("-")
         first, last = int(lo), int(hi or lo)
         if last < first:
-            raise ValueError(f"descending range {part!r}")
+            raise ValueError(f"descending range {quote_input(part)}")
         ids.update(range(first, last + 1))
     return sorted(ids)
 
@@ -210,11 +210,11 @@ def _parse_header(header: str, lineno: int) -> tuple[list[str], list[str]]:
     pos = matches[0].start() if matches else len(header)
     for m in matches:
         if header[pos : m.start()].strip():
-            raise _error(f"unexpected header text {header[pos : m.start()].strip()!r}", lineno)
+            raise _error(f"unexpected header text {quote_input(header[pos : m.start()].strip())}", lineno)
         labels.append(" ".join(m.group().split()))
         pos = m.end()
     if header[pos:].strip():
-        raise _error(f"unexpected header text {header[pos:].strip()!r}", lineno)
+        raise _error(f"unexpected header text {quote_input(header[pos:].strip())}", lineno)
     expected_order = [lab for lab in TRAILING_LABELS if lab in labels]
     if labels != expected_order:
         raise _error(f"header labels {labels} are not in nvidia-smi order {list(TRAILING_LABELS)}", lineno)
@@ -224,7 +224,7 @@ def _parse_header(header: str, lineno: int) -> tuple[list[str], list[str]]:
     seen: set[str] = set()
     for name in devices:
         if not _DEVICE_NAME_RE.fullmatch(name):
-            raise _error(f"bad device name {name!r} in header", lineno)
+            raise _error(f"bad device name {quote_input(name)} in header", lineno)
         if name in seen:
             raise _error(f"device {name} appears twice in header", lineno)
         seen.add(name)
@@ -296,7 +296,7 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
         tab_rows += was_tab
         label = cells[0]
         if label not in col:
-            raise _error(f"row {label!r} is not a column of the header", lineno)
+            raise _error(f"row {quote_input(label)} is not a column of the header", lineno)
         if label in matrix:
             raise _error(f"row {label} appears twice", lineno)
         links = cells[1 : 1 + n]
@@ -305,9 +305,11 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
         for j, cell in enumerate(links):
             if j == col[label]:
                 if cell != "X":
-                    raise _error(f"row {label}: diagonal cell is {cell!r}, expected X", lineno)
+                    raise _error(f"row {label}: diagonal cell is {quote_input(cell)}, expected X", lineno)
             elif cell == "X" or not _LINK_RE.fullmatch(cell):
-                raise _error(f"row {label}, column {devices[j]}: {cell!r} is not a link kind", lineno)
+                raise _error(
+                    f"row {label}, column {devices[j]}: {quote_input(cell)} is not a link kind", lineno
+                )
         matrix[label] = links
         trailing = cells[1 + n :]
         if label in gpus:
@@ -354,7 +356,7 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
             try:
                 parse_cpu_list(cpu)
             except ValueError:
-                raise _error(f"row {g}: CPU Affinity {cpu!r} is not a CPU list", lineno) from None
+                raise _error(f"row {g}: CPU Affinity {quote_input(cpu)} is not a CPU list", lineno) from None
         cpu_affinity[g] = cpu
         numa_text = values.get(NUMA_AFFINITY, "")
         if not numa_text or numa_text.upper() == "N/A":
@@ -364,7 +366,7 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
                 numa_affinity[g] = parse_cpu_list(numa_text)
             except ValueError:
                 raise _error(
-                    f"row {g}: NUMA Affinity {numa_text!r} is not a NUMA node list", lineno
+                    f"row {g}: NUMA Affinity {quote_input(numa_text)} is not a NUMA node list", lineno
                 ) from None
         if gpu_numa is not None:
             gid = values.get(GPU_NUMA_ID, "")
@@ -373,7 +375,7 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
             elif gid.isdigit():
                 gpu_numa[g] = int(gid)
             else:
-                raise _error(f"row {g}: GPU NUMA ID {gid!r} is not a number", lineno)
+                raise _error(f"row {g}: GPU NUMA ID {quote_input(gid)} is not a number", lineno)
 
     return TopoMatrix(
         gpus=tuple(gpus),
@@ -417,10 +419,10 @@ def _parse_legends(lines: list[str], idx: int, nics: set[str]) -> tuple[dict[str
         if block == "nic":
             m = _NIC_LEGEND_RE.fullmatch(raw)
             if not m:
-                raise _error(f"NIC Legend entry {stripped!r} is not 'NICn: name'", lineno)
+                raise _error(f"NIC Legend entry {quote_input(stripped)} is not 'NICn: name'", lineno)
             if m.group(1) not in nics:
                 raise _error(f"NIC Legend names {m.group(1)}, which is not a NIC column", lineno)
             nic_legend[m.group(1)] = m.group(2)
             continue
-        raise _error(f"unexpected line after the matrix: {stripped[:60]!r}", lineno)
+        raise _error(f"unexpected line after the matrix: {quote_input(stripped[:60])}", lineno)
     return legend, nic_legend

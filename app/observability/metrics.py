@@ -85,6 +85,21 @@ HTTP_REQUEST_DURATION = Histogram(
     ["route"],
     buckets=DURATION_BUCKETS,
 )
+GUARD_CODES = (
+    "UNAUTHENTICATED",
+    "RATE_LIMITED",
+    "PAYLOAD_TOO_LARGE",
+    "INVALID_INPUT",
+    "NOT_FOUND",
+    "UNAVAILABLE",
+)
+GUARD_REFUSALS = Counter(
+    "bc_guard_refusals_total",
+    "Requests the request guard (app/api/guard.py) answered before routing, by error code: "
+    + ", ".join(GUARD_CODES)
+    + ".",
+    ["code"],
+)
 BUILD = Info("bc_build", "The running build: bc_build_info{version} is 1.")
 
 
@@ -106,6 +121,8 @@ for _path in PLAN_PATHS:
 for _kind in LOST_RACE_KINDS:
     LOST_RACES.labels(_kind)
 HTTP_REQUEST_DURATION.labels(UNMATCHED_ROUTE)
+for _code in GUARD_CODES:
+    GUARD_REFUSALS.labels(_code)
 
 
 P = ParamSpec("P")

@@ -10,14 +10,14 @@ pydantic's ``ValidationError`` (the API maps it to 422 ``INVALID_INPUT`` with th
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, quote_input
 from app.placement.model import (
     COMPARISON_OPS,
     MAX_EXPRESSIONS,
@@ -36,6 +36,21 @@ DURATION_RE = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
 DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 MAX_DURATION_SECONDS = 366 * 86400
 MAX_DEVICE_COUNT = 4096
+# a window lies within years 1970..9999 (UTC): later ends cannot be represented (Python's datetime stops
+# at 9999-12-31), earlier starts are no reservation anyone makes
+FIRST_WINDOW_YEAR, LAST_WINDOW_YEAR = 1970, 9999
+
+
+def window_end(start: datetime, seconds: int) -> datetime | None:
+    """``start + seconds`` in UTC, or None when the window leaves years 1970..9999."""
+    try:
+        utc_start = start.astimezone(UTC)
+        end = utc_start + timedelta(seconds=seconds)
+    except OverflowError:
+        return None
+    if utc_start.year < FIRST_WINDOW_YEAR or end.year > LAST_WINDOW_YEAR:
+        return None
+    return end
 
 
 def parse_decimal_operand(value: Any) -> Decimal | None:
@@ -106,7 +121,7 @@ class MatchExpressionBody(BaseModel):
             if len(values) != 1:
                 raise ValueError(f"{self.op} takes exactly one value")
             if parse_decimal_operand(values[0]) is None:
-                raise ValueError(f"{self.op} needs a number, got {values[0]!r}")
+                raise ValueError(f"{self.op} needs a number, got {quote_input(values[0])}")
         return self
 
     def to_expression(self) -> MatchExpression:
@@ -216,17 +231,22 @@ class ReservationRequest(BaseModel):
     spot: bool = False
     idempotencyKey: str = Field(pattern=IDEMPOTENCY_KEY_RE)
 
-    @field_validator("duration")
-    @classmethod
-    def _duration(cls, value: str | int) -> str | int:
-        parse_duration(value)
-        return value
-
     @field_validator("start")
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
         if value is not None and value.tzinfo is None:
             raise ValueError("start needs a timezone, e.g. 2026-12-01T12:00:00Z")
+        if value is not None and window_end(value, 0) is None:
+            raise ValueError(f"start must lie in years {FIRST_WINDOW_YEAR}..{LAST_WINDOW_YEAR} (UTC)")
+        return value
+
+    @field_validator("duration")
+    @classmethod
+    def _duration(cls, value: str | int, info: ValidationInfo) -> str | int:
+        seconds = parse_duration(value)
+        start = info.data.get("start")  # validated before duration (field order)
+        if start is not None and window_end(start, seconds) is None:
+            raise ValueError(f"start + duration ends after year {LAST_WINDOW_YEAR}")
         return value
 
     @model_validator(mode="after")

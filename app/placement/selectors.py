@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, quote_input
 from app.placement.model import (
     COMPARISON_OPS,
     MAX_EXPRESSIONS,
@@ -100,7 +100,8 @@ def _check_key(key: str, position: int) -> None:
         raise _error("expected a key", position)
     if not KEY_RE.match(key) or len(key) > MAX_KEY_LENGTH:
         raise _error(
-            f"invalid key {key!r} (a key starts with a letter and holds letters, digits, '.', '_', '/', '-')",
+            f"invalid key {quote_input(key)} "
+            "(a key starts with a letter and holds letters, digits, '.', '_', '/', '-')",
             position,
         )
 
@@ -109,7 +110,9 @@ def _value(scanner: _Scanner) -> str:
     value, position = scanner.word()
     if not value:
         found = scanner.text[position : position + 1]
-        raise _error(f"expected a value, found {found!r}" if found else "expected a value", position)
+        raise _error(
+            f"expected a value, found {quote_input(found)}" if found else "expected a value", position
+        )
     return value
 
 
@@ -152,7 +155,7 @@ def _term(scanner: _Scanner) -> MatchExpression:
             operand, operand_at = scanner.word()
             number = parse_decimal_operand(operand) if operand else None
             if number is None:
-                raise _error(f"{symbol} needs a number, found {operand!r}", operand_at)
+                raise _error(f"{symbol} needs a number, found {quote_input(operand)}", operand_at)
             return MatchExpression(key, op, (number,))  # type: ignore[arg-type]
         return MatchExpression(key, op, (_value(scanner),))  # type: ignore[arg-type]
     keyword, keyword_at = scanner.word()
@@ -162,7 +165,7 @@ def _term(scanner: _Scanner) -> MatchExpression:
         return MatchExpression(key, "NotIn", _value_set(scanner))
     where = keyword_at if keyword else symbol_at
     found = keyword or scanner.text[where : where + 1]
-    raise _error(f"expected an operator or ',' after {key!r}, found {found!r}", where)
+    raise _error(f"expected an operator or ',' after {quote_input(key)}, found {quote_input(found)}", where)
 
 
 def parse_selector(text: str) -> Selector | None:
@@ -187,7 +190,7 @@ def parse_selector(text: str) -> Selector | None:
         if nxt == "":
             return Selector(tuple(expressions))
         if nxt != ",":
-            raise _error(f"expected ',' between terms, found {nxt!r}", scanner.pos)
+            raise _error(f"expected ',' between terms, found {quote_input(nxt)}", scanner.pos)
         scanner.pos += 1
         if scanner.peek() == "":
             raise _error("expected a term after ','", scanner.pos)
@@ -196,7 +199,7 @@ def parse_selector(text: str) -> Selector | None:
 def _shorthand_value(value: str | Decimal) -> str:
     text = str(value)
     if not text or any(c in WHITESPACE or c in SPECIAL for c in text):
-        raise ValueError(f"value {text!r} cannot be written in the selector shorthand")
+        raise ValueError(f"value {quote_input(text)} cannot be written in the selector shorthand")
     return text
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import pools, quota_limits, quota_usage
-from app.errors import NotFound, QuotaExceeded
+from app.errors import NotFound, QuotaExceeded, quote_input
 from app.jsonnum import num
 from app.observability.metrics import QUOTA_REJECTIONS
 
@@ -162,7 +162,7 @@ async def refund(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: M
 
 async def _pool_exists(conn: AsyncConnection, pool_id: str) -> None:
     if (await conn.execute(sa.select(pools.c.id).where(pools.c.id == pool_id))).first() is None:
-        raise NotFound(f"pool {pool_id} not found")
+        raise NotFound(f"pool {quote_input(pool_id)} not found")
 
 
 async def quota_view(conn: AsyncConnection, tenant_id: str, pool_id: str) -> dict[str, Any]:

@@ -63,6 +63,7 @@ async def test_one_access_line_per_request_with_its_fields(
         "dash-7f3a.b:1",
     )
     assert isinstance(mine.duration_ms, float) and mine.duration_ms > 0
+    assert mine.key_id == "bootstrap"  # the request guard authenticated the bootstrap admin key
     # answered before any route ran, and still under its template; no key authenticated: "-"
     assert (theirs.route, theirs.status, theirs.key_id) == ("/v1/reservations/{reservation_id}", 401, "-")
     assert theirs.request_id == anonymous.headers[REQUEST_ID] and theirs.request_id.startswith("req_")
@@ -86,7 +87,7 @@ async def test_every_answer_carries_a_request_id(client: httpx.AsyncClient) -> N
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     answers = {
         401: await client.get("/v1/pools"),
-        404: await client.get("/v1/nowhere"),
+        404: await client.get("/v1/nowhere", headers=admin),  # without a key: 401 (the guard runs first)
         405: await client.delete("/v1/reservations", headers=admin),
         422: await client.post("/v1/pools", json={"name": 7}, headers=admin),
         500: await client.get("/test/boom"),

@@ -1,9 +1,11 @@
 """Fuzz the running service from its own OpenAPI document with schemathesis: no input may answer a 5xx,
 every status code is documented, every body matches the schema declared for its status (and content
-type), and unsupported methods answer 405 (DESIGN.md names schemathesis; issue 10, "Done when" 3)."""
+type), and unsupported methods answer 405 (DESIGN.md names schemathesis; issue 10, "Done when" 3).
+Path and query parameters also take NUL text (tests/api/fuzz_hooks.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import ADMIN_KEY
 from tests.factories import gpu_node, reservation
-from tests.servers import Server, running_server
+from tests.servers import REPO, Server, running_server
 
 
 @pytest.fixture
@@ -62,7 +64,11 @@ def test_schemathesis_finds_no_server_error(server: Server, tmp_path: Path) -> N
             "20261129",
             "--phases",
             "coverage,fuzzing",
+            "--generation-allow-x00",
+            "true",
         ],
+        # path and query parameters also take NUL text (tests/api/fuzz_hooks.py)
+        env={**os.environ, "SCHEMATHESIS_HOOKS": "tests.api.fuzz_hooks", "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         timeout=300,

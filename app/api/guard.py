@@ -1,0 +1,247 @@
+"""The request guard: a pure ASGI middleware that runs before routing and before any body is read.
+
+For every ``/v1/...`` request, in this order (DESIGN.md, "Security rules"):
+
+1. **Authenticate.** No ``Authorization: Bearer <key>`` or an unknown/revoked key answers 401
+   ``UNAUTHENTICATED`` whatever the body holds: the body is never read (uvicorn discards it). Failed
+   authentications count against the client address (``BC_AUTH_FAILURE_RATE_LIMIT``, default
+   10/second); over it, 429 ``RATE_LIMITED`` without even looking the key up. The key is resolved to its
+   :class:`~app.iam.authorize.Principal` with one query (no cache, so a revoked key stops at once) and
+   kept in ``scope["state"]["principal"]`` for :func:`app.api.deps.current_principal`;
+   ``scope["state"]["api_key_id"]`` is the key id (``"bootstrap"`` for the bootstrap admin key) for the
+   access log. A database outage during the lookup answers 503 ``UNAVAILABLE`` with ``Retry-After``.
+2. **Rate limit the key** (``BC_RATE_LIMIT``, default 100/second): 429 ``RATE_LIMITED`` with
+   ``Retry-After``. Counters live in this process (``limits``' memory storage), so with N worker
+   processes a key may make up to N times the limit.
+3. **Refuse unstorable path and query text.** A NUL in the path names nothing: 404 ``NOT_FOUND``. A NUL
+   (or a lone surrogate) in a query parameter is 422 ``INVALID_INPUT`` naming the parameter.
+4. **Bound the body before it is parsed.** ``Content-Length`` over the route's limit answers 413
+   ``PAYLOAD_TOO_LARGE`` at once; a chunked body is read only up to the limit, then 413. The limit is
+   ``BC_MAX_BODY_BYTES`` (1 MiB), except node import (``BC_MAX_IMPORT_BODY_BYTES``, 24 MiB: the
+   ``nvidia-smi -q -x`` XML) and placement documents (``BC_MAX_PLACEMENT_BODY_BYTES``, 16 MiB: vq.*
+   fleets). A body nested deeper than ``BC_MAX_JSON_DEPTH`` (64) arrays/objects is 422 before any JSON
+   parser sees it, so body-less routes never parse a deep body either. The bounded body is then replayed
+   to the app.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+from limits import parse as parse_rate
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
+from starlette.responses import JSONResponse
+
+from app.api.text_guard import find_unstorable
+from app.db.engine import is_outage
+from app.errors import (
+    AppError,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    Unauthenticated,
+    Unavailable,
+    clip_input,
+)
+from app.iam.service import principal_for_key
+from app.observability.metrics import GUARD_REFUSALS
+from app.settings import Settings
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+GUARDED_PREFIX = "/v1/"
+IMPORT_PATH = re.compile(r"^/v1/pools/[^/]+/nodes/import/?$")
+PLACEMENT_PREFIX = "/v1/placement/"
+# a JSON string, unrolled so a multi-megabyte string is one linear scan: "[^"\\]*(?:\\.[^"\\]*)*"
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def body_limit(path: str, settings: Settings) -> int:
+    """The largest body in bytes that ``path`` accepts (docs/api.md, "Limits")."""
+    if IMPORT_PATH.match(path):
+        return settings.max_import_body_bytes
+    if path.startswith(PLACEMENT_PREFIX):
+        return settings.max_placement_body_bytes
+    return settings.max_body_bytes
+
+
+def nesting_exceeds(body: bytes, limit: int) -> bool:
+    """True when the JSON text ``body`` nests arrays/objects deeper than ``limit`` levels.
+
+    Brackets inside strings do not count. Works on the raw bytes without parsing (linear time), so a
+    body of 1,000 nested arrays is refused before a recursive parser could fail on it."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    depth = 0
+    for byte in brackets:
+        if byte in b"[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+class RateLimits:
+    """Per-key and per-address (failed authentication) moving windows, in this process's memory."""
+
+    def __init__(self, per_key: str, auth_failures: str) -> None:
+        self._limiter = MovingWindowRateLimiter(MemoryStorage())
+        self._per_key = parse_rate(per_key)
+        self._auth_failures = parse_rate(auth_failures)
+
+    def _refusal(self, item: Any, what: str, *identity: str) -> RateLimited:
+        reset_at, _ = self._limiter.get_window_stats(item, *identity)
+        return RateLimited(f"more than {item} {what}", max(1, math.ceil(reset_at - time.time())))
+
+    def spend_key(self, key_id: str) -> None:
+        """Count one request of ``key_id``; raises :class:`~app.errors.RateLimited` over the limit."""
+        if not self._limiter.hit(self._per_key, "key", key_id):
+            raise self._refusal(self._per_key, "requests with this key", "key", key_id)
+
+    def check_address(self, address: str) -> None:
+        """Raise :class:`~app.errors.RateLimited` when ``address`` has used up its failed attempts."""
+        if not self._limiter.test(self._auth_failures, "auth", address):
+            raise self._refusal(
+                self._auth_failures, "failed authentications from this address", "auth", address
+            )
+
+    def failed(self, address: str, error: Unauthenticated) -> AppError:
+        """Count one failed authentication of ``address``: ``error``, or 429 when that was one too many."""
+        if not self._limiter.hit(self._auth_failures, "auth", address):
+            return self._refusal(
+                self._auth_failures, "failed authentications from this address", "auth", address
+            )
+        return error
+
+
+def _bearer_key(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, key = value.decode("latin-1").partition(" ")
+            key = key.strip()
+            return key if scheme.lower() == "bearer" and key else None
+    return None
+
+
+def _declared_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+class RequestGuard:
+    """The ASGI middleware described in this module's docstring; ``settings`` gives its limits."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self.rates = RateLimits(settings.rate_limit, settings.auth_failure_rate_limit)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(GUARDED_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self._authenticate(scope)
+            self._check_path_and_query(scope)
+            body = await self._read_bounded_body(scope, receive)
+        except AppError as refused:
+            GUARD_REFUSALS.labels(refused.code).inc()
+            response = JSONResponse(refused.to_body(), status_code=refused.status, headers=refused.headers)
+            await response(scope, receive, send)
+            return
+        if body is None:  # the client went away while sending
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _authenticate(self, scope: Scope) -> None:
+        client = scope.get("client")
+        address = client[0] if client else "unknown"
+        key = _bearer_key(scope)
+        if key is None:
+            raise self.rates.failed(
+                address, Unauthenticated("an API key is required: Authorization: Bearer <key>")
+            )
+        self.rates.check_address(address)  # key guessing: no lookup once the address is over its limit
+        services = scope["app"].state.services
+        try:
+            async with services.engine.connect() as conn:
+                principal = await principal_for_key(conn, key, self.settings.bootstrap_admin_key)
+        except Unauthenticated as unknown:
+            raise self.rates.failed(address, unknown) from None
+        except Exception as exc:
+            if is_outage(exc):
+                raise Unavailable() from exc
+            raise
+        state = scope.setdefault("state", {})
+        state["principal"] = principal
+        state["api_key_id"] = principal.key_id
+        self.rates.spend_key(principal.key_id or principal.id)
+
+    @staticmethod
+    def _check_path_and_query(scope: Scope) -> None:
+        if "\x00" in scope["path"]:
+            raise NotFound("no resource has a NUL character in its name")
+        query = scope.get("query_string", b"").decode("latin-1")
+        for name, value in parse_qsl(query, keep_blank_values=True):
+            found = find_unstorable({name: value})
+            if found:
+                name = clip_input(found[0])
+                raise InvalidInput(f"query parameter {name}: {found[1]}", path=name)
+
+    async def _read_bounded_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        limit = body_limit(scope["path"], self.settings)
+        too_large = PayloadTooLarge(
+            f"the body is larger than this route's limit of {limit} bytes", {"limitBytes": limit}
+        )
+        declared = _declared_length(scope)
+        if declared is not None and declared > limit:
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # http.disconnect: the client went away
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body and nesting_exceeds(body, self.settings.max_json_depth):
+            raise InvalidInput(
+                f"the body nests arrays and objects deeper than {self.settings.max_json_depth} levels",
+                path="",
+            )
+        return body

@@ -1,0 +1,64 @@
+"""Rate limits (issue 9): per key ``BC_RATE_LIMIT``, per client address for failed authentication
+``BC_AUTH_FAILURE_RATE_LIMIT``; over either, 429 ``RATE_LIMITED`` with ``Retry-After``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import ADMIN_KEY, settings_for
+
+
+@pytest.fixture
+async def limited_app(database_url: str, clean_db: AsyncEngine) -> AsyncIterator[Any]:
+    from app.main import create_app
+
+    application = create_app(
+        settings_for(database_url, rate_limit="5/minute", auth_failure_rate_limit="3/minute"),
+        run_migrations=False,
+    )
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+def _client(application: Any, key: str | None, address: str = "10.0.0.1") -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    transport = httpx.ASGITransport(app=application, client=(address, 40000))
+    return httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers)
+
+
+def _assert_limited(response: httpx.Response) -> None:
+    assert response.status_code == 429, response.text
+    assert response.json()["error"]["code"] == "RATE_LIMITED"
+    assert 1 <= int(response.headers["Retry-After"]) <= 60
+
+
+async def test_a_key_over_its_rate_is_429_and_other_keys_are_not(limited_app: Any) -> None:
+    async with _client(limited_app, ADMIN_KEY) as admin:
+        statuses = [(await admin.get("/v1/pools")).status_code for _ in range(5)]
+        assert statuses == [200] * 5
+        _assert_limited(await admin.get("/v1/pools"))
+        # health and metrics are not rate limited
+        assert (await admin.get("/healthz")).status_code == 200
+    async with _client(limited_app, ADMIN_KEY, "10.0.0.2") as elsewhere:  # per key, not per address
+        _assert_limited(await elsewhere.get("/v1/pools"))
+
+
+async def test_failed_authentication_is_limited_per_address(limited_app: Any) -> None:
+    async with _client(limited_app, "bck_guessed") as guesser:
+        statuses = [(await guesser.get("/v1/pools")).status_code for _ in range(3)]
+        assert statuses == [401] * 3
+        _assert_limited(await guesser.get("/v1/pools"))
+    async with _client(limited_app, None) as keyless:  # the same address without a key
+        _assert_limited(await keyless.post("/v1/pools", json={"name": "x"}))
+    async with _client(limited_app, "bck_guessed", "10.0.0.9") as other:  # another address still 401
+        assert (await other.get("/v1/pools")).status_code == 401
+    async with _client(limited_app, ADMIN_KEY, "10.0.0.8") as admin:
+        assert (await admin.get("/v1/pools")).status_code == 200
+        metrics = (await admin.get("/metrics")).text
+    assert 'bc_guard_refusals_total{code="RATE_LIMITED"}' in metrics
+    assert 'bc_guard_refusals_total{code="UNAUTHENTICATED"}' in metrics
