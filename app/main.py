@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from app.api import health, iam, inventory, quota, reservations
+from app.api import agents, health, iam, inventory, quota, reservations
 from app.api.deps import Services
 from app.api.errors import install_error_handlers
 from app.api.text_guard import check_json_body
@@ -32,6 +32,7 @@ def capacity_config(settings: Settings) -> CapacityConfig:
         options=options,
         max_attempts=settings.capacity_max_attempts,
         shortlist_min=settings.capacity_shortlist_min,
+        enforce_device_limits=settings.capacity_enforce_device_limits,
     )
 
 
@@ -61,7 +62,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    for module in (health, iam, inventory, quota, reservations):
+    for module in (health, iam, inventory, quota, reservations, agents):
         app.include_router(module.router)
     from app.api import placement
 

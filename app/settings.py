@@ -3,7 +3,8 @@
 Environment variables: ``DATABASE_URL`` (unset -> embedded PostgreSQL), ``BC_BOOTSTRAP_ADMIN_KEY``,
 ``BC_DATA_DIR``, ``BC_SCHEDULER_WEIGHTS`` (JSON object, scorer id -> weight), ``BC_SCHEDULER_TOP_N``,
 ``BC_SCHEDULER_PLUGINS`` (JSON list of ``module:attribute`` import paths), ``BC_CAPACITY_MAX_ATTEMPTS``,
-``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection).
+``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection), ``BC_CAPACITY_ENFORCE_DEVICE_LIMITS``,
+``BC_NODE_HEARTBEAT_GRACE`` (seconds), ``BC_NODE_LIVENESS_SWEEP_SECONDS``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ class Settings(BaseSettings):
     capacity_shortlist_min: int = Field(default=48, ge=1)
     fleet_hosts_file: Path | None = None
     db_pool_size: int = Field(default=10, ge=1, le=200)
+    # requiredCapabilities: host resources ask for bc.dev/cap.devices.limits (off: nodes registered without
+    # an agent have no daemon to enforce limits; see docs/agent.md)
+    capacity_enforce_device_limits: bool = False
+    # liveness: an agent's node is "heartbeat lost" after this many seconds without a heartbeat (None: 3 x
+    # the interval its Hello carried); the sweep runs every node_liveness_sweep_seconds
+    node_heartbeat_grace: float | None = Field(default=None, gt=0)
+    node_liveness_sweep_seconds: float = Field(default=5.0, gt=0, le=3600)
 
 
 @lru_cache(maxsize=1)

@@ -1,9 +1,10 @@
 """Authorization: does a principal hold a grant of ``action`` on ``resource``? (DESIGN.md, "HTTP API").
 
 Actions: ``compute:capacity:read``, ``compute:reservations:create|read|release``,
-``compute:inventory:write|read``, ``compute:quota:write``, ``compute:placement:explain``,
-``compute:iam:admin``. Resources: ``pool:<id>``, ``tenant:<id>``, ``*``. A grant's action may be ``*``
-or end in ``:*`` (a prefix); its resource may be ``*`` or ``pool:*`` / ``tenant:*``.
+``compute:inventory:write|read``, ``compute:nodes:hello`` (a node agent: Hello and heartbeats of the
+pool's nodes), ``compute:quota:write``, ``compute:placement:explain``, ``compute:iam:admin``.
+Resources: ``pool:<id>``, ``tenant:<id>``, ``*``. A grant's action may be ``*`` or end in ``:*`` (a
+prefix); its resource may be ``*`` or ``pool:*`` / ``tenant:*``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ ACTIONS: tuple[str, ...] = (
     "compute:reservations:release",
     "compute:inventory:write",
     "compute:inventory:read",
+    "compute:nodes:hello",
     "compute:quota:write",
     "compute:placement:explain",
     "compute:iam:admin",

@@ -39,8 +39,7 @@ from app.inventory.schemas import (
     jsonable_attributes,
 )
 from app.jsonnum import num
-
-SYSTEM_LABEL_PREFIX = "bc.dev/"
+from app.placement.system_labels import OPERATOR_SOURCE, SYSTEM_SOURCE, refuse_system_keys
 
 
 def scalar_capacity(allocatable: Decimal, ratio: Decimal) -> Decimal:
@@ -152,9 +151,12 @@ async def add_node(
 ) -> dict[str, Any]:
     """Register a node with its labels, taints, scalar resources, devices (atoms) and links.
 
-    Operator labels under ``bc.dev/`` are stored with source ``operator`` and never count as system
-    capabilities. Raises NotFound (pool), Conflict (archived pool, duplicate node name or device id).
+    ``body.labels`` are operator labels: a ``bc.dev/`` key among them is refused with InvalidInput (422,
+    path ``labels.<key>``) before anything is written; only ``system_labels`` (from the importer or an
+    agent's Hello) are stored with source ``system``. Raises NotFound (pool), Conflict (archived pool,
+    duplicate node name or device id).
     """
+    refuse_system_keys(body.labels)
     pool = await lock_pool(conn, pool_id)
     if pool.archived_at is not None:
         raise Conflict(f"pool {pool_id} is archived", {"poolId": pool_id})
@@ -203,11 +205,11 @@ def _dedupe(taints: list[TaintBody]) -> list[TaintBody]:
 async def _write_labels(
     conn: AsyncConnection, node_id: str, operator: dict[str, str], system: dict[str, str]
 ) -> None:
-    rows = {k: {"node_id": node_id, "key": k, "value": v, "source": "system"} for k, v in system.items()}
+    rows = {k: {"node_id": node_id, "key": k, "value": v, "source": SYSTEM_SOURCE} for k, v in system.items()}
     for k, v in operator.items():
         if k in system:
             continue  # a system label is not overwritten by an operator's
-        rows[k] = {"node_id": node_id, "key": k, "value": v, "source": "operator"}
+        rows[k] = {"node_id": node_id, "key": k, "value": v, "source": OPERATOR_SOURCE}
     if rows:
         await conn.execute(sa.insert(node_labels), list(rows.values()))
 
@@ -270,6 +272,11 @@ async def _add_rollup(
         totals[d.device_class] = totals.get(d.device_class, Decimal(0)) + 1
     for name, r in resources.items():
         totals[name] = totals.get(name, Decimal(0)) + scalar_capacity(r.allocatable, r.ratio)
+    await add_rollup_totals(conn, pool_id, totals)
+
+
+async def add_rollup_totals(conn: AsyncConnection, pool_id: str, totals: dict[str, Decimal]) -> None:
+    """Add ``totals`` (resource -> amount) to the pool's capacity rollup (last in the lock order)."""
     if not totals:
         return
     stmt = pg_insert(pool_capacity_rollup).values(
@@ -499,7 +506,10 @@ async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody
 
 
 async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]) -> dict[str, Any]:
-    """Replace the node's operator labels; system labels stay. Bumps the pool's inventory version."""
+    """Replace the node's operator labels; system labels stay. Bumps the pool's inventory version.
+
+    A ``bc.dev/`` key is refused with InvalidInput (422, path ``labels.<key>``): only Hello writes those."""
+    refuse_system_keys(labels)
     pool_id = await node_pool_id(conn, node_id)
     await bump_inventory_version(conn, pool_id)  # locks the pool row first (lock order)
     await _node_row(conn, node_id, lock=True)
