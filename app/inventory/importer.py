@@ -238,6 +238,12 @@ def build_imported_node(name: str, topo_text: str, xml_text: str | None = None) 
 
     links: list[tuple[str, str, str]] = []
     for (a, b), link in matrix.gpu_links.items():
+        if link_rank(link) == len(LINK_RANK):  # a kind the topology scorer cannot rank (e.g. NV9X)
+            raise InvalidInput(
+                f"nvidia-smi topo: {a}-{b} link {link!r} is not one of NV#, PIX, PXB, PHB, NODE, SYS, SOC",
+                path="topo",
+                details={"pair": [a, b]},
+            )
         x, y = sorted((atom_of[a], atom_of[b]))
         links.append((x, y, normalize_link(link)))
     links.sort()

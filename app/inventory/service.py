@@ -294,7 +294,8 @@ async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> 
     """Register a node from real ``nvidia-smi topo -m`` text (and optionally ``nvidia-smi -q -x`` XML).
 
     GPUs become atoms (UUIDs with XML, ``<name>-GPU<i>`` without); GPU-GPU links go to
-    ``capacity_device_links``; hardware-derived labels are stored with source ``system``.
+    ``capacity_device_links``; hardware-derived labels are stored with source ``system``. The answer is
+    the node view plus ``warnings``: topo cells outside the GPU x GPU block that were malformed and left out.
     Raises InvalidInput(path ``topo`` / ``nvidiaSmiXml``) for text that does not parse.
     """
     from app.inventory.importer import build_imported_node
@@ -320,7 +321,9 @@ async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> 
         ],
         links=[LinkBody(a=a, b=b, link=kind) for a, b, kind in imported.links],
     )
-    return await add_node(conn, pool_id, node, system_labels=dict(imported.labels))
+    view = await add_node(conn, pool_id, node, system_labels=dict(imported.labels))
+    # malformed cells outside the GPU x GPU block were left out: say which (never a refusal)
+    return {**view, "warnings": list(imported.warnings)}
 
 
 async def list_nodes(
