@@ -51,7 +51,7 @@ def write_host(folder: Path, gpus: int = 1, *, xml: str | None = None) -> None:
 
 
 STAND_IN = '''#!{python}
-"""Stand-in nvidia-smi: prints the outputs in $BC_TEST_GPU_HOST; exits 9 when $BC_TEST_GPU_HOST/fail exists."""
+"""Stand-in nvidia-smi: prints the files in $BC_TEST_GPU_HOST; exits 9 when its file fail exists."""
 import os, sys
 host = os.environ["BC_TEST_GPU_HOST"]
 if os.path.exists(os.path.join(host, "fail")):
