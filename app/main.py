@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,6 +16,7 @@ from app.api.text_guard import check_json_body
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.db.engine import create_engine, migrate_async, resolve_database_url
+from app.inventory.liveness_task import run_liveness
 from app.placement.options import SchedulerOptions
 from app.placement.plugins import load_plugins
 from app.settings import Settings, get_settings
@@ -49,9 +52,16 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
             await migrate_async(url)
         engine = create_engine(url, pool_size=settings.db_pool_size)
         app.state.services = Services(engine=engine, cache=PoolCache(), capacity=config, settings=settings)
+        # liveness of agents' nodes (issue 14); moves under the lifecycle controller registry when it exists
+        liveness = asyncio.create_task(
+            run_liveness(engine, settings.node_liveness_sweep_seconds, settings.node_heartbeat_grace)
+        )
         try:
             yield
         finally:
+            liveness.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await liveness
             await engine.dispose()
 
     app = FastAPI(

@@ -48,11 +48,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn_server(database_url: str, log: Path) -> Server:
-    """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key."""
+def spawn_server(database_url: str, log: Path, extra_env: dict[str, str] | None = None) -> Server:
+    """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key (and ``extra_env``)."""
     env = dict(os.environ)
     env.update({"DATABASE_URL": database_url, "BC_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "PYTHONUNBUFFERED": "1"})
+    env.update(extra_env or {})
     port = free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
     handle = log.open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
@@ -92,11 +94,13 @@ def stop_server(server: Server) -> None:
 
 
 @contextmanager
-def running_server(database_url: str, log_dir: Path, attempts: int = 3) -> Iterator[Server]:
+def running_server(
+    database_url: str, log_dir: Path, attempts: int = 3, extra_env: dict[str, str] | None = None
+) -> Iterator[Server]:
     """One service process on the test database, healthy, stopped on exit (a port taken meanwhile is
-    retried on another)."""
+    retried on another); ``extra_env`` adds settings (``BC_...``) for it."""
     for attempt in range(attempts):
-        started = spawn_server(database_url, log_dir / f"server-{attempt}.log")
+        started = spawn_server(database_url, log_dir / f"server-{attempt}.log", extra_env)
         try:
             if wait_healthy(started, time.monotonic() + 60):
                 yield started
