@@ -16,10 +16,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from app.agent.cli import agent as agent_command
 from app.fleet.cli import placement_app
 
 app = typer.Typer(help="better-compute: decide where GPU work lands.", no_args_is_help=True)
 app.add_typer(placement_app, name="placement")
+app.command("agent", help="Run the node agent on a GPU host (Hello, heartbeats).")(agent_command)
 console = Console(soft_wrap=True)  # no hard wraps at 80 columns when the output is not a terminal
 err = Console(stderr=True, soft_wrap=True)
 

@@ -48,12 +48,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn_server(database_url: str, log: Path, extra_env: dict[str, str] | None = None) -> Server:
-    """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key (and ``extra_env``)."""
+def spawn_server(
+    database_url: str, log: Path, extra_env: dict[str, str] | None = None, port: int | None = None
+) -> Server:
+    """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key (and ``extra_env``),
+    on ``port`` or a free one."""
     env = dict(os.environ)
     env.update({"DATABASE_URL": database_url, "BC_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "PYTHONUNBUFFERED": "1"})
     env.update(extra_env or {})
-    port = free_port()
+    port = port or free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     handle = log.open("wb")
     process = subprocess.Popen(

@@ -497,11 +497,13 @@ async def _changed_heartbeat(
     up = sorted(d.id for d in body.devices if d.healthy and not current[d.id].healthy)
     for d in sorted(body.devices, key=lambda x: x.id):
         if d.id in down or d.id in up:
+            # a device that left keeps its 'device left' mark until a Hello lists it again
+            reason = DEVICE_LEFT if current[d.id].health_reason == DEVICE_LEFT else d.reason or "unhealthy"
             # UPDATE devices SET healthy = :healthy, health_reason = :reason WHERE id = :id
             await conn.execute(
                 sa.update(devices)
                 .where(devices.c.id == d.id)
-                .values(healthy=d.healthy, health_reason=None if d.healthy else (d.reason or "unhealthy"))
+                .values(healthy=d.healthy, health_reason=None if d.healthy else reason)
             )
     revived = await _set_liveness(conn, node, None, body.error)
     # a device that left at Hello was reported to the hook then (it is unbookable already)

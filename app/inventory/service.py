@@ -439,6 +439,14 @@ async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
         "heartbeatLost": node.heartbeat_lost,
         "leasable": node.leasable,
         "noScheduleReasons": list(node.no_schedule_reasons),
+        # the node's agent (None for a node registered by an operator): see app/inventory/hello.py
+        "agent": None
+        if node.agent_interval_seconds is None
+        else {
+            "intervalSeconds": node.agent_interval_seconds,
+            "lastHeartbeatAt": node.last_heartbeat_at.isoformat() if node.last_heartbeat_at else None,
+            "error": node.agent_error,
+        },
         "resources": {
             r.resource: {
                 "allocatable": num(r.allocatable),
@@ -456,6 +464,7 @@ async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
                 "parent": d.parent_id,
                 "healthy": d.healthy,
                 "bookable": d.bookable,
+                "healthReason": d.health_reason,
             }
             for d in device_rows
         ],
