@@ -55,6 +55,7 @@ def serve(
         from app.inventory.demo_pool import install_demo
 
         summary = asyncio.run(install_demo(url, settings.bootstrap_admin_key))
+        os.environ["BC_DEMO_AGENTS"] = "1"  # the service heartbeats the demo's nodes in process
         quota = ", ".join(f"{name} {amount}" for name, amount in sorted(summary["quota"].items()))
         console.print(
             f"[bold]demo pool[/bold] {summary['poolId']} ({summary['nodes']} nodes, {summary['gpus']} GPUs)\n"

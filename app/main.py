@@ -56,12 +56,18 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         liveness = asyncio.create_task(
             run_liveness(engine, settings.node_liveness_sweep_seconds, settings.node_heartbeat_grace)
         )
+        background = [liveness]
+        if settings.demo_agents:
+            from app.inventory.demo_pool import run_demo_heartbeats
+
+            background.append(asyncio.create_task(run_demo_heartbeats(engine)))
         try:
             yield
         finally:
-            liveness.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await liveness
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await engine.dispose()
 
     app = FastAPI(

@@ -41,6 +41,8 @@ class Settings(BaseSettings):
     # the interval its Hello carried); the sweep runs every node_liveness_sweep_seconds
     node_heartbeat_grace: float | None = Field(default=None, gt=0)
     node_liveness_sweep_seconds: float = Field(default=5.0, gt=0, le=3600)
+    # set by `serve --demo`: the service heartbeats the demo pool's nodes in process
+    demo_agents: bool = False
 
 
 @lru_cache(maxsize=1)
