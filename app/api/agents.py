@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
-from app.iam.authorize import authorize
+from app.iam.authorize import authorize, granted_pools
 from app.inventory import hello as agents
 from app.inventory.schemas import AgentDevice, HeartbeatAnswer, HeartbeatBody, HelloAnswer, HelloBody
 
@@ -66,7 +66,11 @@ async def send_heartbeat(
 ) -> HeartbeatAnswer:
     """Record device health from the node's agent; a heartbeat that changes nothing is one statement."""
     outcome = await agents.heartbeat(
-        svc.engine, node_id, body, lambda pool_id: authorize(principal, HELLO, f"pool:{pool_id}")
+        svc.engine,
+        node_id,
+        body,
+        lambda pool_id: authorize(principal, HELLO, f"pool:{pool_id}"),
+        granted_pools(principal, HELLO),
     )
     return HeartbeatAnswer(
         nodeId=outcome.node_id, changed=outcome.changed, noScheduleReasons=outcome.no_schedule_reasons

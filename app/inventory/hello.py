@@ -33,7 +33,7 @@ devices added or back, health back, ``not ready`` / ``heartbeat lost`` cleared, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -415,56 +415,52 @@ async def _set_liveness(conn: AsyncConnection, node: Any, interval: int | None, 
 # ------------------------------------------------------------------------------------------ heartbeat
 
 
+# A heartbeat that changes nothing: one statement, sent outside any transaction (autocommit, one round
+# trip). It matches only when every reported device exists on the node with the same health, the node's
+# agent said Hello, the node is not lost and its readiness is unchanged, and the caller may act on the
+# node's pool (:pools NULL = every pool); otherwise nothing is written and the transaction path runs.
+QUIET_HEARTBEAT = sa.text(
+    """
+UPDATE nodes SET last_heartbeat_at = now(), agent_error = CAST(:error AS text)
+ WHERE id = :node AND agent_interval_seconds IS NOT NULL AND NOT heartbeat_lost AND ready = :ready
+   AND (CAST(:pools AS text[]) IS NULL OR pool_id = ANY(CAST(:pools AS text[])))
+   AND NOT EXISTS (SELECT 1 FROM unnest(CAST(:ids AS text[]), CAST(:healthy AS boolean[])) AS r(id, healthy)
+                   LEFT JOIN devices d ON d.id = r.id AND d.node_id = :node
+                    WHERE d.id IS NULL OR d.healthy <> r.healthy)
+RETURNING no_schedule_reasons"""
+)
+
+
 async def heartbeat(
-    engine: AsyncEngine, node_id: str, body: HeartbeatBody, authorize_pool: Callable[[str], None]
+    engine: AsyncEngine,
+    node_id: str,
+    body: HeartbeatBody,
+    authorize_pool: Callable[[str], None],
+    pools: Collection[str] | None = None,
 ) -> HeartbeatOutcome:
     """Record a heartbeat of ``node_id``'s agent (module docstring).
 
-    ``authorize_pool(pool_id)`` is called with the node's pool before the transaction commits (it raises
-    Forbidden to refuse; everything is then rolled back). Raises NotFound (no such node), InvalidInput
-    (422, ``devices.<i>.id`` for a device not on the node), Conflict (409, the node has not sent Hello).
+    ``pools`` are the pools the caller may act on (``None``: all; from
+    :func:`app.iam.authorize.granted_pools`): the one-statement path matches only a node in one of them.
+    On the transaction path ``authorize_pool(pool_id)`` is called with the node's pool before anything is
+    written (it raises Forbidden to refuse). Raises NotFound (no such node), InvalidInput (422,
+    ``devices.<i>.id`` for a device not on the node), Conflict (409, the node has not sent Hello).
     """
-    ids = [d.id for d in body.devices]
-    healthy = [d.healthy for d in body.devices]
-    ready = body.error is None
+    params = {
+        "node": node_id,
+        "ready": body.error is None,
+        "error": body.error,
+        "pools": None if pools is None else sorted(pools),
+        "ids": [d.id for d in body.devices],
+        "healthy": [d.healthy for d in body.devices],
+    }
+    async with engine.connect() as conn:
+        quiet = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        row = (await quiet.execute(QUIET_HEARTBEAT, params)).first()
+    if row is not None:
+        HEARTBEATS.labels("unchanged").inc()
+        return HeartbeatOutcome(node_id, False, list(row.no_schedule_reasons))
     async with engine.begin() as conn:
-        # UPDATE nodes SET last_heartbeat_at = now(), agent_error = :error
-        #  WHERE id = :node AND agent_interval_seconds IS NOT NULL AND NOT heartbeat_lost AND ready = :ready
-        #    AND NOT EXISTS (SELECT 1 FROM unnest(:ids, :healthy) AS r(id, healthy)
-        #                    LEFT JOIN devices d ON d.id = r.id AND d.node_id = :node
-        #                    WHERE d.id IS NULL OR d.healthy <> r.healthy)
-        #  RETURNING pool_id, no_schedule_reasons                  -- nothing changed: the only statement
-        reported = sa.select(
-            sa.func.unnest(sa.cast(ids, sa.ARRAY(sa.Text))).label("id"),
-            sa.func.unnest(sa.cast(healthy, sa.ARRAY(sa.Boolean))).label("healthy"),
-        ).subquery("r")
-        differs = (
-            sa.select(sa.literal(1))
-            .select_from(
-                reported.outerjoin(
-                    devices, sa.and_(devices.c.id == reported.c.id, devices.c.node_id == node_id)
-                )
-            )
-            .where(sa.or_(devices.c.id.is_(None), devices.c.healthy != reported.c.healthy))
-        )
-        quiet = (
-            await conn.execute(
-                sa.update(nodes)
-                .where(
-                    nodes.c.id == node_id,
-                    nodes.c.agent_interval_seconds.is_not(None),
-                    sa.not_(nodes.c.heartbeat_lost),
-                    nodes.c.ready == ready,
-                    ~sa.exists(differs),
-                )
-                .values(last_heartbeat_at=sa.func.now(), agent_error=body.error)
-                .returning(nodes.c.pool_id, nodes.c.no_schedule_reasons)
-            )
-        ).first()
-        if quiet is not None:
-            authorize_pool(quiet.pool_id)
-            HEARTBEATS.labels("unchanged").inc()
-            return HeartbeatOutcome(node_id, False, list(quiet.no_schedule_reasons))
         outcome = await _changed_heartbeat(conn, node_id, body, authorize_pool)
     HEARTBEATS.labels("changed").inc()
     return outcome
