@@ -171,6 +171,8 @@ async def run(args: argparse.Namespace) -> None:
             print(f"registered {args.nodes:,} nodes x 8 GPUs in {time.perf_counter() - t0:.1f} s (bulk SQL)")
             node_ids = [r["id"] for r in await conn.fetch("SELECT id FROM nodes WHERE pool_id = $1", pool)]
         base = await baseline(pg, pool, node_ids, args.clients, args.seconds)
+        await pg.close()  # free its connections for the service (PostgreSQL's max_connections is shared)
+        pg = None
         print(
             f"baseline: the quiet-heartbeat statement alone (asyncpg, {args.clients} clients): {base:,.0f}/s"
         )

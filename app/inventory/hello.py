@@ -110,19 +110,7 @@ def _desired(body: HelloBody, imported: ImportedNode | None) -> _Desired:
     system.update(hello_system_labels(((d.id, d.version, d.kinds) for d in body.drivers), body.capabilities))
     if imported is None:
         return _Desired(None, None, system, dict(body.labels))
-    device_list = [
-        DeviceBody.model_validate(
-            {
-                "id": d.id,
-                "class": d.device_class,
-                "attributes": d.attributes,
-                "numaNode": d.numa_node,
-                "parent": d.parent,
-                "bookable": d.bookable,
-            }
-        )
-        for d in imported.devices
-    ]
+    device_list = inventory.device_bodies(imported)
     links = {(a, b): kind for a, b, kind in imported.links}
     return _Desired(device_list, links, system, dict(body.labels))
 

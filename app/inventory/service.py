@@ -27,6 +27,7 @@ from app.db.tables import (
 )
 from app.errors import Conflict, InvalidInput, NotFound
 from app.ids import new_id
+from app.inventory.importer import ImportedNode, build_imported_node
 from app.inventory.reasons import no_schedule_reasons
 from app.inventory.schemas import (
     DeviceBody,
@@ -290,6 +291,23 @@ async def add_rollup_totals(conn: AsyncConnection, pool_id: str, totals: dict[st
     )
 
 
+def device_bodies(imported: ImportedNode) -> list[DeviceBody]:
+    """The imported node's atoms as the device bodies :func:`add_node` stores (import and Hello)."""
+    return [
+        DeviceBody.model_validate(
+            {
+                "id": d.id,
+                "class": d.device_class,
+                "attributes": d.attributes,
+                "numaNode": d.numa_node,
+                "parent": d.parent,
+                "bookable": d.bookable,
+            }
+        )
+        for d in imported.devices
+    ]
+
+
 async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> dict[str, Any]:
     """Register a node from real ``nvidia-smi topo -m`` text (and optionally ``nvidia-smi -q -x`` XML).
 
@@ -298,27 +316,13 @@ async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> 
     the node view plus ``warnings``: topo cells outside the GPU x GPU block that were malformed and left out.
     Raises InvalidInput(path ``topo`` / ``nvidiaSmiXml``) for text that does not parse.
     """
-    from app.inventory.importer import build_imported_node
-
     imported = build_imported_node(body.name, body.topo, body.nvidiaSmiXml)
     node = NodeCreate(
         name=body.name,
         labels=body.labels,
         taints=body.taints,
         resources=body.resources,
-        devices=[
-            DeviceBody.model_validate(
-                {
-                    "id": d.id,
-                    "class": d.device_class,
-                    "attributes": d.attributes,
-                    "numaNode": d.numa_node,
-                    "parent": d.parent,
-                    "bookable": d.bookable,
-                }
-            )
-            for d in imported.devices
-        ],
+        devices=device_bodies(imported),
         links=[LinkBody(a=a, b=b, link=kind) for a, b, kind in imported.links],
     )
     view = await add_node(conn, pool_id, node, system_labels=dict(imported.labels))
