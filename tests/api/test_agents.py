@@ -310,3 +310,36 @@ async def test_kubernetes_binding_places_only_on_a_node_that_advertised_it(
         plain["nodeId"],
         faker["nodeId"],
     }
+
+
+async def test_host_resources_need_devices_limits_when_enforced(
+    database_url: str, clean_db: AsyncEngine
+) -> None:
+    from app.main import create_app
+    from tests.conftest import ADMIN_KEY, settings_for
+
+    application = create_app(
+        settings_for(database_url, capacity_enforce_device_limits=True), run_migrations=False
+    )
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application)
+        headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers) as admin:
+            pool = await make_pool(admin)
+            plain = await add_node(admin, pool, gpu_node("operator-node", 2))  # no agent, no capability
+            with_cpu = reservation(pool, 1, resources={"cpu": 4})
+            pending = (await admin.post("/v1/reservations", json=with_cpu)).json()
+            assert pending["status"] == "pending"
+            assert "labels: missing bc.dev/cap.devices.limits" in pending["conditions"][0]["message"]
+            gpus_only = (await admin.post("/v1/reservations", json=reservation(pool, 1))).json()
+            assert gpus_only["allocations"][0]["nodeId"] == plain["id"]  # no host resources: no capability
+
+            agent = (await admin.post("/v1/nodes/hello", json=hello_body(pool, "agent-node"))).json()
+            preview = (
+                await admin.post("/v1/capacity/preview", json=reservation(pool, 1, resources={"cpu": 4}))
+            ).json()
+            assert {c["nodeId"] for c in preview["candidates"]} == {agent["nodeId"]}
+            placed = (
+                await admin.post("/v1/reservations", json=reservation(pool, 1, resources={"cpu": 4}))
+            ).json()
+            assert placed["status"] == "placed" and placed["allocations"][0]["nodeId"] == agent["nodeId"]
