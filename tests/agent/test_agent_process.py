@@ -268,6 +268,17 @@ def test_agent_once_and_bad_options(database_url: str, clean_db: AsyncEngine, tm
         )
         assert done.returncode == 0, done.stderr
         assert node_named(server.url, pool, "once")["devices"][0]["id"] == FIRST_UUID  # type: ignore[index]
+        # a VM's damaged matrix: the agent registers the node and logs the importer's warnings
+        damaged = (
+            REPO / "tests" / "data" / "damaged" / "13-2x-a100-nv12-5nic-merged-affinity.txt"
+        ).read_text()
+        (tmp_path / "host" / "topo.txt").write_text(damaged)
+        (tmp_path / "host" / "q.xml").write_text(h200_host(2)[1].replace("GPU-00000000-", "GPU-00000009-"))
+        vm = [*base[:-1], "vm", "--once"]
+        done = subprocess.run(vm, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "nvidia-smi topo: line 2: row GPU0, column NIC4: 'SY0-31,64-95'" in done.stderr
+        assert len(node_named(server.url, pool, "vm")["devices"]) == 2  # type: ignore[index]
         bad = subprocess.run(
             [*base, "--once", "--interval", "soon"], cwd=REPO, env=env, capture_output=True, text=True
         )
