@@ -184,25 +184,20 @@ async def _hello(
 
 
 async def _create(conn: AsyncConnection, body: HelloBody, desired: _Desired) -> HelloOutcome:
-    try:
-        view = await inventory.add_node(
-            conn,
-            body.poolId,
-            NodeCreate(
-                name=body.name,
-                labels={k: v for k, v in desired.labels.items() if k not in desired.system_labels},
-                resources=body.resources,
-                devices=desired.devices or [],
-                links=[
-                    LinkBody(a=a, b=b, link=kind) for (a, b), kind in sorted((desired.links or {}).items())
-                ],
-            ),
-            system_labels=desired.system_labels,
-        )
-    except Conflict as exc:
-        if exc.code == Conflict.code and "archived" in exc.message:
-            raise PoolArchived(exc.message, exc.details) from None
-        raise
+    if (await inventory.get_pool_row(conn, body.poolId)).archived_at is not None:
+        raise PoolArchived(f"pool {body.poolId} is archived", {"poolId": body.poolId})
+    view = await inventory.add_node(
+        conn,
+        body.poolId,
+        NodeCreate(
+            name=body.name,
+            labels={k: v for k, v in desired.labels.items() if k not in desired.system_labels},
+            resources=body.resources,
+            devices=desired.devices or [],
+            links=[LinkBody(a=a, b=b, link=kind) for (a, b), kind in sorted((desired.links or {}).items())],
+        ),
+        system_labels=desired.system_labels,
+    )
     node = (await conn.execute(sa.select(nodes).where(nodes.c.id == view["id"]).with_for_update())).one()
     await _set_liveness(conn, node, body.intervalSeconds, body.error)
     await on_node_may_fit(conn, body.poolId, node.id)

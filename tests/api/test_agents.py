@@ -343,3 +343,13 @@ async def test_host_resources_need_devices_limits_when_enforced(
                 await admin.post("/v1/reservations", json=reservation(pool, 1, resources={"cpu": 4}))
             ).json()
             assert placed["status"] == "placed" and placed["allocations"][0]["nodeId"] == agent["nodeId"]
+
+
+async def test_hello_to_an_archived_pool_is_409(admin_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(admin_client)
+    assert (await admin_client.post("/v1/nodes/hello", json=hello_body(pool))).status_code == 200
+    await admin_client.post(f"/v1/pools/{pool}/archive")
+    for name, host in (("h200-a", 0), ("new", 3)):
+        r = await admin_client.post("/v1/nodes/hello", json=hello_body(pool, name, host=host, gpus=1))
+        assert r.status_code == 409 and r.json()["error"]["code"] == "POOL_ARCHIVED", r.text
+    assert (await admin_client.get(f"/v1/pools/{pool}")).json()["nodeCount"] == 1
