@@ -247,6 +247,8 @@ async def test_operator_routes_never_write_system_labels(
     assert imp.status_code == 422
     view = (await admin_client.get(f"/v1/nodes/{node['id']}")).json()
     assert view["labels"] == {}  # the refused PUT changed nothing
+    beat = await admin_client.post(f"/v1/nodes/{node['id']}/heartbeat", json={"devices": []})
+    assert beat.status_code == 409 and "send Hello first" in beat.json()["error"]["message"]
     assert (await admin_client.get(f"/v1/pools/{pool}")).json()["nodeCount"] == 1
 
 
