@@ -399,19 +399,19 @@ async def _set_liveness(conn: AsyncConnection, node: Any, interval: int | None, 
 
 
 # A heartbeat that changes nothing: one statement, sent outside any transaction (autocommit, one round
-# trip). It matches only when every reported device exists on the node with the same health, the node's
-# agent said Hello, the node is not lost and its readiness is unchanged, and the caller may act on the
-# node's pool (:pools NULL = every pool); otherwise nothing is written and the transaction path runs.
-QUIET_HEARTBEAT = sa.text(
-    """
-UPDATE nodes SET last_heartbeat_at = now(), agent_error = CAST(:error AS text)
- WHERE id = :node AND agent_interval_seconds IS NOT NULL AND NOT heartbeat_lost AND ready = :ready
-   AND (CAST(:pools AS text[]) IS NULL OR pool_id = ANY(CAST(:pools AS text[])))
-   AND NOT EXISTS (SELECT 1 FROM unnest(CAST(:ids AS text[]), CAST(:healthy AS boolean[])) AS r(id, healthy)
-                   LEFT JOIN devices d ON d.id = r.id AND d.node_id = :node
+# trip) on the pool's asyncpg connection itself (this path runs 1,000 times a second for 10,000 agents, so
+# it skips SQLAlchemy's statement layer). It matches only when every reported device exists on the node
+# with the same health, the node's agent said Hello, the node is not lost and its readiness is unchanged,
+# and the caller may act on the node's pool ($4 NULL = every pool); otherwise nothing is written and the
+# transaction path runs.
+QUIET_HEARTBEAT = """
+UPDATE nodes SET last_heartbeat_at = now(), agent_error = $3::text
+ WHERE id = $1 AND agent_interval_seconds IS NOT NULL AND NOT heartbeat_lost AND ready = $2
+   AND ($4::text[] IS NULL OR pool_id = ANY($4::text[]))
+   AND NOT EXISTS (SELECT 1 FROM unnest($5::text[], $6::boolean[]) AS r(id, healthy)
+                   LEFT JOIN devices d ON d.id = r.id AND d.node_id = $1
                     WHERE d.id IS NULL OR d.healthy <> r.healthy)
 RETURNING no_schedule_reasons"""
-)
 
 
 async def heartbeat(
@@ -429,20 +429,20 @@ async def heartbeat(
     written (it raises Forbidden to refuse). Raises NotFound (no such node), InvalidInput (422,
     ``devices.<i>.id`` for a device not on the node), Conflict (409, the node has not sent Hello).
     """
-    params = {
-        "node": node_id,
-        "ready": body.error is None,
-        "error": body.error,
-        "pools": None if pools is None else sorted(pools),
-        "ids": [d.id for d in body.devices],
-        "healthy": [d.healthy for d in body.devices],
-    }
     async with engine.connect() as conn:
-        quiet = await conn.execution_options(isolation_level="AUTOCOMMIT")
-        row = (await quiet.execute(QUIET_HEARTBEAT, params)).first()
+        raw = await conn.get_raw_connection()  # no statement sent yet: no transaction is open
+        row = await raw.driver_connection.fetchrow(  # type: ignore[union-attr]
+            QUIET_HEARTBEAT,
+            node_id,
+            body.error is None,
+            body.error,
+            None if pools is None else sorted(pools),
+            [d.id for d in body.devices],
+            [d.healthy for d in body.devices],
+        )
     if row is not None:
         HEARTBEATS.labels("unchanged").inc()
-        return HeartbeatOutcome(node_id, False, list(row.no_schedule_reasons))
+        return HeartbeatOutcome(node_id, False, list(row["no_schedule_reasons"]))
     async with engine.begin() as conn:
         outcome = await _changed_heartbeat(conn, node_id, body, authorize_pool)
     HEARTBEATS.labels("changed").inc()
