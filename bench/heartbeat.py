@@ -12,7 +12,9 @@ In one run and one database:
    for S seconds: heartbeats per second;
 5. runs previews again while heartbeats are paced at ``--paced`` per second: preview p99 under load and its
    ratio to idle (the target: within 2x);
-6. the baseline: the heartbeat's one statement alone, sent by asyncpg at the same concurrency (the floor the
+6. registers ``--hellos`` new nodes through ``POST /v1/nodes/hello`` (the DGX A100 ``topo -m`` fixture,
+   8 clients) into a second pool: Hellos per second (each creates a node with 8 atoms, 28 links, labels);
+7. the baseline: the heartbeat's one statement alone, sent by asyncpg at the same concurrency (the floor the
    HTTP path is compared with, as a ratio).
 
 The database is dropped at the end. Everything (PostgreSQL, the service, the clients) shares the machine.
@@ -52,6 +54,7 @@ from bench.reserve import (  # noqa: E402
 )
 
 GPUS = 8
+DGX_A100_TOPO = (ROOT / "tests" / "data" / "topo" / "02-dgx-a100-12nic-mlx5-names.txt").read_text()
 # the statement app/inventory/hello.py sends for a heartbeat that changes nothing
 SQL_QUIET_HEARTBEAT = """
 UPDATE nodes SET last_heartbeat_at = now(), agent_error = NULL
@@ -122,6 +125,27 @@ async def paced(
 
     await asyncio.gather(*(sender(k) for k in range(clients)))
     return answered
+
+
+async def hellos(client: httpx.AsyncClient, pool: str, count: int, clients: int = 8) -> float:
+    """``count`` Hellos of new nodes from ``clients`` concurrent agents: Hellos per second."""
+    names = iter(range(count))
+
+    async def one() -> None:
+        for i in names:
+            body = {
+                "poolId": pool,
+                "name": f"dgx-{i:05d}",
+                "topo": DGX_A100_TOPO,
+                "capabilities": ["devices.limits"],
+            }
+            r = await client.post("/v1/nodes/hello", json=body)
+            if r.status_code != 200 or not r.json()["created"]:
+                raise RuntimeError(f"hello failed: {r.status_code} {r.text[:300]}")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(clients)))
+    return count / (time.perf_counter() - t0)
 
 
 async def baseline(pg: asyncpg.Pool, pool: str, node_ids: list[str], clients: int, seconds: float) -> float:
@@ -206,6 +230,10 @@ async def run(args: argparse.Namespace) -> None:
                 stop.set()
                 answered = await pacer
                 achieved = answered / (time.perf_counter() - t0)
+                if args.hellos and workers == int(args.workers.split(",")[0]):
+                    hello_pool = (await client.post("/v1/pools", json={"name": "bench-hellos"})).json()["id"]
+                    hello_rate = await hellos(client, hello_pool, args.hellos)
+                    print(f"registered {args.hellos} nodes through Hello: {hello_rate:,.1f}/s", flush=True)
             idle99, loaded99 = pct(idle, 0.99), pct(loaded, 0.99)
             rows.append(
                 (workers, rate, outcomes, pct(idle, 0.5), idle99, achieved, pct(loaded, 0.5), loaded99)
@@ -248,6 +276,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--paced", type=float, default=500.0, help="heartbeats/s while previews are timed")
     parser.add_argument("--previews", type=int, default=200)
+    parser.add_argument("--hellos", type=int, default=300, help="nodes registered through Hello (0: skip)")
     asyncio.run(run(parser.parse_args()))
 
 
