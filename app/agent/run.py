@@ -117,6 +117,9 @@ class Agent:
             raise Refused(f"pool {self.config.pool} not found")
         for warning in answer.get("warnings", []):
             log.warning("nvidia-smi topo: %s", warning)
+        if reading is not None and reading.mig_listing:
+            profiles = sum(1 for line in reading.mig_listing.splitlines() if " MIG " in line)
+            log.info("MIG enabled: nvidia-smi mig -lgip lists %d GPU instance profile row(s)", profiles)
         self.state.node_id = answer["nodeId"]
         self.state.known = [d["id"] for d in answer["devices"]]
         self.state.hello_ids = (

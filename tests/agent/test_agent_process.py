@@ -279,6 +279,19 @@ def test_agent_once_and_bad_options(database_url: str, clean_db: AsyncEngine, tm
         assert done.returncode == 0, done.stderr
         assert "nvidia-smi topo: line 2: row GPU0, column NIC4: 'SY0-31,64-95'" in done.stderr
         assert len(node_named(server.url, pool, "vm")["devices"]) == 2  # type: ignore[index]
+        # a GPU with MIG enabled: the driver serves kind mig too, and the agent reads the MIG listing
+        topo, xml = h200_host(1)
+        mig_xml = xml.replace("<current_mig>Disabled", "<current_mig>Enabled").replace(
+            "GPU-00000000-", "GPU-00000008-"
+        )
+        write_host(tmp_path / "host", 1, xml=mig_xml)
+        done = subprocess.run(
+            [*base[:-1], "mig", "--once"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert "mig -lgip lists 7 GPU instance profile row(s)" in done.stderr
+        mig = node_named(server.url, pool, "mig")
+        assert mig["labels"]["bc.dev/driver-kind.nvidia.mig"] == "1"  # type: ignore[index]
         bad = subprocess.run(
             [*base, "--once", "--interval", "soon"], cwd=REPO, env=env, capture_output=True, text=True
         )
