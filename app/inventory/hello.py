@@ -249,15 +249,6 @@ async def _inventory_changes(
         changes.left = sorted(
             i for i, row in current.items() if i not in wanted and row.health_reason != DEVICE_LEFT
         )
-        if changes.added:
-            # SELECT id FROM devices WHERE id = ANY(:added)       -- on another node: 409, nothing written
-            taken = (
-                (await conn.execute(sa.select(devices.c.id).where(devices.c.id.in_(changes.added))))
-                .scalars()
-                .first()
-            )
-            if taken is not None:
-                raise Conflict(f"device {taken} is registered on another node", {"deviceId": taken})
     if desired.links is not None:
         have = {
             (r.a, r.b): r.link
@@ -297,23 +288,7 @@ async def _apply(
     """Write the Hello's inventory (locks already held: pools FOR UPDATE -> nodes -> devices)."""
     if desired.devices is not None:
         order = {d.id: (i, d) for i, d in enumerate(desired.devices)}
-        if changes.added:
-            await conn.execute(
-                sa.insert(devices),
-                [
-                    {
-                        "id": d.id,
-                        "node_id": node_id,
-                        "class": d.device_class,
-                        "attributes": jsonable_attributes(d.attributes),
-                        "numa_node": d.numaNode,
-                        "parent_id": d.parent,
-                        "bookable": d.bookable,
-                        "ordinal": i,
-                    }
-                    for i, d in (order[a] for a in changes.added)
-                ],
-            )
+        await inventory.insert_devices(conn, node_id, [order[a] for a in changes.added])
         for atom in sorted(set(changes.updated) | set(changes.returned)):
             i, d = order[atom]
             values: dict[str, Any] = {

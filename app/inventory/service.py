@@ -215,34 +215,41 @@ async def _write_labels(
         await conn.execute(sa.insert(node_labels), list(rows.values()))
 
 
+async def insert_devices(conn: AsyncConnection, node_id: str, numbered: list[tuple[int, DeviceBody]]) -> None:
+    """Insert ``(ordinal, device)`` rows on ``node_id``; Conflict (409) when an id is on another node."""
+    if not numbered:
+        return
+    # SELECT id FROM devices WHERE id = ANY(:ids)              -- registered already: 409, nothing written
+    taken = (
+        (await conn.execute(sa.select(devices.c.id).where(devices.c.id.in_([d.id for _, d in numbered]))))
+        .scalars()
+        .all()
+    )
+    if taken:
+        raise Conflict(f"device {taken[0]} is registered on another node", {"deviceId": taken[0]})
+    await conn.execute(
+        sa.insert(devices),
+        [
+            {
+                "id": d.id,
+                "node_id": node_id,
+                "class": d.device_class,
+                "attributes": jsonable_attributes(d.attributes),
+                "numa_node": d.numaNode,
+                "parent_id": d.parent,
+                "healthy": d.healthy,
+                "bookable": d.bookable,
+                "ordinal": i,
+            }
+            for i, d in numbered
+        ],
+    )
+
+
 async def _write_devices(
     conn: AsyncConnection, node_id: str, device_list: list[DeviceBody], links: list[LinkBody]
 ) -> None:
-    if device_list:
-        taken = (
-            (await conn.execute(sa.select(devices.c.id).where(devices.c.id.in_([d.id for d in device_list]))))
-            .scalars()
-            .all()
-        )
-        if taken:
-            raise Conflict(f"device {taken[0]} is registered on another node", {"deviceId": taken[0]})
-        await conn.execute(
-            sa.insert(devices),
-            [
-                {
-                    "id": d.id,
-                    "node_id": node_id,
-                    "class": d.device_class,
-                    "attributes": jsonable_attributes(d.attributes),
-                    "numa_node": d.numaNode,
-                    "parent_id": d.parent,
-                    "healthy": d.healthy,
-                    "bookable": d.bookable,
-                    "ordinal": i,
-                }
-                for i, d in enumerate(device_list)
-            ],
-        )
+    await insert_devices(conn, node_id, list(enumerate(device_list)))
     pairs: dict[tuple[str, str], str] = {}
     for link in links:
         a, b = sorted((link.a, link.b))

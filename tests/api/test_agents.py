@@ -355,3 +355,18 @@ async def test_hello_to_an_archived_pool_is_409(admin_client: httpx.AsyncClient)
         r = await admin_client.post("/v1/nodes/hello", json=hello_body(pool, name, host=host, gpus=1))
         assert r.status_code == 409 and r.json()["error"]["code"] == "POOL_ARCHIVED", r.text
     assert (await admin_client.get(f"/v1/pools/{pool}")).json()["nodeCount"] == 1
+
+
+async def test_a_device_registered_on_another_node_is_409_and_changes_nothing(
+    admin_client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    pool = await make_pool(admin_client)
+    await admin_client.post("/v1/nodes/hello", json=hello_body(pool, "a"))
+    b = (await admin_client.post("/v1/nodes/hello", json=hello_body(pool, "b", gpus=1, host=5))).json()
+    v = await version(engine, pool)
+    for body in (hello_body(pool, "c"), hello_body(pool, "b")):  # create, then update, with a's GPUs
+        r = await admin_client.post("/v1/nodes/hello", json=body)
+        assert r.status_code == 409 and r.json()["error"]["details"]["deviceId"] == FIRST_UUID
+    assert await version(engine, pool) == v
+    node = (await admin_client.get(f"/v1/nodes/{b['nodeId']}")).json()
+    assert [d["id"] for d in node["devices"]] == [FIRST_UUID.replace("00000000", "00000005")]
