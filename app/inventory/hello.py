@@ -17,9 +17,10 @@ Hello (:func:`hello`) creates or updates the node matching ``(poolId, name)``:
 A Hello whose inventory is unchanged changes nothing static: the pool row is only locked FOR SHARE, the
 inventory version is not bumped, so no pool cache reloads. One that changes the inventory takes the pool
 row FOR UPDATE and bumps its version in the same transaction. The first attempt always runs with the
-shared lock; when, under the node's lock, the inventory turns out to differ, that transaction is rolled
-back and Hello runs again with the exclusive lock (two Hellos of one pool never upgrade a shared lock,
-which would deadlock them).
+shared lock; when, under the node's lock, the inventory turns out to differ, that attempt (which wrote
+nothing) ends and Hello runs again with the exclusive lock (two Hellos of one pool never upgrade a shared
+lock, which would deadlock them). Two first Hellos of one node at once: the one that loses the insert
+runs again as an update.
 
 Heartbeat (:func:`heartbeat`): a heartbeat that changes nothing (same device health, node ready and not
 lost) is ONE ``UPDATE nodes SET last_heartbeat_at = now() ... WHERE <nothing changes> RETURNING``; otherwise
@@ -115,10 +116,6 @@ def _desired(body: HelloBody, imported: ImportedNode | None) -> _Desired:
     return _Desired(device_list, links, system, dict(body.labels))
 
 
-class _NeedsExclusive(Exception):
-    """The inventory differs: run Hello again holding the pool row FOR UPDATE (internal, never escapes)."""
-
-
 async def hello(engine: AsyncEngine, body: HelloBody) -> HelloOutcome:
     """Register or update the node ``(body.poolId, body.name)`` from its agent's Hello (module docstring).
 
@@ -133,9 +130,14 @@ async def hello(engine: AsyncEngine, body: HelloBody) -> HelloOutcome:
     try:
         async with engine.begin() as conn:
             outcome = await _hello(conn, body, desired, exclusive=False)
-    except _NeedsExclusive:
+    except Conflict as exc:
+        if exc.details.get("name") != body.name:
+            raise
+        outcome = None  # another Hello created this node a moment ago: update it
+    if outcome is None:  # the inventory differs (nothing was written): again, holding the pool FOR UPDATE
         async with engine.begin() as conn:
             outcome = await _hello(conn, body, desired, exclusive=True)
+    assert outcome is not None
     HELLOS.labels(
         "created" if outcome.created else "changed" if outcome.inventory_changed else "unchanged"
     ).inc()
@@ -144,7 +146,9 @@ async def hello(engine: AsyncEngine, body: HelloBody) -> HelloOutcome:
 
 async def _hello(
     conn: AsyncConnection, body: HelloBody, desired: _Desired, *, exclusive: bool
-) -> HelloOutcome:
+) -> HelloOutcome | None:
+    """One attempt; ``None`` when the inventory differs and the pool row is held only FOR SHARE (the
+    caller commits this read-only attempt and runs again with ``exclusive``)."""
     node_id = (
         await conn.execute(
             sa.select(nodes.c.id).where(nodes.c.pool_id == body.poolId, nodes.c.name == body.name)
@@ -171,7 +175,7 @@ async def _hello(
     }
     changes = await _inventory_changes(conn, node_id, current, desired)
     if changes.any and not exclusive:
-        raise _NeedsExclusive
+        return None
     if changes.any:
         await _apply(conn, body.poolId, node_id, current, desired, changes)
         await inventory.bump_inventory_version(conn, body.poolId)  # the pool row is ours FOR UPDATE already

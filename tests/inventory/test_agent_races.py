@@ -133,3 +133,15 @@ async def test_heartbeats_and_sweeps_race_and_reasons_match_conditions(clean_db:
                 await conn.execute(sa.select(nodes.c.heartbeat_lost, nodes.c.no_schedule_reasons))
             ).all():
                 assert reasons == (["heartbeat lost"] if lost else [])
+
+
+async def test_the_same_first_hello_six_times_at_once_creates_one_node(clean_db: AsyncEngine) -> None:
+    engine = clean_db
+    async with engine.begin() as conn:
+        pool = (await inventory.create_pool(conn, "twice"))["id"]
+    outcomes = await asyncio.gather(*(hello(engine, _hello(pool, 0, 2)) for _ in range(6)))
+    assert sum(o.created for o in outcomes) == 1
+    assert len({o.view["id"] for o in outcomes}) == 1
+    async with engine.connect() as conn:
+        assert (await conn.execute(sa.select(sa.func.count()).select_from(nodes))).scalar_one() == 1
+        assert (await conn.execute(sa.select(pool_capacity_rollup.c.total))).scalar_one() == 2
