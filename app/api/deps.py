@@ -43,4 +43,6 @@ async def current_principal(
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthenticated("an API key is required: Authorization: Bearer <key>")
     async with svc.engine.connect() as conn:
+        # one SELECT: autocommit spares the BEGIN and ROLLBACK round trips on every request
+        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
         return await principal_for_key(conn, credentials.credentials, svc.settings.bootstrap_admin_key)
