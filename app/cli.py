@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from app.agent.cli import agent as agent_command
 from app.api.models.statuses import ReservationStatus
 from app.client import EXIT_API_ERROR, EXIT_NOT_PLACED, EXIT_USAGE
 from app.client import render as out
@@ -66,6 +67,7 @@ def serve(
         from app.inventory.demo_pool import install_demo
 
         summary = asyncio.run(install_demo(url, settings.bootstrap_admin_key))
+        os.environ["BC_DEMO_AGENTS"] = "1"  # the service heartbeats the demo's nodes in process
         quota = ", ".join(f"{name} {amount}" for name, amount in sorted(summary["quota"].items()))
         console.print(
             f"[bold]demo pool[/bold] {summary['poolId']} ({summary['nodes']} nodes, {summary['gpus']} GPUs)\n"
@@ -358,6 +360,7 @@ COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
     ),
     ("release", release, None),
     ("openapi", openapi_command, None),
+    ("agent", agent_command, "Run the node agent on a GPU host (Hello, heartbeats)."),
 ]
 GET_COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
     ("reservations", get_reservations, None),

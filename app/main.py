@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from app.api import health, iam, inventory, quota, reservations
+from app.api import agents, health, iam, inventory, quota, reservations
 from app.api.cors import BrowserCors
 from app.api.deps import Services
 from app.api.errors import install_error_handlers
@@ -16,6 +18,7 @@ from app.api.text_guard import check_json_body
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.db.engine import create_engine, migrate_async, resolve_database_url
+from app.inventory.liveness_task import run_liveness
 from app.observability.logs import configure_logging
 from app.observability.middleware import AccessLogMiddleware
 from app.placement.options import SchedulerOptions
@@ -36,6 +39,7 @@ def capacity_config(settings: Settings) -> CapacityConfig:
         options=options,
         max_attempts=settings.capacity_max_attempts,
         shortlist_min=settings.capacity_shortlist_min,
+        enforce_device_limits=settings.capacity_enforce_device_limits,
     )
 
 
@@ -53,9 +57,22 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
             await migrate_async(url)
         engine = create_engine(url, pool_size=settings.db_pool_size)
         app.state.services = Services(engine=engine, cache=PoolCache(), capacity=config, settings=settings)
+        # liveness of agents' nodes (issue 14); moves under the lifecycle controller registry when it exists
+        liveness = asyncio.create_task(
+            run_liveness(engine, settings.node_liveness_sweep_seconds, settings.node_heartbeat_grace)
+        )
+        background = [liveness]
+        if settings.demo_agents:
+            from app.inventory.demo_pool import run_demo_heartbeats
+
+            background.append(asyncio.create_task(run_demo_heartbeats(engine)))
         try:
             yield
         finally:
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await engine.dispose()
 
     app = FastAPI(
@@ -67,7 +84,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     )
     install_error_handlers(app)
     app.add_middleware(RequestGuard, settings=settings)  # inner: authenticate and bound the body first
-    for module in (health, iam, inventory, quota, reservations):
+    for module in (health, iam, inventory, quota, reservations, agents):
         app.include_router(module.router)
     from app.api import placement
 

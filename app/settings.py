@@ -5,11 +5,12 @@ Environment variables: ``DATABASE_URL`` (unset -> embedded PostgreSQL), ``BC_BOO
 ``BC_SCHEDULER_PLUGINS`` (JSON list of ``module:attribute`` import paths), ``BC_CAPACITY_MAX_ATTEMPTS``,
 ``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection), ``BC_CORS_ORIGINS`` (JSON list of
 browser origins allowed to call the API), ``BC_LOG_FORMAT`` (``text`` or ``json``),
-``BC_METRICS_GAUGE_TTL_SECONDS`` (how long the gauges read from PostgreSQL at a scrape are reused).
-``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection); request bounds ``BC_MAX_BODY_BYTES``,
-``BC_MAX_IMPORT_BODY_BYTES``, ``BC_MAX_PLACEMENT_BODY_BYTES``, ``BC_MAX_JSON_DEPTH``; rate limits
-``BC_RATE_LIMIT`` and ``BC_AUTH_FAILURE_RATE_LIMIT`` (``limits`` notation: ``100/second``, ``5/minute``);
-serving ``BC_LIMIT_CONCURRENCY`` and ``BC_KEEP_ALIVE_SECONDS`` (docs/operating.md).
+``BC_METRICS_GAUGE_TTL_SECONDS`` (how long the gauges read from PostgreSQL at a scrape are reused);
+request bounds ``BC_MAX_BODY_BYTES``, ``BC_MAX_IMPORT_BODY_BYTES``, ``BC_MAX_PLACEMENT_BODY_BYTES``,
+``BC_MAX_JSON_DEPTH``; rate limits ``BC_RATE_LIMIT`` and ``BC_AUTH_FAILURE_RATE_LIMIT`` (``limits``
+notation: ``100/second``, ``5/minute``); serving ``BC_LIMIT_CONCURRENCY`` and ``BC_KEEP_ALIVE_SECONDS``
+(docs/operating.md); agents ``BC_CAPACITY_ENFORCE_DEVICE_LIMITS``, ``BC_NODE_HEARTBEAT_GRACE`` (seconds),
+``BC_NODE_LIVENESS_SWEEP_SECONDS`` (docs/agent.md).
 """
 
 from __future__ import annotations
@@ -65,6 +66,16 @@ class Settings(BaseSettings):
 
         parse(value)  # ValueError for anything but e.g. "100/second", "5 per minute"
         return value
+
+    # requiredCapabilities: host resources ask for bc.dev/cap.devices.limits (off: nodes registered without
+    # an agent have no daemon to enforce limits; see docs/agent.md)
+    capacity_enforce_device_limits: bool = False
+    # liveness: an agent's node is "heartbeat lost" after this many seconds without a heartbeat (None: 3 x
+    # the interval its Hello carried); the sweep runs every node_liveness_sweep_seconds
+    node_heartbeat_grace: float | None = Field(default=None, gt=0)
+    node_liveness_sweep_seconds: float = Field(default=5.0, gt=0, le=3600)
+    # set by `serve --demo`: the service heartbeats the demo pool's nodes in process
+    demo_agents: bool = False
 
 
 @lru_cache(maxsize=1)

@@ -48,14 +48,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn_server(database_url: str, log: Path, extra_env: dict[str, str] | None = None) -> Server:
+def spawn_server(
+    database_url: str, log: Path, extra_env: dict[str, str] | None = None, port: int | None = None
+) -> Server:
     """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key (rate limits off
-    unless ``extra_env`` sets them)."""
+    unless ``extra_env`` sets them), on ``port`` or a free one."""
     env = dict(os.environ)
     env.update({"DATABASE_URL": database_url, "BC_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "PYTHONUNBUFFERED": "1"})
     env.update(UNLIMITED_RATES)
     env.update(extra_env or {})
-    port = free_port()
+    port = port or free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
     handle = log.open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
@@ -99,7 +102,7 @@ def running_server(
     database_url: str, log_dir: Path, attempts: int = 3, extra_env: dict[str, str] | None = None
 ) -> Iterator[Server]:
     """One service process on the test database, healthy, stopped on exit (a port taken meanwhile is
-    retried on another)."""
+    retried on another); ``extra_env`` adds settings (``BC_...``) for it."""
     for attempt in range(attempts):
         started = spawn_server(database_url, log_dir / f"server-{attempt}.log", extra_env)
         try:

@@ -29,7 +29,7 @@ class Services:
     settings: Settings
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
     """The process's :class:`Services` (built in the app's lifespan)."""
     return request.app.state.services
 

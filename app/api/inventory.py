@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query
 
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses
-from app.api.models.inventory import Node, NodeList, Pool, PoolList
+from app.api.models.inventory import ImportedNode, Node, NodeList, Pool, PoolList
 from app.api.paging import CURSOR_QUERY, decode_cursor, envelope, page_after, time_then_id
 from app.db.tx import in_transaction, read_only
 from app.iam.authorize import authorize, holds_grant_on
@@ -117,7 +117,7 @@ async def create_node(
 @router.post(
     "/v1/pools/{pool_id}/nodes/import",
     status_code=201,
-    response_model=Node,
+    response_model=ImportedNode,
     responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT")},
     operation_id="importNode",
 )

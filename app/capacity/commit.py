@@ -45,6 +45,7 @@ from app.db.tables import (
 )
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
+from app.placement.system_labels import ANY_LABEL_VALUE, label_counts
 
 LOST_RACE_SQLSTATES = frozenset({"40P01", "23P01"})  # deadlock detected, exclusion violation
 # the kinds of seed 000's four lost-race reasons, in the reasons' order
@@ -87,9 +88,9 @@ def labels_hold(wanted: Mapping[str, str], have: Mapping[str, tuple[str, str]]) 
     A ``bc.dev/`` label counts only when its source is ``system`` (seed 000)."""
     for key, value in wanted.items():
         got = have.get(key)
-        if got is None or (key.startswith("bc.dev/") and got[1] != "system"):
+        if got is None or not label_counts(key, got[1]):
             return False
-        if value != "*" and got[0] != value:
+        if value != ANY_LABEL_VALUE and got[0] != value:
             return False
     return True
 

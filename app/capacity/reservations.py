@@ -55,6 +55,22 @@ class CapacityConfig:
     options: SchedulerOptions
     max_attempts: int = 3
     shortlist_min: int = 48
+    # BC_CAPACITY_ENFORCE_DEVICE_LIMITS: host resources need bc.dev/cap.devices.limits (requiredCapabilities)
+    enforce_device_limits: bool = False
+
+
+def placement_request(
+    config: CapacityConfig,
+    body: ReservationRequest,
+    now: datetime,
+    node_labels: Mapping[str, str] | None = None,
+) -> PlacementRequest:
+    """The capacity port's entry point from a reservation body to a PlacementRequest: a module's
+    ``node_labels`` plus capacity's requiredCapabilities under ``config`` (create, preview, and the
+    re-place / repair paths all build their request here)."""
+    return to_placement_request(
+        body, now, enforce_device_limits=config.enforce_device_limits, node_labels=node_labels
+    )
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:
@@ -156,7 +172,7 @@ async def _create(
 
         now = inserted.created_at  # the database's now()
         check_start(body, now)  # raising rolls the reservation row back: nothing is written
-        request = to_placement_request(body, now)
+        request = placement_request(config, body, now)
         amounts = quota_amounts(request)
         charged = False
 
@@ -403,7 +419,7 @@ async def preview(
     async with engine.connect() as conn:
         now = await db_now(conn)
         check_start(body, now)
-        request = to_placement_request(body, now)
+        request = placement_request(config, body, now)
         outcome = await plan_request(
             conn,
             cache,

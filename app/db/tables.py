@@ -52,12 +52,23 @@ nodes = sa.Table(
         "no_schedule_reasons", pg.ARRAY(sa.Text), nullable=False, server_default=sa.text("'{}'::text[]")
     ),
     sa.Column("created_at", TS, nullable=False, server_default=NOW),
+    # set by the node's agent (Hello): its heartbeat interval, the last Hello or heartbeat, and the failure
+    # its last Hello/heartbeat reported (nvidia-smi failed); NULL interval = a node without an agent
+    sa.Column("agent_interval_seconds", sa.Integer),
+    sa.Column("last_heartbeat_at", TS),
+    sa.Column("agent_error", sa.Text),
     sa.UniqueConstraint("pool_id", "name"),
     # the shortlist reads only the nodes with a NoSchedule reason
     sa.Index(
         "ix_nodes_with_reasons",
         "pool_id",
         postgresql_where=sa.text("no_schedule_reasons <> '{}'::text[]"),
+    ),
+    # the liveness sweep reads only agents' nodes whose heartbeat is not yet lost, oldest heartbeat first
+    sa.Index(
+        "ix_nodes_agent_heartbeat",
+        "last_heartbeat_at",
+        postgresql_where=sa.text("agent_interval_seconds IS NOT NULL AND NOT heartbeat_lost"),
     ),
 )
 
@@ -95,6 +106,8 @@ devices = sa.Table(
     sa.Column("healthy", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.Column("bookable", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.Column("ordinal", sa.Integer, nullable=False, server_default="0"),
+    # why the agent last reported the atom unhealthy (``device disappeared``, ``row remapping failure``)
+    sa.Column("health_reason", sa.Text),
     # the volatile read of a request touches only unhealthy/unbookable atoms, not every device row
     sa.Index(
         "ix_devices_unavailable",

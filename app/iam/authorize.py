@@ -1,9 +1,10 @@
 """Authorization: does a principal hold a grant of ``action`` on ``resource``? (DESIGN.md, "HTTP API").
 
 Actions: ``compute:capacity:read``, ``compute:reservations:create|read|release``,
-``compute:inventory:write|read``, ``compute:quota:write``, ``compute:placement:explain``,
-``compute:iam:admin``. Resources: ``pool:<id>``, ``tenant:<id>``, ``*``. A grant's action may be ``*``
-or end in ``:*`` (a prefix); its resource may be ``*`` or ``pool:*`` / ``tenant:*``.
+``compute:inventory:write|read``, ``compute:nodes:hello`` (a node agent: Hello and heartbeats of the
+pool's nodes), ``compute:quota:write``, ``compute:placement:explain``, ``compute:iam:admin``.
+Resources: ``pool:<id>``, ``tenant:<id>``, ``*``. A grant's action may be ``*`` or end in ``:*`` (a
+prefix); its resource may be ``*`` or ``pool:*`` / ``tenant:*``.
 
 Tenant scope (DESIGN.md, "Security rules") lives here, once for every route: a tenant-scoped principal
 acts only for its own tenant (another tenant named in a body or path is 403 whatever its grants say),
@@ -24,6 +25,7 @@ ACTIONS: tuple[str, ...] = (
     "compute:reservations:release",
     "compute:inventory:write",
     "compute:inventory:read",
+    "compute:nodes:hello",
     "compute:quota:write",
     "compute:placement:explain",
     "compute:iam:admin",
@@ -82,6 +84,21 @@ def holds_grant_on(principal: Principal, resource: str) -> bool:
 def can_see_tenant(principal: Principal, tenant_id: str) -> bool:
     """False when a tenant-scoped principal looks at another tenant's resource."""
     return principal.tenant_id is None or principal.tenant_id == tenant_id
+
+
+def granted_pools(principal: Principal, action: str) -> frozenset[str] | None:
+    """The pool ids on which ``action`` is granted (``pool:<id>`` grants), or ``None`` when a grant covers
+    every pool (resource ``*`` or ``pool:*``). Lets a hot path guard its statement by pool instead of
+    reading the row's pool first; :func:`authorize` stays the rule."""
+    pools: set[str] = set()
+    for g in principal.grants:
+        if not _action_matches(g.action, action):
+            continue
+        if g.resource in ("*", "pool:*"):
+            return None
+        if g.resource.startswith("pool:"):
+            pools.add(g.resource[len("pool:") :])
+    return frozenset(pools)
 
 
 def authorize(principal: Principal, action: str, *resources: str, tenant: str | None = None) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "ImportedDevice",
     "ImportedNode",
     "build_imported_node",
+    "gpu_model",
     "gpu_product",
     "link_rank",
     "normalize_link",
@@ -61,7 +62,8 @@ class ImportedNode:
     """An imported node: ``devices`` (GPUs in ``GPU<i>`` order, each followed by its MIG devices),
     ``links`` (``(a, b, link)`` with ``a < b`` between GPU atoms, sorted), ``labels`` (system labels:
     ``gpu.count`` always; ``gpu.product``, ``mig.capable``, ``cuda.driver.major`` when the XML says),
-    and the parsed ``topo`` matrix and XML ``gpus`` for callers that want more."""
+    the parsed ``topo`` matrix and XML ``gpus`` for callers that want more, and ``warnings``: malformed cells
+    outside the GPU x GPU block that were left out (:attr:`TopoMatrix.warnings`)."""
 
     name: str
     devices: list[ImportedDevice]
@@ -69,6 +71,8 @@ class ImportedNode:
     labels: dict[str, str]
     topo: TopoMatrix
     gpus: list[GpuInfo] = field(default_factory=list)
+    driver_version: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def normalize_link(link: str) -> str:
@@ -99,6 +103,28 @@ def gpu_product(product_name: str) -> str:
     return _SELECTOR_UNSAFE.sub("-", name).strip("-")
 
 
+_VENDOR_WORDS = frozenset({"NVIDIA", "TESLA", "GEFORCE", "QUADRO"})
+_SERIES_WORDS = frozenset({"RTX", "GTX", "TITAN"})
+
+
+def gpu_model(product_name: str) -> str:
+    """The ``gpuModel`` attribute: the GPU's model without vendor, form factor or memory size.
+
+    The first word (split on spaces and ``-``) that holds a digit, after the vendor words ``NVIDIA``,
+    ``Tesla``, ``GeForce``, ``Quadro``; a bare number keeps the series word before it. ``""`` when no word
+    holds a digit. ``"NVIDIA H100 80GB HBM3"`` -> ``"H100"``, ``"NVIDIA H200"`` -> ``"H200"``,
+    ``"NVIDIA A100-SXM4-80GB"`` -> ``"A100"``, ``"Tesla V100-SXM2-32GB"`` -> ``"V100"``,
+    ``"NVIDIA GeForce RTX 4090"`` -> ``"RTX-4090"``, ``"NVIDIA RTX A6000"`` -> ``"A6000"``.
+    """
+    words = [w for w in re.split(r"[\s\-]+", product_name) if w and w.upper() not in _VENDOR_WORDS]
+    for i, word in enumerate(words):
+        if any(c.isdigit() for c in word):
+            if word.isdigit() and i > 0 and words[i - 1].upper() in _SERIES_WORDS:
+                word = f"{words[i - 1]}-{word}"
+            return _SELECTOR_UNSAFE.sub("-", word).strip("-")
+    return ""
+
+
 def _driver_major(version: str | None) -> str | None:
     m = re.match(r"(\d+)", version or "")
     return m.group(1) if m else None
@@ -108,12 +134,13 @@ def build_imported_node(name: str, topo_text: str, xml_text: str | None = None) 
     """Turn ``nvidia-smi topo -m`` text (and optionally ``nvidia-smi -q -x`` XML) into an ImportedNode.
 
     Without XML: atoms ``<name>-GPU<i>`` with ``attributes = {"numaNode": n}`` when the matrix knows it.
-    With XML: atoms named by GPU UUID with ``gpuProduct``, ``vramGiB`` (int GiB), ``computeCapability``
-    (``"9.0"``), ``architecture``, ``migCapable`` (bool), ``numaNode`` (int, XML first, else the matrix's
-    NUMA Affinity, else its GPU NUMA ID); a GPU with MIG enabled also gets ``migEnabled`` and its MIG
-    devices become ``mig`` atoms with ``parent`` = the GPU UUID. Labels: ``gpu.count``; with XML also
-    ``gpu.product`` (when all GPUs share one), ``mig.capable`` (``true`` when every GPU is) and
-    ``cuda.driver.major`` (``580`` from driver ``580.159.04``).
+    With XML: atoms named by GPU UUID with ``gpuProduct``, ``gpuModel`` (``"H100"``, :func:`gpu_model`),
+    ``vramGiB`` (int GiB), ``computeCapability`` (``"9.0"``), ``architecture``, ``migCapable`` (bool),
+    ``numaNode`` (int, XML first, else the matrix's NUMA Affinity, else its GPU NUMA ID); a GPU with MIG
+    enabled also gets ``migEnabled`` and its MIG devices become ``mig`` atoms with ``parent`` = the GPU UUID.
+    Labels: ``gpu.count``; with XML also ``gpu.product`` and ``gpu.model`` (when all GPUs share one),
+    ``mig.capable`` (``true`` when every GPU is) and ``cuda.driver.major`` (``580`` from ``580.159.04``).
+    Malformed topo cells outside the GPU x GPU block are left out and listed in ``warnings``.
 
     Raises :class:`app.errors.InvalidInput`: ``path="name"`` for an empty name (or, without XML, one that
     cannot start an atom id: letters, digits, ``._:-``, at most 128 characters with the suffix);
@@ -137,6 +164,9 @@ def build_imported_node(name: str, topo_text: str, xml_text: str | None = None) 
         products = {gpu_product(g.product_name) for g in gpus}
         if len(products) == 1 and "" not in products:
             labels["gpu.product"] = products.pop()
+        models = {gpu_model(g.product_name) for g in gpus}
+        if len(models) == 1 and "" not in models:
+            labels["gpu.model"] = models.pop()
         labels["mig.capable"] = "true" if all(g.mig_capable for g in gpus) else "false"
         major = _driver_major(log.driver_version)
         if major is not None:
@@ -162,6 +192,7 @@ def build_imported_node(name: str, topo_text: str, xml_text: str | None = None) 
         numa = info.numa_node if info.numa_node is not None else topo_numa
         attrs = {
             "gpuProduct": gpu_product(info.product_name),
+            "gpuModel": gpu_model(info.product_name),
             "vramGiB": info.vram_gib,
             "computeCapability": info.compute_capability,
             "architecture": info.architecture,
@@ -183,6 +214,7 @@ def build_imported_node(name: str, topo_text: str, xml_text: str | None = None) 
         for mig in info.mig_devices:
             mig_attrs: dict[str, Any] = {
                 "gpuProduct": attrs.get("gpuProduct"),
+                "gpuModel": attrs.get("gpuModel"),
                 "vramGiB": mig.vram_gib,
                 "computeCapability": info.compute_capability,
                 "architecture": info.architecture,
@@ -207,7 +239,22 @@ def build_imported_node(name: str, topo_text: str, xml_text: str | None = None) 
 
     links: list[tuple[str, str, str]] = []
     for (a, b), link in matrix.gpu_links.items():
+        if link_rank(link) == len(LINK_RANK):  # a kind the topology scorer cannot rank (e.g. NV9X)
+            raise InvalidInput(
+                f"nvidia-smi topo: {a}-{b} link {link!r} is not one of NV#, PIX, PXB, PHB, NODE, SYS, SOC",
+                path="topo",
+                details={"pair": [a, b]},
+            )
         x, y = sorted((atom_of[a], atom_of[b]))
         links.append((x, y, normalize_link(link)))
     links.sort()
-    return ImportedNode(name=name, devices=devices, links=links, labels=labels, topo=matrix, gpus=gpus)
+    return ImportedNode(
+        name=name,
+        devices=devices,
+        links=links,
+        labels=labels,
+        topo=matrix,
+        gpus=gpus,
+        driver_version=log.driver_version if xml_text is not None else None,
+        warnings=matrix.warnings,
+    )

@@ -48,6 +48,7 @@ __all__ = [
     "MigDeviceInfo",
     "NvidiaSmiLog",
     "derive_compute_capability",
+    "gpu_health_problems",
     "mib_to_gib",
     "parse_nvidia_smi_log",
     "parse_nvidia_smi_xml",
@@ -108,6 +109,8 @@ class GpuInfo:
       importer then takes it from the topology matrix).
     * ``pci_bus_id`` (``"00000000:00:06.0"``), ``minor_number`` (``/dev/nvidia<N>``), ``mig_devices``.
     * ``driver_version`` and ``cuda_version`` of the whole document.
+    * ``health_problems``: why the GPU should not take work, from :func:`gpu_health_problems` (empty when
+      healthy).
     """
 
     uuid: str
@@ -126,6 +129,7 @@ class GpuInfo:
     mig_devices: tuple[MigDeviceInfo, ...] = ()
     driver_version: str | None = None
     cuda_version: str | None = None
+    health_problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,39 @@ def derive_compute_capability(architecture: str | None, product_name: str = "") 
     return None
 
 
+def _yes(el: ET.Element, path: str) -> bool:
+    return (_text(el, path) or "").lower() == "yes"
+
+
+def gpu_health_problems(el: ET.Element) -> tuple[str, ...]:
+    """Why a ``<gpu>`` element says the GPU should not take work (empty when none), in this order:
+
+    * ``retired-page failure``: ``retired_pages/pending_retirement`` (or ``pending_blacklist``, its name on
+      older drivers) is ``Yes``: a page awaits retirement, the GPU needs a reset;
+    * ``row remapping failure``: ``remapped_rows/remapped_row_failure`` is ``Yes`` (the GPU could not remap
+      a row; NVIDIA says to take it out of service);
+    * ``XID error <text>``: any element whose tag contains ``xid`` holds something other than an N/A, ``0``
+      or ``None`` placeholder (drivers that report XIDs in the XML);
+    * ``recovery action <action>``: ``gpu_recovery_action`` is set and not ``None`` (``GPU Reset``,
+      ``Node Reboot``, ``Drain P2P``, ...).
+    """
+    problems: list[str] = []
+    if _yes(el, "retired_pages/pending_retirement") or _yes(el, "retired_pages/pending_blacklist"):
+        problems.append("retired-page failure")
+    if _yes(el, "remapped_rows/remapped_row_failure"):
+        problems.append("row remapping failure")
+    for node in el.iter():
+        if "xid" in node.tag.lower() and len(node) == 0:
+            value = " ".join((node.text or "").split())
+            if value.upper() not in _NA and value != "0":
+                problems.append(f"XID error {value}")
+                break
+    action = _text(el, "gpu_recovery_action")
+    if action is not None:
+        problems.append(f"recovery action {action}")
+    return tuple(problems)
+
+
 def _mig_device(el: ET.Element, gpu_uuid: str) -> MigDeviceInfo:
     gi = _int(el, "gpu_instance_id", "mig_device gpu_instance_id")
     ci = _int(el, "compute_instance_id", "mig_device compute_instance_id")
@@ -274,6 +311,7 @@ def _gpu(el: ET.Element, position: int, driver: str | None, cuda: str | None) ->
         mig_devices=migs,
         driver_version=driver,
         cuda_version=cuda,
+        health_problems=gpu_health_problems(el),
     )
 
 

@@ -173,3 +173,116 @@ class HealthBody(BaseModel):
 def jsonable_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
     """Attributes as stored in ``devices.attributes`` (JSON scalars only)."""
     return {k: v for k, v in attributes.items() if isinstance(v, (str, int, float, bool))}
+
+
+# ------------------------------------------------------------------------------------- node agents
+
+AGENT_NAME = r"^[a-z][a-z0-9._-]*$"
+AgentToken = Annotated[str, Field(min_length=1, max_length=64, pattern=AGENT_NAME)]
+ErrorText = Annotated[str, Field(min_length=1, max_length=2000)]
+
+
+class DriverBody(BaseModel):
+    """A driver the agent's host serves: ``{id: "nvidia", version: "580.159.04", kinds: ["gpu"]}``;
+    becomes ``bc.dev/driver.<id>=<version>`` and ``bc.dev/driver-kind.<id>.<kind>=1``."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: AgentToken
+    version: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+:~-]*$")
+    kinds: list[AgentToken] = Field(default_factory=list, max_length=32)
+
+
+class HelloBody(BaseModel):
+    """``POST /v1/nodes/hello``: a node agent's registration (creates or updates the node by pool and name).
+
+    ``topo`` is ``nvidia-smi topo -m`` text and ``nvidiaSmiXml`` ``nvidia-smi -q -x`` (parsed by the
+    importer); ``capabilities`` become ``bc.dev/cap.<c>=1``; ``labels`` are free labels (never
+    ``bc.dev/``); ``resources`` (cpu cores, memory MiB) are taken when the node is created;
+    ``intervalSeconds`` is the agent's heartbeat interval; ``error`` reports a failure (nvidia-smi failed):
+    the node is then ``not ready``, and ``topo`` may be left out (the inventory stays as it was).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    poolId: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=128, pattern=NAME)
+    topo: str | None = Field(default=None, min_length=1, max_length=1_000_000)
+    nvidiaSmiXml: str | None = Field(default=None, max_length=20_000_000)
+    drivers: list[DriverBody] = Field(default_factory=list, max_length=16)
+    capabilities: list[AgentToken] = Field(default_factory=list, max_length=64)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    resources: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceBody] = (
+        Field(default_factory=dict)
+    )
+    intervalSeconds: int = Field(default=10, ge=1, le=3600)
+    error: ErrorText | None = None
+
+    @model_validator(mode="after")
+    def _topo_unless_failed(self) -> HelloBody:
+        if self.topo is None and self.error is None:
+            raise ValueError("topo is required unless error reports why it could not be read")
+        if self.nvidiaSmiXml is not None and self.topo is None:
+            raise ValueError("nvidiaSmiXml needs topo")
+        ids = [d.id for d in self.drivers]
+        if len(set(ids)) != len(ids):
+            raise ValueError("each driver id appears once")
+        return self
+
+
+class HeartbeatDevice(BaseModel):
+    """One atom's health as the agent sees it; ``reason`` says why it is unhealthy."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1, max_length=128)
+    healthy: bool
+    reason: str | None = Field(default=None, max_length=256)
+
+
+class HeartbeatBody(BaseModel):
+    """``POST /v1/nodes/{nodeId}/heartbeat``: device health; ``error`` when nvidia-smi failed (not ready)."""
+
+    model_config = ConfigDict(extra="forbid")
+    devices: list[HeartbeatDevice] = Field(default_factory=list, max_length=1024)
+    error: ErrorText | None = None
+
+    @field_validator("devices")
+    @classmethod
+    def _unique(cls, devices: list[HeartbeatDevice]) -> list[HeartbeatDevice]:
+        if len({d.id for d in devices}) != len(devices):
+            raise ValueError("each device id appears once")
+        return devices
+
+
+class AgentDevice(BaseModel):
+    """An atom as Hello left it."""
+
+    id: str
+    device_class: str = Field(alias="class", serialization_alias="class")
+    healthy: bool
+    bookable: bool
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class HelloAnswer(BaseModel):
+    """What Hello did: the node, whether it was created, whether its static inventory changed (then the
+    pool's inventory version was bumped), its labels, reasons and devices, and the importer's warnings."""
+
+    nodeId: str
+    poolId: str
+    name: str
+    created: bool
+    inventoryChanged: bool
+    intervalSeconds: int
+    labels: dict[str, str]
+    labelSources: dict[str, str]
+    noScheduleReasons: list[str]
+    devices: list[AgentDevice]
+    warnings: list[str]
+
+
+class HeartbeatAnswer(BaseModel):
+    """What a heartbeat did: ``changed`` is False when it only recorded the time (one statement)."""
+
+    nodeId: str
+    changed: bool
+    noScheduleReasons: list[str]

@@ -27,6 +27,7 @@ from app.db.tables import (
 )
 from app.errors import Conflict, InvalidInput, NotFound, quote_input
 from app.ids import new_id
+from app.inventory.importer import ImportedNode, build_imported_node
 from app.inventory.reasons import no_schedule_reasons
 from app.inventory.schemas import (
     MAX_LABELS,
@@ -40,8 +41,7 @@ from app.inventory.schemas import (
     jsonable_attributes,
 )
 from app.jsonnum import num
-
-SYSTEM_LABEL_PREFIX = "bc.dev/"
+from app.placement.system_labels import OPERATOR_SOURCE, SYSTEM_SOURCE, refuse_system_keys
 
 
 def scalar_capacity(allocatable: Decimal, ratio: Decimal) -> Decimal:
@@ -153,9 +153,12 @@ async def add_node(
 ) -> dict[str, Any]:
     """Register a node with its labels, taints, scalar resources, devices (atoms) and links.
 
-    Operator labels under ``bc.dev/`` are stored with source ``operator`` and never count as system
-    capabilities. Raises NotFound (pool), Conflict (archived pool, duplicate node name or device id).
+    ``body.labels`` are operator labels: a ``bc.dev/`` key among them is refused with InvalidInput (422,
+    path ``labels.<key>``) before anything is written; only ``system_labels`` (from the importer or an
+    agent's Hello) are stored with source ``system``. Raises NotFound (pool), Conflict (archived pool,
+    duplicate node name or device id).
     """
+    refuse_system_keys(body.labels)
     pool = await lock_pool(conn, pool_id)
     if pool.archived_at is not None:
         raise Conflict(f"pool {quote_input(pool_id)} is archived", {"poolId": pool_id})
@@ -204,11 +207,11 @@ def _dedupe(taints: list[TaintBody]) -> list[TaintBody]:
 async def _write_labels(
     conn: AsyncConnection, node_id: str, operator: dict[str, str], system: dict[str, str]
 ) -> None:
-    rows = {k: {"node_id": node_id, "key": k, "value": v, "source": "system"} for k, v in system.items()}
+    rows = {k: {"node_id": node_id, "key": k, "value": v, "source": SYSTEM_SOURCE} for k, v in system.items()}
     for k, v in operator.items():
         if k in system:
             continue  # a system label is not overwritten by an operator's
-        rows[k] = {"node_id": node_id, "key": k, "value": v, "source": "operator"}
+        rows[k] = {"node_id": node_id, "key": k, "value": v, "source": OPERATOR_SOURCE}
     check_label_count(len(rows), len(system))
     if rows:
         await conn.execute(sa.insert(node_labels), list(rows.values()))
@@ -223,34 +226,41 @@ def check_label_count(total: int, system: int) -> None:
         )
 
 
+async def insert_devices(conn: AsyncConnection, node_id: str, numbered: list[tuple[int, DeviceBody]]) -> None:
+    """Insert ``(ordinal, device)`` rows on ``node_id``; Conflict (409) when an id is on another node."""
+    if not numbered:
+        return
+    # SELECT id FROM devices WHERE id = ANY(:ids)              -- registered already: 409, nothing written
+    taken = (
+        (await conn.execute(sa.select(devices.c.id).where(devices.c.id.in_([d.id for _, d in numbered]))))
+        .scalars()
+        .all()
+    )
+    if taken:
+        raise Conflict(f"device {taken[0]} is registered on another node", {"deviceId": taken[0]})
+    await conn.execute(
+        sa.insert(devices),
+        [
+            {
+                "id": d.id,
+                "node_id": node_id,
+                "class": d.device_class,
+                "attributes": jsonable_attributes(d.attributes),
+                "numa_node": d.numaNode,
+                "parent_id": d.parent,
+                "healthy": d.healthy,
+                "bookable": d.bookable,
+                "ordinal": i,
+            }
+            for i, d in numbered
+        ],
+    )
+
+
 async def _write_devices(
     conn: AsyncConnection, node_id: str, device_list: list[DeviceBody], links: list[LinkBody]
 ) -> None:
-    if device_list:
-        taken = (
-            (await conn.execute(sa.select(devices.c.id).where(devices.c.id.in_([d.id for d in device_list]))))
-            .scalars()
-            .all()
-        )
-        if taken:
-            raise Conflict(f"device {taken[0]} is registered on another node", {"deviceId": taken[0]})
-        await conn.execute(
-            sa.insert(devices),
-            [
-                {
-                    "id": d.id,
-                    "node_id": node_id,
-                    "class": d.device_class,
-                    "attributes": jsonable_attributes(d.attributes),
-                    "numa_node": d.numaNode,
-                    "parent_id": d.parent,
-                    "healthy": d.healthy,
-                    "bookable": d.bookable,
-                    "ordinal": i,
-                }
-                for i, d in enumerate(device_list)
-            ],
-        )
+    await insert_devices(conn, node_id, list(enumerate(device_list)))
     pairs: dict[tuple[str, str], str] = {}
     for link in links:
         a, b = sorted((link.a, link.b))
@@ -281,6 +291,11 @@ async def _add_rollup(
         totals[d.device_class] = totals.get(d.device_class, Decimal(0)) + 1
     for name, r in resources.items():
         totals[name] = totals.get(name, Decimal(0)) + scalar_capacity(r.allocatable, r.ratio)
+    await add_rollup_totals(conn, pool_id, totals)
+
+
+async def add_rollup_totals(conn: AsyncConnection, pool_id: str, totals: dict[str, Decimal]) -> None:
+    """Add ``totals`` (resource -> amount) to the pool's capacity rollup (last in the lock order)."""
     if not totals:
         return
     stmt = pg_insert(pool_capacity_rollup).values(
@@ -294,37 +309,43 @@ async def _add_rollup(
     )
 
 
+def device_bodies(imported: ImportedNode) -> list[DeviceBody]:
+    """The imported node's atoms as the device bodies :func:`add_node` stores (import and Hello)."""
+    return [
+        DeviceBody.model_validate(
+            {
+                "id": d.id,
+                "class": d.device_class,
+                "attributes": d.attributes,
+                "numaNode": d.numa_node,
+                "parent": d.parent,
+                "bookable": d.bookable,
+            }
+        )
+        for d in imported.devices
+    ]
+
+
 async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> dict[str, Any]:
     """Register a node from real ``nvidia-smi topo -m`` text (and optionally ``nvidia-smi -q -x`` XML).
 
     GPUs become atoms (UUIDs with XML, ``<name>-GPU<i>`` without); GPU-GPU links go to
-    ``capacity_device_links``; hardware-derived labels are stored with source ``system``.
+    ``capacity_device_links``; hardware-derived labels are stored with source ``system``. The answer is
+    the node view plus ``warnings``: topo cells outside the GPU x GPU block that were malformed and left out.
     Raises InvalidInput(path ``topo`` / ``nvidiaSmiXml``) for text that does not parse.
     """
-    from app.inventory.importer import build_imported_node
-
     imported = build_imported_node(body.name, body.topo, body.nvidiaSmiXml)
     node = NodeCreate(
         name=body.name,
         labels=body.labels,
         taints=body.taints,
         resources=body.resources,
-        devices=[
-            DeviceBody.model_validate(
-                {
-                    "id": d.id,
-                    "class": d.device_class,
-                    "attributes": d.attributes,
-                    "numaNode": d.numa_node,
-                    "parent": d.parent,
-                    "bookable": d.bookable,
-                }
-            )
-            for d in imported.devices
-        ],
+        devices=device_bodies(imported),
         links=[LinkBody(a=a, b=b, link=kind) for a, b, kind in imported.links],
     )
-    return await add_node(conn, pool_id, node, system_labels=dict(imported.labels))
+    view = await add_node(conn, pool_id, node, system_labels=dict(imported.labels))
+    # malformed cells outside the GPU x GPU block were left out: say which (never a refusal)
+    return {**view, "warnings": list(imported.warnings)}
 
 
 async def list_nodes(
@@ -440,6 +461,14 @@ async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
         "heartbeatLost": node.heartbeat_lost,
         "leasable": node.leasable,
         "noScheduleReasons": list(node.no_schedule_reasons),
+        # the node's agent (None for a node registered by an operator): see app/inventory/hello.py
+        "agent": None
+        if node.agent_interval_seconds is None
+        else {
+            "intervalSeconds": node.agent_interval_seconds,
+            "lastHeartbeatAt": node.last_heartbeat_at.isoformat() if node.last_heartbeat_at else None,
+            "error": node.agent_error,
+        },
         "resources": {
             r.resource: {
                 "allocatable": num(r.allocatable),
@@ -457,6 +486,7 @@ async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
                 "parent": d.parent_id,
                 "healthy": d.healthy,
                 "bookable": d.bookable,
+                "healthReason": d.health_reason,
             }
             for d in device_rows
         ],
@@ -510,7 +540,10 @@ async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody
 
 
 async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]) -> dict[str, Any]:
-    """Replace the node's operator labels; system labels stay. Bumps the pool's inventory version."""
+    """Replace the node's operator labels; system labels stay. Bumps the pool's inventory version.
+
+    A ``bc.dev/`` key is refused with InvalidInput (422, path ``labels.<key>``): only Hello writes those."""
+    refuse_system_keys(labels)
     pool_id = await node_pool_id(conn, node_id)
     await bump_inventory_version(conn, pool_id)  # locks the pool row first (lock order)
     await _node_row(conn, node_id, lock=True)

@@ -24,8 +24,14 @@ What real output looks like, and how each quirk is handled:
 * **Legends.** A ``Legend:`` block (``KIND = text``) and a ``NIC Legend:`` block (``  NICn: mlx5_x``) may
   follow the matrix after a blank line; both are optional.
 
-Malformed text raises :class:`app.errors.InvalidInput` with ``path="topo"`` and the 1-based line number in
-the message and in ``details["line"]``.
+What is strict and what is a warning: placement needs only the GPU count and the GPU x GPU block, so a
+malformed header, a missing, repeated or short row, a bad diagonal or a bad cell *inside* the GPU x GPU block
+raises :class:`app.errors.InvalidInput` with ``path="topo"`` and the 1-based line number in the message and in
+``details["line"]``. A malformed cell *outside* that block (a GPU x NIC or NIC x NIC cell, a NIC row's extra
+values, a CPU/NUMA affinity or GPU NUMA ID that does not parse, surplus trailing values) is left out and
+reported in :attr:`TopoMatrix.warnings` (``"line 3: ..."``). Real output from a VM can carry a GPU x NIC
+cell merged with the CPU-affinity column (``PH0-115``, where ``PHB`` and ``0-115`` ran together): the
+link is dropped with a warning and ``0-115`` is still read as the GPU's CPU Affinity.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ _NIC_LEGEND_RE = re.compile(r"\s*([A-Za-z][A-Za-z0-9_]*)\s*:\s*(\S+)\s*")
 _LEGEND_ENTRY_RE = re.compile(r"\s*(\S+)\s*=\s*(.*?)\s*")
 _CPU_LIST_RE = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
 _NV_RE = re.compile(r"NV(\d+)")
+# A link kind run together with the CPU-affinity cell that follows it (``PH0-115``): kind prefix, CPU list.
+_MERGED_AFFINITY_RE = re.compile(r"([A-Z]{1,7}?)(\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*)")
 _TAB_STOP = 8
 
 
@@ -83,6 +91,7 @@ class TopoMatrix:
         when absent.
       * ``layout``: ``"tab"`` when the matrix rows are TAB-separated, ``"space"`` for a terminal copy.
       * ``asymmetric_pairs``: device pairs whose two cells differ (the row of the first-printed device wins).
+      * ``warnings``: malformed cells outside the GPU x GPU block that were left out (``"line <n>: ..."``).
     """
 
     gpus: tuple[str, ...]
@@ -97,6 +106,7 @@ class TopoMatrix:
     legend: dict[str, str] = field(default_factory=dict)
     layout: Literal["tab", "space"] = "tab"
     asymmetric_pairs: tuple[tuple[str, str], ...] = ()
+    warnings: tuple[str, ...] = ()
 
     @property
     def gpu_count(self) -> int:
@@ -233,13 +243,22 @@ def _parse_header(header: str, lineno: int) -> tuple[list[str], list[str]]:
     return devices, labels
 
 
-def _trailing_values(trailing: list[str], labels: list[str], row: str, lineno: int) -> dict[str, str]:
-    """Assign a GPU row's trailing cells to the header's labels (see the module docstring)."""
+def _warn(warnings: list[str], message: str, line: int) -> None:
+    warnings.append(f"line {line}: {message}")
+
+
+def _trailing_values(
+    trailing: list[str], labels: list[str], row: str, lineno: int, warnings: list[str]
+) -> dict[str, str]:
+    """Assign a GPU row's trailing cells to the header's labels (see the module docstring); values the
+    header has no column for are left out with a warning."""
     values: dict[str, str] = {}
     if not labels:
         if any(trailing):
-            raise _error(
-                f"row {row} has {len(trailing)} cells beyond the matrix but no trailing columns", lineno
+            _warn(
+                warnings,
+                f"row {row} has {len(trailing)} cells beyond the matrix but no trailing columns",
+                lineno,
             )
         return values
     rest_labels = labels
@@ -249,7 +268,7 @@ def _trailing_values(trailing: list[str], labels: list[str], row: str, lineno: i
         rest_labels, rest = labels[1:], trailing[1:]
     filled = [c for c in rest if c]
     if len(filled) > len(rest_labels):
-        raise _error(f"row {row} has more trailing values than the header's columns {labels}", lineno)
+        _warn(warnings, f"row {row} has more trailing values than the header's columns {labels}", lineno)
     values.update(zip(rest_labels, filled, strict=False))
     return values
 
@@ -263,9 +282,9 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
     the legacy ``SOC``); ``topo -mp`` simply has no ``NV#`` cells.
 
     Raises :class:`app.errors.InvalidInput` (``path="topo"``, ``details["line"]`` 1-based) when the header
-    names no GPU, a row is unknown, repeated, missing or short, a cell is not a link kind, the diagonal is
-    not ``X``, a NIC row carries values, a CPU/NUMA value is not a list or id, a line follows the matrix that
-    is no legend, or a ``NIC Legend`` entry names an unknown NIC.
+    names no GPU, a row is unknown, repeated, missing or short, a GPU x GPU cell is not a link kind, a GPU
+    row's diagonal is not ``X``, a line follows the matrix that is no legend, or a ``NIC Legend`` entry
+    names an unknown NIC. Malformed cells outside the GPU x GPU block are warnings (module docstring).
     """
     if not isinstance(text, str):
         raise _error("expected text", 1)
@@ -284,6 +303,8 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
 
     matrix: dict[str, list[str]] = {}
     trailing_by_gpu: dict[str, tuple[dict[str, str], int]] = {}
+    warnings: list[str] = []
+    bad_cells: set[tuple[str, str]] = set()  # (row, column) cells left out
     tab_rows = 0
     idx += 1
     while (
@@ -302,21 +323,47 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
         links = cells[1 : 1 + n]
         if len(links) < n:
             raise _error(f"row {label} has {len(links)} link cells, expected {n}", lineno)
+        trailing = cells[1 + n :]
         for j, cell in enumerate(links):
+            strict = label in gpus and devices[j] in gpus
             if j == col[label]:
-                if cell != "X":
+                if cell == "X":
+                    continue
+                if strict:
                     raise _error(f"row {label}: diagonal cell is {quote_input(cell)}, expected X", lineno)
-            elif cell == "X" or not _LINK_RE.fullmatch(cell):
+                _warn(warnings, f"row {label}: diagonal cell is {quote_input(cell)}, expected X", lineno)
+            elif cell != "X" and _LINK_RE.fullmatch(cell):
+                continue
+            elif strict:
                 raise _error(
                     f"row {label}, column {devices[j]}: {quote_input(cell)} is not a link kind", lineno
                 )
+            else:
+                merged = _MERGED_AFFINITY_RE.fullmatch(cell)
+                if merged and label in gpus and j == n - 1 and CPU_AFFINITY in labels:
+                    trailing = [merged.group(2), *trailing]
+                    _warn(
+                        warnings,
+                        f"row {label}, column {devices[j]}: {quote_input(cell)} is a link merged with the "
+                        "CPU affinity "
+                        f"{merged.group(2)}; the {label}-{devices[j]} link is left out",
+                        lineno,
+                    )
+                else:
+                    _warn(
+                        warnings,
+                        f"row {label}, column {devices[j]}: {quote_input(cell)} is not a link kind; left out",
+                        lineno,
+                    )
+            bad_cells.add((label, devices[j]))
         matrix[label] = links
-        trailing = cells[1 + n :]
         if label in gpus:
-            trailing_by_gpu[label] = (_trailing_values(trailing, labels, label, lineno), lineno)
+            trailing_by_gpu[label] = (_trailing_values(trailing, labels, label, lineno, warnings), lineno)
         elif any(trailing):
-            raise _error(
-                f"NIC row {label} has values beyond the matrix: {[c for c in trailing if c]}", lineno
+            _warn(
+                warnings,
+                f"NIC row {label} has values beyond the matrix: {[c for c in trailing if c]}; left out",
+                lineno,
             )
         idx += 1
     missing = [d for d in devices if d not in matrix]
@@ -332,17 +379,23 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
     for i, a in enumerate(devices):
         for b in devices[i + 1 :]:
             ab, ba = matrix[a][col[b]], matrix[b][col[a]]
-            if ab != ba:
+            a_bad, b_bad = (a, b) in bad_cells, (b, a) in bad_cells
+            if ab != ba and not (a_bad or b_bad):
                 asymmetric.append((a, b))
             if a in gpus and b in gpus:
                 gpu_links[(a, b)] = ab
             elif a in gpus or b in gpus:
                 g, nic = (a, b) if a in gpus else (b, a)
-                gpu_nic_links[(g, nic)] = matrix[g][col[nic]]
-            else:
+                if (g, nic) not in bad_cells:
+                    gpu_nic_links[(g, nic)] = matrix[g][col[nic]]
+            elif not a_bad:
                 nic_nic_links[(a, b)] = ab
+            elif not b_bad:
+                nic_nic_links[(a, b)] = ba
     # Keep gpu->nic pairs in GPU order, then NIC column order.
-    gpu_nic_links = {(g, nic): gpu_nic_links[(g, nic)] for g in gpus for nic in nics}
+    gpu_nic_links = {
+        (g, nic): gpu_nic_links[(g, nic)] for g in gpus for nic in nics if (g, nic) in gpu_nic_links
+    }
 
     cpu_affinity: dict[str, str | None] = {}
     numa_affinity: dict[str, list[int] | None] = {}
@@ -356,7 +409,10 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
             try:
                 parse_cpu_list(cpu)
             except ValueError:
-                raise _error(f"row {g}: CPU Affinity {quote_input(cpu)} is not a CPU list", lineno) from None
+                _warn(
+                    warnings, f"row {g}: CPU Affinity {quote_input(cpu)} is not a CPU list; left out", lineno
+                )
+                cpu = None
         cpu_affinity[g] = cpu
         numa_text = values.get(NUMA_AFFINITY, "")
         if not numa_text or numa_text.upper() == "N/A":
@@ -365,9 +421,12 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
             try:
                 numa_affinity[g] = parse_cpu_list(numa_text)
             except ValueError:
-                raise _error(
-                    f"row {g}: NUMA Affinity {quote_input(numa_text)} is not a NUMA node list", lineno
-                ) from None
+                _warn(
+                    warnings,
+                    f"row {g}: NUMA Affinity {quote_input(numa_text)} is not a NUMA node list; left out",
+                    lineno,
+                )
+                numa_affinity[g] = None
         if gpu_numa is not None:
             gid = values.get(GPU_NUMA_ID, "")
             if not gid or gid.upper() == "N/A":
@@ -375,7 +434,8 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
             elif gid.isdigit():
                 gpu_numa[g] = int(gid)
             else:
-                raise _error(f"row {g}: GPU NUMA ID {quote_input(gid)} is not a number", lineno)
+                _warn(warnings, f"row {g}: GPU NUMA ID {quote_input(gid)} is not a number; left out", lineno)
+                gpu_numa[g] = None
 
     return TopoMatrix(
         gpus=tuple(gpus),
@@ -390,6 +450,7 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
         legend=legend,
         layout="tab" if tab_rows else "space",
         asymmetric_pairs=tuple(asymmetric),
+        warnings=tuple(warnings),
     )
 
 

@@ -100,6 +100,20 @@ GUARD_REFUSALS = Counter(
     + ".",
     ["code"],
 )
+HELLOS = Counter("bc_agent_hellos_total", "Hellos from node agents, by outcome.", ["outcome"])
+HEARTBEATS = Counter(
+    "bc_agent_heartbeats_total",
+    "Heartbeats from node agents, by outcome (unchanged: one statement).",
+    ["outcome"],
+)
+HEARTBEATS_LOST = Counter(
+    "bc_agent_heartbeats_lost_total", "Nodes marked 'heartbeat lost' by the liveness sweep."
+)
+AGENT_EDGES = Counter(
+    "bc_agent_edges_total",
+    "Edges from node agents: atoms that became unavailable, nodes that may fit more work.",
+    ["edge"],
+)
 BUILD = Info("bc_build", "The running build: bc_build_info{version} is 1.")
 
 
@@ -123,6 +137,12 @@ for _kind in LOST_RACE_KINDS:
 HTTP_REQUEST_DURATION.labels(UNMATCHED_ROUTE)
 for _code in GUARD_CODES:
     GUARD_REFUSALS.labels(_code)
+for _outcome in ("created", "changed", "unchanged"):
+    HELLOS.labels(_outcome)
+for _outcome in ("changed", "unchanged"):
+    HEARTBEATS.labels(_outcome)
+for _edge in ("atoms_unavailable", "node_may_fit"):
+    AGENT_EDGES.labels(_edge)
 
 
 P = ParamSpec("P")

@@ -10,6 +10,7 @@ pydantic's ``ValidationError`` (the API maps it to 422 ``INVALID_INPUT`` with th
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal
@@ -29,6 +30,7 @@ from app.placement.model import (
     PlacementRequest,
     Selector,
 )
+from app.placement.system_labels import required_capabilities
 
 KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._/-]*$")  # seed 000: letters, digits, ., _, / and -
 IDEMPOTENCY_KEY_RE = r"^[A-Za-z0-9._:-]{1,128}$"
@@ -274,9 +276,26 @@ def _json_number(amount: Decimal) -> int | float:
     return int(amount) if amount == amount.to_integral_value() else float(amount)
 
 
-def to_placement_request(body: ReservationRequest, now: datetime) -> PlacementRequest:
-    """The pipeline's request for ``body``; ``now`` (the database clock) is the default start."""
+def to_placement_request(
+    body: ReservationRequest,
+    now: datetime,
+    *,
+    enforce_device_limits: bool = False,
+    node_labels: Mapping[str, str] | None = None,
+) -> PlacementRequest:
+    """The pipeline's request for ``body``; ``now`` (the database clock) is the default start.
+
+    This is where a request gets its ``node_labels``, so every path that builds a PlacementRequest from a
+    reservation body (create, preview, and re-place / repair, which rebuild it from the stored spec) asks
+    for the same ones: ``node_labels`` a module sets through the capacity port, plus capacity's own
+    requiredCapabilities (:func:`app.placement.system_labels.required_capabilities`: ``binding:
+    kubernetes`` -> ``bc.dev/cap.binding.kubernetes: '*'``; host resources ->
+    ``bc.dev/cap.devices.limits: '*'`` when ``enforce_device_limits``)."""
     start = body.start or now
+    wanted = dict(node_labels or {})
+    wanted.update(
+        required_capabilities(body.binding, body.resources, enforce_device_limits=enforce_device_limits)
+    )
     return PlacementRequest(
         tenant_id=body.tenantId,
         pool_id=body.poolId,
@@ -287,4 +306,5 @@ def to_placement_request(body: ReservationRequest, now: datetime) -> PlacementRe
         binding=body.binding,
         gang=Gang(body.gang.members, body.gang.topologyKey) if body.gang else None,
         spot=body.spot,
+        node_labels=wanted,
     )

@@ -35,11 +35,11 @@ from app.placement.model import (
     Selector,
 )
 from app.placement.request import KEY_RE, parse_decimal_operand
+from app.placement.system_labels import label_counts
 
 WHITESPACE = frozenset(" \t\r\n")
 SPECIAL = frozenset(",()=!<>")
 MAX_KEY_LENGTH = 253
-SYSTEM_LABEL_PREFIX = "bc.dev/"
 
 _SYMBOL_OPS = {"=": "In", "==": "In", "!=": "NotIn", ">": "Gt", ">=": "Gte", "<": "Lt", "<=": "Lte"}
 _OP_SYMBOLS = {"Gt": ">", "Gte": ">=", "Lt": "<", "Lte": "<="}
@@ -260,7 +260,7 @@ def lookup(key: str, atom: Atom, node_labels: Mapping[str, str], label_sources: 
     if value is not _MISSING and value is not None:
         return value
     value = node_labels.get(key, _MISSING)
-    if value is not _MISSING and key.startswith(SYSTEM_LABEL_PREFIX) and label_sources.get(key) != "system":
+    if value is not _MISSING and not label_counts(key, label_sources.get(key)):
         return _MISSING
     return value
 

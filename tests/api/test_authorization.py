@@ -104,6 +104,16 @@ async def _revoke_a_key_of_tenant_a(w: World) -> Call:
     return f"/v1/api-keys/{key_id}", None
 
 
+def _hello(w: World) -> dict[str, Any]:
+    return {"poolId": w.pool, "name": f"agent-host-{next(_fresh)}", "topo": TOPO}
+
+
+async def _heartbeat_of_an_agent_node(w: World) -> Call:
+    r = await w.admin.post("/v1/nodes/hello", json=_hello(w))  # a node that sent Hello, for every column
+    assert r.status_code == 200, r.text
+    return f"/v1/nodes/{r.json()['nodeId']}/heartbeat", {"devices": []}
+
+
 def _doc(name: str) -> dict[str, Any]:
     return json.loads((DATA / "explain" / name).read_text())
 
@@ -150,6 +160,9 @@ TABLE: dict[tuple[str, str], tuple[Builder, dict[str, int]]] = {
         TENANT_A_ONLY,
     ),
     ("GET", "/v1/nodes/{node_id}"): (fixed("/v1/nodes/{node}"), POOL_READERS),
+    # agents hold compute:nodes:hello on the pool; the tenant keys (inventory read on it) do not
+    ("POST", "/v1/nodes/hello"): (with_world(lambda w: ("/v1/nodes/hello", _hello(w))), ADMIN_ONLY),
+    ("POST", "/v1/nodes/{node_id}/heartbeat"): (_heartbeat_of_an_agent_node, ADMIN_ONLY),
     ("POST", "/v1/nodes/{node_id}/cordon"): (fixed("/v1/nodes/{node}/cordon"), ADMIN_ONLY),
     ("POST", "/v1/nodes/{node_id}/uncordon"): (fixed("/v1/nodes/{node}/uncordon"), ADMIN_ONLY),
     ("POST", "/v1/nodes/{node_id}/health"): (fixed("/v1/nodes/{node}/health", {"ready": True}), ADMIN_ONLY),

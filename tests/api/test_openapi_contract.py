@@ -20,7 +20,7 @@ DATA = ROOT / "tests" / "data"
 DOC = json.loads((ROOT / "openapi" / "openapi.json").read_text())
 VERBS = (
     "get|list|create|import|archive|cordon|uncordon|set|preview|release|revoke|explain|build|compare|record"
-    "|check"
+    "|check|send"
 )
 OPERATION_ID = re.compile(rf"^({VERBS})([A-Z][a-z0-9]*)+$")
 TEXT_ANSWERS = {"getMetrics"}  # Prometheus text, not JSON
@@ -141,6 +141,9 @@ async def test_every_operation_answers_its_declared_schema(client_for: Any) -> N
         )
         await call("PUT", f"/v1/nodes/{node}/labels", json={"labels": {"rack": "r1"}})
         await call("POST", f"/v1/nodes/{node}/health", json={"ready": True})
+        hello = {"poolId": pool, "name": "walk-agent", "topo": topo, "capabilities": ["devices.limits"]}
+        agent_node = (await call("POST", "/v1/nodes/hello", json=hello)).json()["nodeId"]
+        await call("POST", f"/v1/nodes/{agent_node}/heartbeat", json={"devices": []})
         await call("PUT", f"/v1/tenants/acme/quotas/{pool}", json={"limits": {"gpu": 16}})
         await call("GET", f"/v1/tenants/acme/quotas/{pool}")
         body = {

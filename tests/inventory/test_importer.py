@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import InvalidInput
-from app.inventory.importer import build_imported_node, gpu_product, link_rank, normalize_link
+from app.inventory.importer import build_imported_node, gpu_model, gpu_product, link_rank, normalize_link
 from app.inventory.topo import parse_topo_matrix
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -39,6 +39,7 @@ def test_h200_with_xml() -> None:
     assert dev.numa_node == 0
     assert dev.attributes == {
         "gpuProduct": "H200",
+        "gpuModel": "H200",
         "vramGiB": 140,
         "computeCapability": "9.0",
         "architecture": "Hopper",
@@ -49,6 +50,7 @@ def test_h200_with_xml() -> None:
     assert node.labels == {
         "gpu.count": "1",
         "gpu.product": "H200",
+        "gpu.model": "H200",
         "mig.capable": "true",
         "cuda.driver.major": "580",
     }
@@ -155,3 +157,39 @@ def test_gpu_product_and_link_rank() -> None:
     assert gpu_product("NVIDIA  RTX  A6000 (rev 1)") == "RTX-A6000-rev-1"
     ranks = [link_rank(k) for k in ("NV1", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS", "SOC", "C2C")]
     assert ranks == [0, 0, 1, 2, 3, 4, 5, 5, 6]
+
+
+@pytest.mark.parametrize(
+    ("product", "model"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("Tesla V100-SXM2-32GB", "V100"),
+        ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+        ("NVIDIA RTX A6000", "A6000"),
+        ("NVIDIA GH200 480GB", "GH200"),
+        ("Tesla K80", "K80"),
+        ("NVIDIA", ""),
+    ],
+)
+def test_gpu_model(product: str, model: str) -> None:
+    assert gpu_model(product) == model
+
+
+def test_h100_product_name_gives_the_model_attribute_and_label() -> None:
+    xml = H200_XML.replace(
+        "<product_name>NVIDIA H200</product_name>", "<product_name>NVIDIA H100 80GB HBM3</product_name>"
+    )
+    node = build_imported_node("h100-a", H200_TOPO, xml)
+    assert node.devices[0].attributes["gpuModel"] == "H100"
+    assert node.devices[0].attributes["gpuProduct"] == "H100-80GB-HBM3"
+    assert node.labels["gpu.model"] == "H100"
+
+
+def test_damaged_topo_imports_with_warnings() -> None:
+    damaged = (DATA / "damaged" / "13-2x-a100-nv12-5nic-merged-affinity.txt").read_text()
+    node = build_imported_node("a100-vm", damaged)
+    assert [d.id for d in node.devices] == ["a100-vm-GPU0", "a100-vm-GPU1"]
+    assert node.links == [("a100-vm-GPU0", "a100-vm-GPU1", "NV12")]
+    assert len(node.warnings) == 2 and "SY0-31,64-95" in node.warnings[0]

@@ -169,3 +169,21 @@ def test_bad_xml_is_invalid_input(text: str, fragment: str) -> None:
         parse_nvidia_smi_xml(text)
     assert info.value.path == "nvidiaSmiXml"
     assert fragment in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "problems"),
+    [
+        ("", "", ()),
+        ("<remapped_row_failure>No", "<remapped_row_failure>Yes", ("row remapping failure",)),
+        ("<pending_retirement>N/A", "<pending_retirement>Yes", ("retired-page failure",)),
+        ("<pending_blacklist>N/A", "<pending_blacklist>Yes", ("retired-page failure",)),
+        ("<gpu_recovery_action>None", "<gpu_recovery_action>GPU Reset", ("recovery action GPU Reset",)),
+        ("<c2c_mode>", "<xid_errors>79</xid_errors><c2c_mode>", ("XID error 79",)),
+        ("<c2c_mode>", "<xid_errors>None</xid_errors><c2c_mode>", ()),
+        ("<remapped_row_pending>No", "<remapped_row_pending>Yes", ()),  # pending is not a failure
+    ],
+)
+def test_gpu_health_problems(old: str, new: str, problems: tuple[str, ...]) -> None:
+    assert old in XML
+    assert parse_nvidia_smi_log(XML.replace(old, new, 1)).gpus[0].health_problems == problems

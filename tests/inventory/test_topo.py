@@ -162,13 +162,9 @@ GPU1_ROW = "GPU1\tNV4\t X \t0-7\t0\n"
         (GOOD_HEAD + "GPU0\tNV4\tNV4\t0-7\t0\n", 2, "diagonal"),
         (GOOD_HEAD + "GPU0\t X \tnv4\t0-7\t0\n", 2, "not a link kind"),
         (GOOD_HEAD + "GPU0\t X \t X \t0-7\t0\n", 2, "not a link kind"),
-        (GOOD_HEAD + "GPU0\t X \tNV4\tzero\t0\n" + GPU1_ROW, 2, "not a CPU list"),
-        (GOOD_HEAD + "GPU0\t X \tNV4\t0-7\tnode0\n" + GPU1_ROW, 2, "not a NUMA node list"),
-        (GOOD_HEAD + "GPU0\t X \tNV4\t0-7\t0\t\t7\n", 2, "more trailing values"),
-        ("\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X \t0-7\n", 3, "NIC row NIC0 has values"),
-        ("\tGPU0\tGPU NUMA ID\nGPU0\t X \tfour\n", 2, "GPU NUMA ID"),
+        (GOOD_HEAD + "GPU0\t X \tPH0-7\t0\n" + GPU1_ROW, 2, "not a link kind"),  # GPU x GPU stays strict
+        ("\tGPU0\tNIC0\nGPU0\tNV4\tPIX\nNIC0\tPIX\t X \n", 2, "diagonal"),
         ("\tGPU0\nGPU0\t X \n\nsomething else\n", 4, "unexpected line after the matrix"),
-        ("\tGPU0\nGPU0\t X \t0-7\n", 2, "no trailing columns"),
         ("\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X\n\nNIC Legend:\n\n  NIC9: mlx5_9\n", 7, "not a NIC"),
         ("\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X\n\nNIC Legend:\n\n  mlx5_9\n", 7, "NICn: name"),
     ],
@@ -182,3 +178,64 @@ def test_malformed_text_names_the_line(text: str, line: int, fragment: str) -> N
     assert err.details["line"] == line
     assert f"line {line}:" in err.message
     assert fragment in err.message
+
+
+GPU_NIC_HEAD = "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\n"
+NIC_ROW = "NIC0\tPIX\tPIX\t X \n"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "fragment"),
+    [
+        (GOOD_HEAD + "GPU0\t X \tNV4\tzero\t0\n" + GPU1_ROW, 2, "not a CPU list"),
+        (GOOD_HEAD + "GPU0\t X \tNV4\t0-7\tnode0\n" + GPU1_ROW, 2, "not a NUMA node list"),
+        (GOOD_HEAD + "GPU0\t X \tNV4\t0-7\t0\t\t7\n" + GPU1_ROW, 2, "more trailing values"),
+        ("\tGPU0\tNIC0\nGPU0\t X \tPIX\nNIC0\tPIX\t X \t0-7\n", 3, "NIC row NIC0 has values"),
+        ("\tGPU0\tGPU NUMA ID\nGPU0\t X \tfour\n", 2, "GPU NUMA ID"),
+        ("\tGPU0\nGPU0\t X \t0-7\n", 2, "no trailing columns"),
+        (
+            GPU_NIC_HEAD + "GPU0\t X \tNV4\tpix\t0-7\t0\n" + "GPU1\tNV4\t X \tPIX\t0-7\t0\n" + NIC_ROW,
+            2,
+            "'pix' is not a link kind",
+        ),
+        (
+            GPU_NIC_HEAD + "GPU0\t X \tNV4\tPH0-115\t0\n" + "GPU1\tNV4\t X \tPIX\t0-7\t0\n" + NIC_ROW,
+            2,
+            "merged with the CPU affinity 0-115",
+        ),
+        (
+            GPU_NIC_HEAD
+            + "GPU0\t X \tNV4\tPIX\t0-7\t0\n"
+            + "GPU1\tNV4\t X \tPIX\t0-7\t0\n"
+            + "NIC0\tPIX\tPIX\tNV4\n",
+            4,
+            "diagonal",
+        ),
+    ],
+)
+def test_malformed_cells_outside_the_gpu_block_are_warnings(text: str, line: int, fragment: str) -> None:
+    m = parse_topo_matrix(text)
+    assert m.gpu_count >= 1
+    assert len(m.warnings) == 1, m.warnings
+    assert m.warnings[0].startswith(f"line {line}: ")
+    assert fragment in m.warnings[0]
+
+
+def test_every_real_fixture_parses_without_warnings() -> None:
+    for path in [*TOPO_FIXTURES, H200_TOPO]:
+        assert parse_topo_matrix(path.read_text()).warnings == (), path.name
+
+
+def test_damaged_copy_keeps_the_gpu_block_and_the_affinity() -> None:
+    original = parse_topo_matrix((DATA / "topo" / "13-2x-a100-nv12-5nic.txt").read_text())
+    damaged = parse_topo_matrix((DATA / "damaged" / "13-2x-a100-nv12-5nic-merged-affinity.txt").read_text())
+    assert damaged.gpus == original.gpus and damaged.gpu_links == original.gpu_links
+    assert damaged.cpu_affinity == original.cpu_affinity  # 0-31,64-95 recovered from the merged cell
+    assert damaged.numa_affinity == original.numa_affinity
+    assert damaged.gpu_numa_id == original.gpu_numa_id
+    assert ("GPU0", "NIC4") not in damaged.gpu_nic_links
+    assert {k: v for k, v in original.gpu_nic_links.items() if k != ("GPU0", "NIC4")} == damaged.gpu_nic_links
+    assert damaged.nic_nic_links[("NIC3", "NIC4")] == "NODE"  # read from NIC4's row instead
+    assert len(damaged.warnings) == 2
+    assert damaged.warnings[0].startswith("line 2: row GPU0, column NIC4: 'SY0-31,64-95'")
+    assert damaged.warnings[1].startswith("line 7: row NIC3, column NIC4: 'NO?E'")

@@ -62,6 +62,9 @@ class Device(ApiModel):
     parent: str | None
     healthy: bool
     bookable: bool
+    healthReason: str | None = Field(
+        default=None, description="why the atom is unhealthy, as its agent or the health route said"
+    )
 
 
 class Link(ApiModel):
@@ -70,6 +73,14 @@ class Link(ApiModel):
     a: str
     b: str
     link: str
+
+
+class NodeAgent(ApiModel):
+    """The node's agent (docs/agent.md): its heartbeat interval, last heartbeat and last reported error."""
+
+    intervalSeconds: float
+    lastHeartbeatAt: Timestamp | None = Field(description="ISO 8601; null before the first heartbeat")
+    error: str | None = Field(description="the failure the agent last reported (e.g. nvidia-smi failed)")
 
 
 class Node(ApiModel):
@@ -86,9 +97,18 @@ class Node(ApiModel):
     heartbeatLost: bool
     leasable: bool
     noScheduleReasons: list[str]
+    agent: NodeAgent | None = Field(
+        default=None, description="null for a node an operator registered without an agent"
+    )
     resources: dict[str, NodeResource]
     devices: list[Device]
     links: list[Link]
+
+
+class ImportedNode(Node):
+    """The node an import created, with the warnings of cells outside the GPU x GPU block it left out."""
+
+    warnings: list[str]
 
 
 class NodeSummary(ApiModel):

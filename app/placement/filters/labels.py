@@ -5,10 +5,9 @@ Reasons: ``labels: missing <key>``, ``labels: <key> is <value>, want <wanted>``.
 from __future__ import annotations
 
 from app.placement.context import NodeWork, PlanContext
+from app.placement.system_labels import ANY_LABEL_VALUE, label_counts
 
 NAME = "labels"
-ANY_LABEL_VALUE = "*"
-SYSTEM_PREFIX = "bc.dev/"
 
 
 def check(ctx: PlanContext, work: NodeWork) -> str | None:
@@ -19,7 +18,7 @@ def check(ctx: PlanContext, work: NodeWork) -> str | None:
     labels, sources = inventory.labels, inventory.label_sources
     for key, wanted in ctx.node_labels:
         value = labels.get(key)
-        if value is not None and key.startswith(SYSTEM_PREFIX) and sources.get(key) != "system":
+        if value is not None and not label_counts(key, sources.get(key)):
             value = None
         if value is None:
             return f"labels: missing {key}"

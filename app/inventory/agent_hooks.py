@@ -1,0 +1,47 @@
+"""Where BookingRepair and the wake edges connect to the agent paths (issue 12 fills these in).
+
+Hello, heartbeat and the liveness sweep call these in the SAME transaction as the change they report, after
+the change is written and the node's NoSchedule reasons are refreshed, with the locks of the lock order
+already held (pools -> nodes -> devices). Today they only count the edge (``bc_agent_edges_total{edge}``
+at ``/metrics``) and log it; a later change makes :func:`on_atoms_unavailable` run BookingRepair on the
+allocations that book those atoms and :func:`on_node_may_fit` wake the pool's pending reservations
+(oldest first, NOTIFY to other replicas), both inside ``conn``'s transaction so the edge commits or rolls
+back with its cause.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.observability.metrics import AGENT_EDGES
+
+log = logging.getLogger("better_compute.agents")
+
+ATOMS_UNAVAILABLE = "atoms_unavailable"
+NODE_MAY_FIT = "node_may_fit"
+
+
+async def on_atoms_unavailable(conn: AsyncConnection, node_id: str, atom_ids: Sequence[str]) -> None:
+    """Atoms ``atom_ids`` of ``node_id`` just turned unhealthy (heartbeat) or unbookable (left at Hello).
+
+    Called in the transaction that made the change. Hook for issue 12's BookingRepair: move the work
+    booked on these atoms now or later in its window. Today: counts the edge and logs it; bookings stay.
+    """
+    del conn  # issue 12: BookingRepair reads and rewrites the affected allocations on this connection
+    AGENT_EDGES.labels(ATOMS_UNAVAILABLE).inc()
+    log.info("node %s: atoms unavailable: %s", node_id, ", ".join(atom_ids))
+
+
+async def on_node_may_fit(conn: AsyncConnection, pool_id: str, node_id: str) -> None:
+    """``node_id`` in ``pool_id`` may fit more than before: created, a device added or back, health back,
+    ``heartbeat lost`` or ``not ready`` cleared, or its system labels changed.
+
+    Called in the transaction that made the change. Hook for issue 12's wake edge: wake the pool's pending
+    reservations. Today: counts the edge and logs it.
+    """
+    del conn  # issue 12: the wake edge records the edge / NOTIFYs on this connection
+    AGENT_EDGES.labels(NODE_MAY_FIT).inc()
+    log.info("pool %s: node %s may fit more work", pool_id, node_id)
