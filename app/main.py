@@ -1,4 +1,5 @@
-"""``create_app()``: routers, error handlers and the lifespan (engine, embedded database, pool cache)."""
+"""``create_app()``: routers, error handlers and the lifespan (engine, embedded database, pool cache,
+the lifecycle controller)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from app.api import health, iam, inventory, quota, reservations
 from app.api.deps import Services
 from app.api.errors import install_error_handlers
 from app.api.text_guard import check_json_body
+from app.capacity.lifecycle import Lifecycle, default_tasks
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.db.engine import create_engine, migrate_async, resolve_database_url
@@ -32,6 +34,7 @@ def capacity_config(settings: Settings) -> CapacityConfig:
         options=options,
         max_attempts=settings.capacity_max_attempts,
         shortlist_min=settings.capacity_shortlist_min,
+        max_lead=settings.capacity_max_lead,
     )
 
 
@@ -48,9 +51,13 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
             await migrate_async(url)
         engine = create_engine(url, pool_size=settings.db_pool_size)
         app.state.services = Services(engine=engine, cache=PoolCache(), capacity=config, settings=settings)
+        lifecycle = Lifecycle(engine, default_tasks(settings.lifecycle_interval))
+        app.state.lifecycle = lifecycle
+        lifecycle.start()
         try:
             yield
         finally:
+            await lifecycle.stop()
             await engine.dispose()
 
     app = FastAPI(

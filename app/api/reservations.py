@@ -75,7 +75,9 @@ async def get_reservation(
 @router.get("/v1/reservations", responses=responses(401, 403, 422), operation_id="listReservations")
 async def list_reservations(
     tenantId: str | None = Query(default=None, max_length=128),
-    status: Literal["placed", "pending", "queued", "released", "preempted"] | None = Query(default=None),
+    status: Literal["placed", "pending", "queued", "released", "preempted", "ended"] | None = Query(
+        default=None
+    ),
     limit: int = Query(default=100, ge=1, le=1000),
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),

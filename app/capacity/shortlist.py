@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 import sqlalchemy as sa
@@ -50,9 +51,10 @@ from app.capacity.snapshot import (
     read_pool_head,
     read_scalar_rows,
     read_snapshot,
+    scalar_peaks,
     window,
 )
-from app.db.tables import device_bookings, devices, node_resources, nodes, pools
+from app.db.tables import device_bookings, devices, node_resources, nodes, pools, scalar_holdings
 from app.placement.bounds import pick_score_ceiling
 from app.placement.gang import plan_gang
 from app.placement.model import (
@@ -129,8 +131,9 @@ async def read_exceptions(
         SELECT n.id, n.no_schedule_reasons, <schedulable for tenant> FROM nodes n JOIN pools p ON ...
          WHERE n.pool_id = :pool AND n.no_schedule_reasons <> '{}';           -- partial index
         SELECT r.node_id FROM node_resources r JOIN nodes n ON n.id = r.node_id
+          LEFT JOIN (<peak per node of :r over the window>) p ON p.node_id = r.node_id
          WHERE n.pool_id = :pool AND r.resource = :r
-           AND r.allocated + :n > floor(r.allocatable * r.ratio);             -- no room, per resource
+           AND coalesce(p.peak, 0) + :n > floor(r.allocatable * r.ratio);    -- no room, per resource
     """
     assert request.start is not None and request.end is not None
     pool_id = request.pool_id
@@ -172,15 +175,24 @@ async def read_exceptions(
             unschedulable.add(r.id)
     short: set[str] = set()
     for resource, amount in sorted(request.resources.items()):
+        peaks = scalar_peaks(
+            [scalar_holdings.c.pool_id == pool_id, scalar_holdings.c.resource == resource],
+            request.start,
+            request.end,
+        )
         short.update(
             (
                 await conn.execute(
                     sa.select(node_resources.c.node_id)
-                    .join(nodes, nodes.c.id == node_resources.c.node_id)
+                    .select_from(
+                        node_resources.join(nodes, nodes.c.id == node_resources.c.node_id).outerjoin(
+                            peaks, peaks.c.node_id == node_resources.c.node_id
+                        )
+                    )
                     .where(
                         nodes.c.pool_id == pool_id,
                         node_resources.c.resource == resource,
-                        node_resources.c.allocated + amount
+                        sa.func.coalesce(peaks.c.peak, 0) + amount
                         > sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
                     )
                 )
@@ -332,7 +344,9 @@ async def _plan_request(
                     archived=False,
                     nodes=tuple(
                         NodeSnapshot(inventory.nodes[node_id], state)
-                        for node_id, state in (await _inside_states(conn, inside, exceptions)).items()
+                        for node_id, state in (
+                            await _inside_states(conn, inside, exceptions, request.start, request.end)
+                        ).items()
                     ),
                 )
                 plan = plan_placement(request, snapshot, options)
@@ -345,13 +359,18 @@ async def _plan_request(
 
 
 async def _inside_states(
-    conn: AsyncConnection, inside: list[str], exceptions: Exceptions
+    conn: AsyncConnection, inside: list[str], exceptions: Exceptions, start: datetime, end: datetime
 ) -> dict[str, NodeState]:
     """The volatile state of the shortlisted nodes, in ranking order: the exceptions already read plus
     their scalar rows (``SELECT ... FROM node_resources WHERE node_id = ANY(:inside)``)."""
-    # SELECT ... FROM node_resources WHERE node_id = ANY(:inside)
+    # SELECT ... FROM node_resources WHERE node_id = ANY(:inside), with the peaks over the window
     resources = await read_scalar_rows(
-        conn, [node_resources.c.node_id == sa.any_(sa.literal(inside, pg.ARRAY(sa.Text)))], join_nodes=False
+        conn,
+        [node_resources.c.node_id == sa.any_(sa.literal(inside, pg.ARRAY(sa.Text)))],
+        [scalar_holdings.c.node_id == sa.any_(sa.literal(inside, pg.ARRAY(sa.Text)))],
+        start,
+        end,
+        join_nodes=False,
     )
     return {
         node_id: NodeState(
