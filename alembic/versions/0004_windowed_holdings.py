@@ -175,6 +175,18 @@ def downgrade() -> None:
          WHERE h.tenant_id = q.tenant_id AND h.pool_id = q.pool_id AND h.resource = q.resource
         """
     )
+    op.execute(
+        """
+        UPDATE pool_capacity_rollup p SET allocated = h.n
+          FROM (SELECT pool_id, resource, sum(n) AS n FROM (
+                  SELECT pool_id, resource, amount AS n FROM scalar_holdings WHERE ends_at > now()
+                  UNION ALL
+                  SELECT b.pool_id, d.class, 1 FROM device_bookings b JOIN devices d ON d.pk = b.device_pk
+                   WHERE upper(b.during) > now()
+                ) held GROUP BY 1, 2) h
+         WHERE h.pool_id = p.pool_id AND h.resource = p.resource
+        """
+    )
     op.execute("UPDATE reservations SET status = 'released' WHERE status = 'ended'")
     op.drop_constraint(op.f("ck_reservations_status"), "reservations", type_="check")
     op.create_check_constraint(op.f("ck_reservations_status"), "reservations", STATUSES_BEFORE)
