@@ -48,10 +48,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn_server(database_url: str, log: Path) -> Server:
-    """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key."""
+def spawn_server(database_url: str, log: Path, extra_env: dict[str, str] | None = None) -> Server:
+    """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key (and ``extra_env``,
+    e.g. ``BC_LIFECYCLE_INTERVAL``)."""
     env = dict(os.environ)
     env.update({"DATABASE_URL": database_url, "BC_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "PYTHONUNBUFFERED": "1"})
+    env.update(extra_env or {})
     port = free_port()
     handle = log.open("wb")
     process = subprocess.Popen(
@@ -104,3 +106,37 @@ def running_server(database_url: str, log_dir: Path, attempts: int = 3) -> Itera
         finally:
             stop_server(started)
     raise AssertionError("the service did not start")
+
+
+@contextmanager
+def running_servers(
+    database_url: str,
+    log_dir: Path,
+    count: int,
+    extra_env: dict[str, str] | None = None,
+    startup_seconds: float = 60.0,
+) -> Iterator[list[Server]]:
+    """``count`` healthy service processes on the test database, stopped on exit; one whose port was
+    taken meanwhile is started again on another (up to 3 rounds)."""
+    spawned: list[Server] = []
+    started: list[Server] = []
+
+    def spawn(log: Path) -> Server:
+        spawned.append(spawn_server(database_url, log, extra_env))
+        return spawned[-1]
+
+    try:
+        waiting = [spawn(log_dir / f"server-{i}.log") for i in range(count)]
+        deadline = time.monotonic() + startup_seconds
+        for attempt in range(3):
+            retry = [s for s in waiting if not wait_healthy(s, deadline)]
+            started += [s for s in waiting if s not in retry]
+            if not retry:
+                break
+            if attempt == 2:
+                raise AssertionError("a server did not start:\n" + "\n".join(s.output() for s in retry))
+            waiting = [spawn(s.log.with_suffix(f".retry{attempt}.log")) for s in retry]
+        yield started
+    finally:
+        for server in spawned:
+            stop_server(server)

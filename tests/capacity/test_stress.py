@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import ADMIN_KEY
 from tests.factories import add_node, gpu_node, make_pool
-from tests.servers import Server, spawn_server, stop_server, wait_healthy
+from tests.servers import Server, running_servers
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = 2
@@ -64,28 +64,8 @@ REQUEST_TIMEOUT = 60.0
 @pytest.fixture
 def servers(database_url: str, clean_db: AsyncEngine, tmp_path: Path) -> Iterator[list[Server]]:
     """Two service processes on free ports of 127.0.0.1, on the (clean) test database; stopped after."""
-    spawned: list[Server] = []
-    started: list[Server] = []
-
-    def spawn(log: Path) -> Server:
-        spawned.append(spawn_server(database_url, log))
-        return spawned[-1]
-
-    try:
-        waiting = [spawn(tmp_path / f"server-{i}.log") for i in range(SERVERS)]
-        deadline = time.monotonic() + STARTUP_SECONDS
-        for attempt in range(3):
-            retry = [s for s in waiting if not wait_healthy(s, deadline)]
-            started += [s for s in waiting if s not in retry]
-            if not retry:
-                break
-            if attempt == 2:
-                raise AssertionError("a server did not start:\n" + "\n".join(s.output() for s in retry))
-            waiting = [spawn(s.log.with_suffix(f".retry{attempt}.log")) for s in retry]
+    with running_servers(database_url, tmp_path, SERVERS, startup_seconds=STARTUP_SECONDS) as started:
         yield started
-    finally:
-        for server in spawned:
-            stop_server(server)
 
 
 # ------------------------------------------------------------------------------------------ workload
