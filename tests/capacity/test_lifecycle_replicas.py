@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,20 +23,24 @@ INTERVAL = 0.2  # BC_LIFECYCLE_INTERVAL of both processes: they sweep often, so 
 
 
 @pytest.fixture
-async def clients(
-    database_url: str, clean_db: AsyncEngine, tmp_path: Path
-) -> AsyncIterator[list[httpx.AsyncClient]]:
-    """Admin clients of two service processes that sweep every 0.2 s."""
-    with running_servers(database_url, tmp_path, 2, {"BC_LIFECYCLE_INTERVAL": str(INTERVAL)}) as servers:
-        made = [
-            httpx.AsyncClient(base_url=s.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60)
-            for s in servers
-        ]
-        try:
-            yield made
-        finally:
-            for c in made:
-                await c.aclose()
+def servers(database_url: str, clean_db: AsyncEngine, tmp_path: Path) -> Iterator[list[Server]]:
+    """Two service processes that sweep every 0.2 s."""
+    with running_servers(database_url, tmp_path, 2, {"BC_LIFECYCLE_INTERVAL": str(INTERVAL)}) as started:
+        yield started
+
+
+@pytest.fixture
+async def clients(servers: list[Server]) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """Admin clients of the two processes."""
+    made = [
+        httpx.AsyncClient(base_url=s.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60)
+        for s in servers
+    ]
+    try:
+        yield made
+    finally:
+        for c in made:
+            await c.aclose()
 
 
 async def test_two_processes_end_each_reservation_once(
