@@ -8,8 +8,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,3 +140,25 @@ def running_servers(
     finally:
         for server in spawned:
             stop_server(server)
+
+
+@asynccontextmanager
+async def admin_clients(
+    servers: list[Server], request_timeout: float = 60.0, connections: int = 100
+) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """One ``httpx.AsyncClient`` with the test admin key per server, closed on exit."""
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    made = [
+        httpx.AsyncClient(
+            base_url=s.url,
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=request_timeout,
+            limits=limits,
+        )
+        for s in servers
+    ]
+    try:
+        yield made
+    finally:
+        for c in made:
+            await c.aclose()

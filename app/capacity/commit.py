@@ -37,7 +37,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.capacity.predicates import leasable_sql_for, schedulable_sql_tolerating
 from app.capacity.snapshot import window
 from app.db.tables import (
-    TS,
     allocations,
     device_bookings,
     devices,
@@ -47,7 +46,7 @@ from app.db.tables import (
     pools,
     scalar_holdings,
 )
-from app.db.windows import peak_over
+from app.db.windows import hold_if, peak_over
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
 
@@ -288,27 +287,27 @@ async def _hold_scalar(
     #    AND (<peak of the node's :r holdings over [:start, :end), app/db/windows.py>) + :n
     #        <= floor(nr.allocatable * nr.ratio)
     # RETURNING resource                                               -- no row: ran out
+    values = {
+        "allocation_id": allocation_id,
+        "resource": resource,
+        "node_id": node_id,
+        "pool_id": pool_id,
+        "amount": n,
+        "starts_at": start,
+        "ends_at": end,
+    }
+    guard = peak_over(scalar_holdings, held, start, end) + n <= sa.func.floor(
+        node_resources.c.allocatable * node_resources.c.ratio
+    )
     row = (
         await conn.execute(
-            sa.insert(scalar_holdings)
-            .from_select(
-                ["allocation_id", "resource", "node_id", "pool_id", "amount", "starts_at", "ends_at"],
-                sa.select(
-                    sa.literal(allocation_id, sa.Text),
-                    sa.literal(resource, sa.Text),
-                    sa.literal(node_id, sa.Text),
-                    sa.literal(pool_id, sa.Text),
-                    sa.literal(n, sa.Numeric),
-                    sa.literal(start, TS),
-                    sa.literal(end, TS),
-                ).where(
-                    node_resources.c.node_id == node_id,
-                    node_resources.c.resource == resource,
-                    peak_over(scalar_holdings, held, start, end) + n
-                    <= sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
-                ),
+            hold_if(
+                scalar_holdings,
+                values,
+                node_resources.c.node_id == node_id,
+                node_resources.c.resource == resource,
+                guard,
             )
-            .returning(scalar_holdings.c.resource)
         )
     ).first()
     return row is not None

@@ -25,7 +25,7 @@ events is never above both neighbours' values, so the maximum of the running sum
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -103,6 +103,14 @@ def held_at(table: sa.Table, where: Sequence[Any], instant: Any, keys: Sequence[
         .where(*where, table.c.starts_at <= instant, table.c.ends_at > instant)
         .group_by(*keys)
     )
+
+
+def hold_if(table: sa.Table, values: Mapping[str, Any], *guard: Any) -> Any:
+    """``INSERT INTO table (<columns>) SELECT <values> [FROM <the guard's tables>] WHERE <guard>
+    RETURNING <first column>``: the guarded write of a holding; no row returned = the guard refused."""
+    columns = list(values)
+    source = sa.select(*(sa.literal(v, table.c[c].type) for c, v in values.items())).where(*guard)
+    return sa.insert(table).from_select(columns, source).returning(table.c[columns[0]])
 
 
 async def cut(conn: AsyncConnection, table: sa.Table, where: Sequence[Any], at: datetime) -> None:

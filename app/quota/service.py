@@ -22,8 +22,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.db.tables import TS, pools, quota_holdings, quota_limits, quota_usage
-from app.db.windows import cut, held_at, peak_instant, peak_over
+from app.db.tables import pools, quota_holdings, quota_limits, quota_usage
+from app.db.windows import cut, held_at, hold_if, peak_instant, peak_over
 from app.errors import NotFound, QuotaExceeded
 from app.jsonnum import num
 
@@ -208,29 +208,18 @@ async def _guarded_hold(
     #     OR (<peak of the tenant's :r holdings over [:start, :end), app/db/windows.py>) + :n
     #        <= (SELECT limit ...)
     # RETURNING resource                                 -- no row: over the limit at some instant
+    values = {
+        "reservation_id": reservation_id,
+        "resource": resource,
+        "tenant_id": tenant_id,
+        "pool_id": pool_id,
+        "amount": n,
+        "starts_at": start,
+        "ends_at": end,
+    }
+    peak = peak_over(quota_holdings, _tenant(tenant_id, pool_id, resource), start, end)
     row = (
-        await conn.execute(
-            sa.insert(quota_holdings)
-            .from_select(
-                ["reservation_id", "resource", "tenant_id", "pool_id", "amount", "starts_at", "ends_at"],
-                sa.select(
-                    sa.literal(reservation_id, sa.Text),
-                    sa.literal(resource, sa.Text),
-                    sa.literal(tenant_id, sa.Text),
-                    sa.literal(pool_id, sa.Text),
-                    sa.literal(n, sa.Numeric),
-                    sa.literal(start, TS),
-                    sa.literal(end, TS),
-                ).where(
-                    sa.or_(
-                        limit.is_(None),
-                        peak_over(quota_holdings, _tenant(tenant_id, pool_id, resource), start, end) + n
-                        <= limit,
-                    )
-                ),
-            )
-            .returning(quota_holdings.c.resource)
-        )
+        await conn.execute(hold_if(quota_holdings, values, sa.or_(limit.is_(None), peak + n <= limit)))
     ).first()
     return row is not None
 

@@ -13,9 +13,8 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import ADMIN_KEY
 from tests.factories import add_node, gpu_node, make_pool, reservation
-from tests.servers import Server, running_servers
+from tests.servers import Server, admin_clients, running_servers
 
 RESERVATIONS = 32
 TENANTS = 8  # quota rows serialize one tenant's creates: spread them, the subject here is the sweep
@@ -32,15 +31,8 @@ def servers(database_url: str, clean_db: AsyncEngine, tmp_path: Path) -> Iterato
 @pytest.fixture
 async def clients(servers: list[Server]) -> AsyncIterator[list[httpx.AsyncClient]]:
     """Admin clients of the two processes."""
-    made = [
-        httpx.AsyncClient(base_url=s.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60)
-        for s in servers
-    ]
-    try:
+    async with admin_clients(servers) as made:
         yield made
-    finally:
-        for c in made:
-            await c.aclose()
 
 
 async def test_two_processes_end_each_reservation_once(

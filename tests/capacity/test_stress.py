@@ -43,9 +43,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db.tables import quota_holdings
 from app.quota.service import set_limits
 from tests.capacity.helpers import book, db_time, make_pool_with_nodes, node_body, reservation_row
-from tests.conftest import ADMIN_KEY
 from tests.factories import add_node, gpu_node, make_pool
-from tests.servers import Server, running_servers
+from tests.servers import Server, admin_clients, running_servers
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = 2
@@ -462,21 +461,8 @@ async def _scalar(engine: AsyncEngine, sql: str) -> Any:
 @pytest.fixture
 async def clients(servers: list[Server]) -> AsyncIterator[list[httpx.AsyncClient]]:
     """One admin ``httpx.AsyncClient`` per server."""
-    limits = httpx.Limits(max_connections=2 * WORKERS, max_keepalive_connections=2 * WORKERS)
-    made = [
-        httpx.AsyncClient(
-            base_url=s.url,
-            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-            timeout=REQUEST_TIMEOUT,
-            limits=limits,
-        )
-        for s in servers
-    ]
-    try:
+    async with admin_clients(servers, REQUEST_TIMEOUT, 2 * WORKERS) as made:
         yield made
-    finally:
-        for c in made:
-            await c.aclose()
 
 
 async def test_two_servers_32_clients_never_double_book(
