@@ -286,7 +286,7 @@ async def _hold_scalar(
     #  WHERE nr.node_id = :node AND nr.resource = :r
     #    AND (<peak of the node's :r holdings over [:start, :end), app/db/windows.py>) + :n
     #        <= floor(nr.allocatable * nr.ratio)
-    # RETURNING resource                                               -- no row: ran out
+    # RETURNING allocation_id                                          -- no row: ran out
     values = {
         "allocation_id": allocation_id,
         "resource": resource,

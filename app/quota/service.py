@@ -207,7 +207,7 @@ async def _guarded_hold(
     #  WHERE (SELECT limit ...) IS NULL
     #     OR (<peak of the tenant's :r holdings over [:start, :end), app/db/windows.py>) + :n
     #        <= (SELECT limit ...)
-    # RETURNING resource                                 -- no row: over the limit at some instant
+    # RETURNING reservation_id                           -- no row: over the limit at some instant
     values = {
         "reservation_id": reservation_id,
         "resource": resource,
