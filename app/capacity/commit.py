@@ -46,7 +46,7 @@ from app.db.tables import (
     pools,
     scalar_holdings,
 )
-from app.db.windows import hold_if, peak_over
+from app.db.windows import hold_if, room_for
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
 
@@ -285,7 +285,7 @@ async def _hold_scalar(
     # SELECT :alloc, :r, :node, :pool, :n, :start, :end FROM node_resources nr
     #  WHERE nr.node_id = :node AND nr.resource = :r
     #    AND (<peak of the node's :r holdings over [:start, :end), app/db/windows.py>) + :n
-    #        <= floor(nr.allocatable * nr.ratio)
+    #        <= floor(nr.allocatable * nr.ratio)          -- windows.room_for: the sweep only if needed
     # RETURNING allocation_id                                          -- no row: ran out
     values = {
         "allocation_id": allocation_id,
@@ -296,9 +296,8 @@ async def _hold_scalar(
         "starts_at": start,
         "ends_at": end,
     }
-    guard = peak_over(scalar_holdings, held, start, end) + n <= sa.func.floor(
-        node_resources.c.allocatable * node_resources.c.ratio
-    )
+    cap = sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio)
+    guard = room_for(scalar_holdings, held, start, end, n, cap)
     row = (
         await conn.execute(
             hold_if(

@@ -33,8 +33,8 @@ reservation and max(topN, 10) for a preview.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Literal
 
 import sqlalchemy as sa
@@ -49,7 +49,6 @@ from app.capacity.snapshot import (
     PoolHead,
     PoolInventory,
     read_pool_head,
-    read_scalar_rows,
     read_snapshot,
     scalar_peaks,
     window,
@@ -65,6 +64,7 @@ from app.placement.model import (
     Plan,
     PoolSnapshot,
     Rejections,
+    ScalarResource,
 )
 from app.placement.options import DEFAULT_WEIGHTS, SchedulerOptions
 from app.placement.pipeline import plan_placement
@@ -104,13 +104,16 @@ class Exceptions:
 
     ``booked`` / ``unavailable``: node id -> atoms booked over the window / unhealthy or unbookable;
     ``reasons``: node id -> NoSchedule reasons (nodes with none are absent); ``unschedulable``: nodes the
-    SQL predicate refuses for the tenant; ``short``: nodes without room for a requested scalar."""
+    SQL predicate refuses for the tenant; ``short``: nodes without room for a requested scalar over the
+    window; ``peaks``: node id -> requested resource -> the peak it holds over the window (nodes and
+    resources without holdings in the window are absent: they hold 0)."""
 
     booked: dict[str, set[str]]
     unavailable: dict[str, set[str]]
     reasons: dict[str, tuple[str, ...]]
     unschedulable: frozenset[str]
     short: frozenset[str]
+    peaks: dict[str, dict[str, Decimal]] = field(default_factory=dict)
 
     def busy(self, node_id: str) -> set[str]:
         """Atoms of the node that are not free for the window."""
@@ -130,10 +133,14 @@ async def read_exceptions(
          WHERE n.pool_id = :pool AND NOT (d.healthy AND d.bookable);           -- partial index
         SELECT n.id, n.no_schedule_reasons, <schedulable for tenant> FROM nodes n JOIN pools p ON ...
          WHERE n.pool_id = :pool AND n.no_schedule_reasons <> '{}';           -- partial index
-        SELECT r.node_id FROM node_resources r JOIN nodes n ON n.id = r.node_id
-          LEFT JOIN (<peak per node of :r over the window>) p ON p.node_id = r.node_id
-         WHERE n.pool_id = :pool AND r.resource = :r
-           AND coalesce(p.peak, 0) + :n > floor(r.allocatable * r.ratio);    -- no room, per resource
+        SELECT r.node_id, r.resource, NULL, floor(r.allocatable * r.ratio) FROM node_resources r
+          JOIN nodes n ON n.id = r.node_id
+         WHERE n.pool_id = :pool AND r.resource = :r AND :n > floor(r.allocatable * r.ratio)
+        UNION ALL ...                                             -- too small even when free, per :r
+        UNION ALL
+        SELECT p.node_id, p.resource, p.peak, floor(r.allocatable * r.ratio)
+          FROM (<peak per node and requested resource over the window, app/db/windows.py>) p
+          JOIN node_resources r USING (node_id, resource);       -- only the nodes holding some
     """
     assert request.start is not None and request.end is not None
     pool_id = request.pool_id
@@ -174,31 +181,33 @@ async def read_exceptions(
         if not r.ok:
             unschedulable.add(r.id)
     short: set[str] = set()
-    for resource, amount in sorted(request.resources.items()):
-        peaks = scalar_peaks(
-            [scalar_holdings.c.pool_id == pool_id, scalar_holdings.c.resource == resource],
+    peaks: dict[str, dict[str, Decimal]] = {}
+    if request.resources:
+        cap = sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio)
+        # nodes too small for a requested amount even when free (one branch per resource) ...
+        small = [
+            sa.select(node_resources.c.node_id, node_resources.c.resource, sa.null().label("peak"), cap)
+            .join(nodes, nodes.c.id == node_resources.c.node_id)
+            .where(nodes.c.pool_id == pool_id, node_resources.c.resource == resource, amount > cap)
+            for resource, amount in sorted(request.resources.items())
+        ]
+        # ... and every node holding a requested resource over the window, with its peak there
+        held = scalar_peaks(
+            [scalar_holdings.c.pool_id == pool_id, scalar_holdings.c.resource.in_(sorted(request.resources))],
             request.start,
             request.end,
         )
-        short.update(
-            (
-                await conn.execute(
-                    sa.select(node_resources.c.node_id)
-                    .select_from(
-                        node_resources.join(nodes, nodes.c.id == node_resources.c.node_id).outerjoin(
-                            peaks, peaks.c.node_id == node_resources.c.node_id
-                        )
-                    )
-                    .where(
-                        nodes.c.pool_id == pool_id,
-                        node_resources.c.resource == resource,
-                        sa.func.coalesce(peaks.c.peak, 0) + amount
-                        > sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
-                    )
-                )
-            ).scalars()
+        holding = sa.select(held.c.node_id, held.c.resource, held.c.peak, cap).join(
+            node_resources,
+            sa.and_(node_resources.c.node_id == held.c.node_id, node_resources.c.resource == held.c.resource),
         )
-    return Exceptions(booked, unavailable, reasons, frozenset(unschedulable), frozenset(short))
+        for r in (await conn.execute(sa.union_all(*small, holding))).all():
+            peak = Decimal(0) if r.peak is None else r.peak
+            if r.peak is not None:
+                peaks.setdefault(r.node_id, {})[r.resource] = peak
+            if peak + Decimal(request.resources[r.resource]) > r[3]:
+                short.add(r.node_id)
+    return Exceptions(booked, unavailable, reasons, frozenset(unschedulable), frozenset(short), peaks)
 
 
 def _class_atoms(inventory: PoolInventory) -> dict[str, dict[str, frozenset[str]]]:
@@ -345,7 +354,7 @@ async def _plan_request(
                     nodes=tuple(
                         NodeSnapshot(inventory.nodes[node_id], state)
                         for node_id, state in (
-                            await _inside_states(conn, inside, exceptions, request.start, request.end)
+                            await _inside_states(conn, inside, request, exceptions)
                         ).items()
                     ),
                 )
@@ -359,19 +368,30 @@ async def _plan_request(
 
 
 async def _inside_states(
-    conn: AsyncConnection, inside: list[str], exceptions: Exceptions, start: datetime, end: datetime
+    conn: AsyncConnection, inside: list[str], request: PlacementRequest, exceptions: Exceptions
 ) -> dict[str, NodeState]:
     """The volatile state of the shortlisted nodes, in ranking order: the exceptions already read plus
-    their scalar rows (``SELECT ... FROM node_resources WHERE node_id = ANY(:inside)``)."""
-    # SELECT ... FROM node_resources WHERE node_id = ANY(:inside), with the peaks over the window
-    resources = await read_scalar_rows(
-        conn,
-        [node_resources.c.node_id == sa.any_(sa.literal(inside, pg.ARRAY(sa.Text)))],
-        [scalar_holdings.c.node_id == sa.any_(sa.literal(inside, pg.ARRAY(sa.Text)))],
-        start,
-        end,
-        join_nodes=False,
-    )
+    their rows of the requested scalar resources, each with the peak held over the window from the
+    exceptions (the shortlist path has no gang and no node lease, so the pipeline reads no others)."""
+    resources: dict[str, dict[str, ScalarResource]] = {}
+    if request.resources:
+        # SELECT node_id, resource, allocatable, ratio FROM node_resources
+        #  WHERE node_id = ANY(:inside) AND resource = ANY(:requested)
+        for r in (
+            await conn.execute(
+                sa.select(
+                    node_resources.c.node_id,
+                    node_resources.c.resource,
+                    node_resources.c.allocatable,
+                    node_resources.c.ratio,
+                ).where(
+                    node_resources.c.node_id == sa.any_(sa.literal(inside, pg.ARRAY(sa.Text))),
+                    node_resources.c.resource.in_(sorted(request.resources)),
+                )
+            )
+        ).all():
+            held = exceptions.peaks.get(r.node_id, {}).get(r.resource, Decimal(0))
+            resources.setdefault(r.node_id, {})[r.resource] = ScalarResource(r.allocatable, r.ratio, held)
     return {
         node_id: NodeState(
             no_schedule_reasons=exceptions.reasons.get(node_id, ()),

@@ -68,6 +68,28 @@ def peak_over(table: sa.Table, where: Sequence[Any], start: datetime, end: datet
     return sa.select(sa.func.coalesce(sa.func.max(running.c.held), 0)).scalar_subquery()
 
 
+def room_for(table: sa.Table, where: Sequence[Any], start: datetime, end: datetime, n: Any, cap: Any) -> Any:
+    """The guard "the peak held over ``[start, end)`` plus ``n`` stays within ``cap``" (``cap`` NULL: no
+    limit), as a boolean SQL expression that does the sweep only when it must::
+
+        CASE WHEN cap IS NULL THEN true
+             WHEN (SELECT coalesce(sum(amount), 0) FROM h WHERE <overlapping>) + n <= cap THEN true
+             ELSE (<peak over the window>) + n <= cap END
+
+    The sum of every overlapping holding is at least the peak, so when it fits the peak fits too; CASE
+    evaluates its branches in order, so the sort of the sweep is skipped then."""
+    total = (
+        sa.select(sa.func.coalesce(sa.func.sum(table.c.amount), 0))
+        .where(*where, *overlapping(table, start, end))
+        .scalar_subquery()
+    )
+    return sa.case(
+        (cap.is_(None), sa.true()),
+        (total + n <= cap, sa.true()),
+        else_=peak_over(table, where, start, end) + n <= cap,
+    )
+
+
 def peaks_by(
     table: sa.Table, where: Sequence[Any], start: datetime, end: datetime, keys: Sequence[Any]
 ) -> Any:

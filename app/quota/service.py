@@ -23,7 +23,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import pools, quota_holdings, quota_limits, quota_usage
-from app.db.windows import cut, held_at, hold_if, peak_instant, peak_over
+from app.db.windows import cut, held_at, hold_if, peak_instant, room_for
 from app.errors import NotFound, QuotaExceeded
 from app.jsonnum import num
 
@@ -206,7 +206,7 @@ async def _guarded_hold(
     # SELECT :res, :r, :t, :p, :n, :start, :end
     #  WHERE (SELECT limit ...) IS NULL
     #     OR (<peak of the tenant's :r holdings over [:start, :end), app/db/windows.py>) + :n
-    #        <= (SELECT limit ...)
+    #        <= (SELECT limit ...)                      -- windows.room_for: the sweep only if needed
     # RETURNING reservation_id                           -- no row: over the limit at some instant
     values = {
         "reservation_id": reservation_id,
@@ -217,10 +217,8 @@ async def _guarded_hold(
         "starts_at": start,
         "ends_at": end,
     }
-    peak = peak_over(quota_holdings, _tenant(tenant_id, pool_id, resource), start, end)
-    row = (
-        await conn.execute(hold_if(quota_holdings, values, sa.or_(limit.is_(None), peak + n <= limit)))
-    ).first()
+    guard = room_for(quota_holdings, _tenant(tenant_id, pool_id, resource), start, end, n, limit)
+    row = (await conn.execute(hold_if(quota_holdings, values, guard))).first()
     return row is not None
 
 
