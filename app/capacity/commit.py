@@ -46,7 +46,7 @@ from app.db.tables import (
     pools,
     scalar_holdings,
 )
-from app.db.windows import hold_if, room_for
+from app.db.windows import hold_if, holding_params, room_for
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
 
@@ -251,6 +251,36 @@ async def _guarded_writes(
     return Committed(allocation_id, node, tuple(atoms), dict(candidate.resources), classes)
 
 
+_H = holding_params(scalar_holdings)
+# SELECT 1 FROM node_resources WHERE node_id = :node_id AND resource = :resource FOR UPDATE
+LOCK_SCALAR = (
+    sa.select(sa.literal(1))
+    .select_from(node_resources)
+    .where(node_resources.c.node_id == _H["node_id"], node_resources.c.resource == _H["resource"])
+    .with_for_update()
+)
+# INSERT INTO scalar_holdings (allocation_id, resource, node_id, pool_id, amount, starts_at, ends_at)
+# SELECT :allocation_id, :resource, :node_id, :pool_id, :amount, :starts_at, :ends_at FROM node_resources nr
+#  WHERE nr.node_id = :node_id AND nr.resource = :resource
+#    AND (<peak of the node's :resource holdings over [:starts_at, :ends_at), app/db/windows.py>) + :amount
+#        <= floor(nr.allocatable * nr.ratio)              -- windows.room_for: the sweep only if needed
+# RETURNING allocation_id                                  -- no row: ran out
+HOLD_SCALAR = hold_if(
+    scalar_holdings,
+    _H,
+    node_resources.c.node_id == _H["node_id"],
+    node_resources.c.resource == _H["resource"],
+    room_for(
+        scalar_holdings,
+        [scalar_holdings.c.node_id == _H["node_id"], scalar_holdings.c.resource == _H["resource"]],
+        _H["starts_at"],
+        _H["ends_at"],
+        _H["amount"],
+        sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
+    ),
+)
+
+
 async def _hold_scalar(
     conn: AsyncConnection,
     pool_id: str,
@@ -269,25 +299,7 @@ async def _hold_scalar(
     a snapshot taken after the lock was granted, so it sees every holding committed by the transactions
     that held the lock before; a subquery in the locking statement itself would not (PostgreSQL
     re-checks a locked row's own columns, not a subquery's rows)."""
-    # SELECT 1 FROM node_resources WHERE node_id = :node AND resource = :r FOR UPDATE
-    locked = (
-        await conn.execute(
-            sa.select(sa.literal(1))
-            .select_from(node_resources)
-            .where(node_resources.c.node_id == node_id, node_resources.c.resource == resource)
-            .with_for_update()
-        )
-    ).first()
-    if locked is None:
-        return False
-    held = [scalar_holdings.c.node_id == node_id, scalar_holdings.c.resource == resource]
-    # INSERT INTO scalar_holdings (allocation_id, resource, node_id, pool_id, amount, starts_at, ends_at)
-    # SELECT :alloc, :r, :node, :pool, :n, :start, :end FROM node_resources nr
-    #  WHERE nr.node_id = :node AND nr.resource = :r
-    #    AND (<peak of the node's :r holdings over [:start, :end), app/db/windows.py>) + :n
-    #        <= floor(nr.allocatable * nr.ratio)          -- windows.room_for: the sweep only if needed
-    # RETURNING allocation_id                                          -- no row: ran out
-    values = {
+    params = {
         "allocation_id": allocation_id,
         "resource": resource,
         "node_id": node_id,
@@ -296,17 +308,7 @@ async def _hold_scalar(
         "starts_at": start,
         "ends_at": end,
     }
-    cap = sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio)
-    guard = room_for(scalar_holdings, held, start, end, n, cap)
-    row = (
-        await conn.execute(
-            hold_if(
-                scalar_holdings,
-                values,
-                node_resources.c.node_id == node_id,
-                node_resources.c.resource == resource,
-                guard,
-            )
-        )
-    ).first()
+    if (await conn.execute(LOCK_SCALAR, params)).first() is None:
+        return False
+    row = (await conn.execute(HOLD_SCALAR, params)).first()
     return row is not None

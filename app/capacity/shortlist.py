@@ -53,7 +53,7 @@ from app.capacity.snapshot import (
     scalar_peaks,
     window,
 )
-from app.db.tables import device_bookings, devices, node_resources, nodes, pools, scalar_holdings
+from app.db.tables import TS, device_bookings, devices, node_resources, nodes, pools, scalar_holdings
 from app.placement.bounds import pick_score_ceiling
 from app.placement.gang import plan_gang
 from app.placement.model import (
@@ -120,6 +120,37 @@ class Exceptions:
         return self.booked.get(node_id, set()) | self.unavailable.get(node_id, set())
 
 
+_POOL = sa.bindparam("pool_id", type_=sa.Text)
+_NAMES = sa.bindparam("names", type_=pg.ARRAY(sa.Text))
+_CAP = sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio).label("cap")
+_HELD = scalar_peaks(
+    [scalar_holdings.c.pool_id == _POOL, scalar_holdings.c.resource == sa.any_(_NAMES)],
+    sa.bindparam("starts_at", type_=TS),
+    sa.bindparam("ends_at", type_=TS),
+)
+# The scalar exceptions of a window, built once (bind parameters only):
+#   SELECT r.node_id, r.resource, NULL AS peak, floor(r.allocatable * r.ratio) AS cap
+#     FROM node_resources r JOIN nodes n ON n.id = r.node_id
+#    WHERE n.pool_id = :pool_id AND r.resource = ANY(:names) AND floor(...) < :most  -- small ones
+#   UNION ALL
+#   SELECT p.node_id, p.resource, p.peak, floor(r.allocatable * r.ratio)
+#     FROM (<peak per node and resource of :names over [:starts_at, :ends_at)>) p
+#     JOIN node_resources r USING (node_id, resource)                                 -- holding ones
+SCALAR_EXCEPTIONS = sa.union_all(
+    sa.select(node_resources.c.node_id, node_resources.c.resource, sa.null().label("peak"), _CAP)
+    .join(nodes, nodes.c.id == node_resources.c.node_id)
+    .where(
+        nodes.c.pool_id == _POOL,
+        node_resources.c.resource == sa.any_(_NAMES),
+        _CAP < sa.bindparam("most", type_=sa.Numeric),
+    ),
+    sa.select(_HELD.c.node_id, _HELD.c.resource, _HELD.c.peak, _CAP).join(
+        node_resources,
+        sa.and_(node_resources.c.node_id == _HELD.c.node_id, node_resources.c.resource == _HELD.c.resource),
+    ),
+)
+
+
 async def read_exceptions(
     conn: AsyncConnection, request: PlacementRequest, assumed: Mapping[str, set[str]] | None = None
 ) -> Exceptions:
@@ -133,14 +164,8 @@ async def read_exceptions(
          WHERE n.pool_id = :pool AND NOT (d.healthy AND d.bookable);           -- partial index
         SELECT n.id, n.no_schedule_reasons, <schedulable for tenant> FROM nodes n JOIN pools p ON ...
          WHERE n.pool_id = :pool AND n.no_schedule_reasons <> '{}';           -- partial index
-        SELECT r.node_id, r.resource, NULL, floor(r.allocatable * r.ratio) FROM node_resources r
-          JOIN nodes n ON n.id = r.node_id
-         WHERE n.pool_id = :pool AND r.resource = :r AND :n > floor(r.allocatable * r.ratio)
-        UNION ALL ...                                             -- too small even when free, per :r
-        UNION ALL
-        SELECT p.node_id, p.resource, p.peak, floor(r.allocatable * r.ratio)
-          FROM (<peak per node and requested resource over the window, app/db/windows.py>) p
-          JOIN node_resources r USING (node_id, resource);       -- only the nodes holding some
+        <SCALAR_EXCEPTIONS>: the nodes whose room for a requested scalar may be short: too small
+          even when free, or holding some of it over the window (with the peak there)
     """
     assert request.start is not None and request.end is not None
     pool_id = request.pool_id
@@ -183,29 +208,18 @@ async def read_exceptions(
     short: set[str] = set()
     peaks: dict[str, dict[str, Decimal]] = {}
     if request.resources:
-        cap = sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio)
-        # nodes too small for a requested amount even when free (one branch per resource) ...
-        small = [
-            sa.select(node_resources.c.node_id, node_resources.c.resource, sa.null().label("peak"), cap)
-            .join(nodes, nodes.c.id == node_resources.c.node_id)
-            .where(nodes.c.pool_id == pool_id, node_resources.c.resource == resource, amount > cap)
-            for resource, amount in sorted(request.resources.items())
-        ]
-        # ... and every node holding a requested resource over the window, with its peak there
-        held = scalar_peaks(
-            [scalar_holdings.c.pool_id == pool_id, scalar_holdings.c.resource.in_(sorted(request.resources))],
-            request.start,
-            request.end,
-        )
-        holding = sa.select(held.c.node_id, held.c.resource, held.c.peak, cap).join(
-            node_resources,
-            sa.and_(node_resources.c.node_id == held.c.node_id, node_resources.c.resource == held.c.resource),
-        )
-        for r in (await conn.execute(sa.union_all(*small, holding))).all():
+        params = {
+            "pool_id": pool_id,
+            "names": sorted(request.resources),
+            "most": max(request.resources.values()),
+            "starts_at": request.start,
+            "ends_at": request.end,
+        }
+        for r in (await conn.execute(SCALAR_EXCEPTIONS, params)).all():
             peak = Decimal(0) if r.peak is None else r.peak
             if r.peak is not None:
                 peaks.setdefault(r.node_id, {})[r.resource] = peak
-            if peak + Decimal(request.resources[r.resource]) > r[3]:
+            if peak + Decimal(request.resources[r.resource]) > r.cap:
                 short.add(r.node_id)
     return Exceptions(booked, unavailable, reasons, frozenset(unschedulable), frozenset(short), peaks)
 

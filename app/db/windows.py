@@ -127,11 +127,20 @@ def held_at(table: sa.Table, where: Sequence[Any], instant: Any, keys: Sequence[
     )
 
 
+def holding_params(table: sa.Table) -> dict[str, Any]:
+    """One bind parameter per column of a holdings table, named and typed as the column: statements
+    built once from them (at import) are compiled once and then only executed with values."""
+    return {c.name: sa.bindparam(c.name, type_=c.type) for c in table.columns}
+
+
 def hold_if(table: sa.Table, values: Mapping[str, Any], *guard: Any) -> Any:
     """``INSERT INTO table (<columns>) SELECT <values> [FROM <the guard's tables>] WHERE <guard>
-    RETURNING <first column>``: the guarded write of a holding; no row returned = the guard refused."""
+    RETURNING <first column>``: the guarded write of a holding; no row returned = the guard refused.
+    ``values`` are SQL expressions (e.g. :func:`holding_params`) or plain values."""
     columns = list(values)
-    source = sa.select(*(sa.literal(v, table.c[c].type) for c, v in values.items())).where(*guard)
+    source = sa.select(
+        *(v if isinstance(v, sa.ColumnElement) else sa.literal(v, table.c[c].type) for c, v in values.items())
+    ).where(*guard)
     return sa.insert(table).from_select(columns, source).returning(table.c[columns[0]])
 
 

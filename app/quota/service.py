@@ -23,7 +23,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import pools, quota_holdings, quota_limits, quota_usage
-from app.db.windows import cut, held_at, hold_if, peak_instant, room_for
+from app.db.windows import cut, held_at, hold_if, holding_params, peak_instant, room_for
 from app.errors import NotFound, QuotaExceeded
 from app.jsonnum import num
 
@@ -191,6 +191,40 @@ async def _limit(conn: AsyncConnection, tenant_id: str, pool_id: str, resource: 
     return (await conn.execute(sa.select(_limit_of(tenant_id, pool_id, resource)))).scalar()
 
 
+_H = holding_params(quota_holdings)
+_LIMIT = (
+    sa.select(quota_limits.c.limit)
+    .where(
+        quota_limits.c.tenant_id == _H["tenant_id"],
+        quota_limits.c.pool_id == _H["pool_id"],
+        quota_limits.c.resource == _H["resource"],
+    )
+    .scalar_subquery()
+)
+# INSERT INTO quota_holdings (reservation_id, resource, tenant_id, pool_id, amount, starts_at, ends_at)
+# SELECT :reservation_id, :resource, :tenant_id, :pool_id, :amount, :starts_at, :ends_at
+#  WHERE (SELECT limit ...) IS NULL
+#     OR (<peak of the tenant's :resource holdings over [:starts_at, :ends_at), app/db/windows.py>)
+#        + :amount <= (SELECT limit ...)                 -- windows.room_for: the sweep only if needed
+# RETURNING reservation_id                               -- no row: over the limit at some instant
+HOLD_QUOTA = hold_if(
+    quota_holdings,
+    _H,
+    room_for(
+        quota_holdings,
+        [
+            quota_holdings.c.tenant_id == _H["tenant_id"],
+            quota_holdings.c.pool_id == _H["pool_id"],
+            quota_holdings.c.resource == _H["resource"],
+        ],
+        _H["starts_at"],
+        _H["ends_at"],
+        _H["amount"],
+        _LIMIT,
+    ),
+)
+
+
 async def _guarded_hold(
     conn: AsyncConnection,
     tenant_id: str,
@@ -201,14 +235,7 @@ async def _guarded_hold(
     start: datetime,
     end: datetime,
 ) -> bool:
-    limit = _limit_of(tenant_id, pool_id, resource)
-    # INSERT INTO quota_holdings (reservation_id, resource, tenant_id, pool_id, amount, starts_at, ends_at)
-    # SELECT :res, :r, :t, :p, :n, :start, :end
-    #  WHERE (SELECT limit ...) IS NULL
-    #     OR (<peak of the tenant's :r holdings over [:start, :end), app/db/windows.py>) + :n
-    #        <= (SELECT limit ...)                      -- windows.room_for: the sweep only if needed
-    # RETURNING reservation_id                           -- no row: over the limit at some instant
-    values = {
+    params = {
         "reservation_id": reservation_id,
         "resource": resource,
         "tenant_id": tenant_id,
@@ -217,8 +244,7 @@ async def _guarded_hold(
         "starts_at": start,
         "ends_at": end,
     }
-    guard = room_for(quota_holdings, _tenant(tenant_id, pool_id, resource), start, end, n, limit)
-    row = (await conn.execute(hold_if(quota_holdings, values, guard))).first()
+    row = (await conn.execute(HOLD_QUOTA, params)).first()
     return row is not None
 
 
