@@ -1,4 +1,5 @@
-"""``create_app()``: routers, error handlers and the lifespan (engine, embedded database, pool cache)."""
+"""``create_app()``: routers, error handlers and the lifespan (engine, embedded database, pool cache,
+the lifecycle controller)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 from fastapi import Depends, FastAPI
 
@@ -15,10 +17,11 @@ from app.api.deps import Services
 from app.api.errors import install_error_handlers
 from app.api.guard import RequestGuard
 from app.api.text_guard import check_json_body
+from app.capacity.lifecycle import Lifecycle, LifecycleTask, default_tasks
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.db.engine import create_engine, migrate_async, resolve_database_url
-from app.inventory.liveness_task import run_liveness
+from app.inventory.liveness_task import HEARTBEAT_LIVENESS, sweep_once
 from app.observability.logs import configure_logging
 from app.observability.middleware import AccessLogMiddleware
 from app.placement.options import SchedulerOptions
@@ -40,7 +43,19 @@ def capacity_config(settings: Settings) -> CapacityConfig:
         max_attempts=settings.capacity_max_attempts,
         shortlist_min=settings.capacity_shortlist_min,
         enforce_device_limits=settings.capacity_enforce_device_limits,
+        max_lead=settings.capacity_max_lead,
     )
+
+
+def lifecycle_tasks(settings: Settings) -> list[LifecycleTask]:
+    """The lifecycle controller's tasks (DESIGN.md, "Reservation lifecycle"): the built-in ones and the
+    liveness sweep of agents' nodes (issue 14), each safe with several replicas."""
+    liveness = LifecycleTask(
+        HEARTBEAT_LIVENESS,
+        settings.node_liveness_sweep_seconds,
+        partial(sweep_once, grace_seconds=settings.node_heartbeat_grace),
+    )
+    return [*default_tasks(settings.lifecycle_interval), liveness]
 
 
 def create_app(settings: Settings | None = None, *, run_migrations: bool = True) -> FastAPI:
@@ -57,22 +72,22 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
             await migrate_async(url)
         engine = create_engine(url, pool_size=settings.db_pool_size)
         app.state.services = Services(engine=engine, cache=PoolCache(), capacity=config, settings=settings)
-        # liveness of agents' nodes (issue 14); moves under the lifecycle controller registry when it exists
-        liveness = asyncio.create_task(
-            run_liveness(engine, settings.node_liveness_sweep_seconds, settings.node_heartbeat_grace)
-        )
-        background = [liveness]
-        if settings.demo_agents:
+        lifecycle = Lifecycle(engine, lifecycle_tasks(settings))
+        app.state.lifecycle = lifecycle
+        lifecycle.start()
+        demo = None
+        if settings.demo_agents:  # `serve --demo`: the service heartbeats the demo pool's nodes itself
             from app.inventory.demo_pool import run_demo_heartbeats
 
-            background.append(asyncio.create_task(run_demo_heartbeats(engine)))
+            demo = asyncio.create_task(run_demo_heartbeats(engine))
         try:
             yield
         finally:
-            for task in background:
-                task.cancel()
+            if demo is not None:
+                demo.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                    await demo
+            await lifecycle.stop()
             await engine.dispose()
 
     app = FastAPI(

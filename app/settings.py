@@ -11,10 +11,14 @@ request bounds ``BC_MAX_BODY_BYTES``, ``BC_MAX_IMPORT_BODY_BYTES``, ``BC_MAX_PLA
 notation: ``100/second``, ``5/minute``); serving ``BC_LIMIT_CONCURRENCY`` and ``BC_KEEP_ALIVE_SECONDS``
 (docs/operating.md); agents ``BC_CAPACITY_ENFORCE_DEVICE_LIMITS``, ``BC_NODE_HEARTBEAT_GRACE`` (seconds),
 ``BC_NODE_LIVENESS_SWEEP_SECONDS`` (docs/agent.md).
+``BC_CAPACITY_MAX_LEAD`` (how far ahead a window may start: seconds or an ISO 8601 duration such as
+``P366D``), ``BC_LIFECYCLE_INTERVAL`` (seconds between the lifecycle controller's sweeps),
+``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection).
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -39,6 +43,10 @@ class Settings(BaseSettings):
     capacity_max_attempts: int = Field(default=3, ge=1, le=16)
     # shortlist size floor: max(shortlist_min, 8 x topN) (seed 000, "The shortlist")
     capacity_shortlist_min: int = Field(default=48, ge=1)
+    # a reservation's start is at most this far ahead of the database clock (422 naming ``start``)
+    capacity_max_lead: timedelta = Field(default=timedelta(days=366), gt=timedelta(0))
+    # the lifecycle controller ends reservations within this many seconds of their end
+    lifecycle_interval: float = Field(default=5.0, gt=0, le=3600)
     fleet_hosts_file: Path | None = None
     db_pool_size: int = Field(default=10, ge=1, le=200)
     # browser origins (``https://dash.example.com``) allowed to call the API; none: CORS is off

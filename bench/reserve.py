@@ -13,12 +13,17 @@ In one run and one database:
 3. runs the ceiling: the same guarded-commit SQL as ``app/capacity/commit.py`` plus the reservation row
    and the quota charge (reservation insert ``ON CONFLICT DO NOTHING``, quota rows, guarded quota UPDATE,
    pool ``FOR SHARE``, node ``FOR SHARE OF n`` with the schedulable predicate, devices ``FOR SHARE``,
-   ``SAVEPOINT``, allocation insert, bookings ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, scalar
-   guarded ``UPDATE ... RETURNING``, rollup deltas, status update) directly with asyncpg at the same
+   ``SAVEPOINT``, allocation insert, bookings ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, the
+   ``node_resources`` row lock and the guarded scalar-holding ``INSERT ... SELECT ... WHERE peak + n <=
+   floor(allocatable * ratio) RETURNING``, status update; the quota charge is the row lock and the guarded
+   quota-holding insert) directly with asyncpg at the same
    concurrencies. The ceiling picks atoms round-robin over nodes and rolls the booking window forward
    once every atom of the pool is used, so it never loses a race: it is the commit alone;
 4. prints the ratio service / ceiling, and preview p50 / p99 (plus the cold first request, which loads
-   the pool cache) at 1,000 and 10,000 nodes.
+   the pool cache) at 1,000 and 10,000 nodes;
+5. the future-holdings case: one node already holding 1,000 future reservations (bookings, cpu and quota
+   holdings spread over the lead time) against an empty node, interleaved: the median guarded commit
+   alone and the median HTTP reserve, and their ratio busy / empty.
 
 The database is dropped at the end. Everything (PostgreSQL, the service, these clients) shares the
 machine's cores, as the ceiling does; the ratio is the figure to compare across changes.
@@ -59,7 +64,8 @@ from app.ids import new_id  # noqa: E402
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 GPUS = 8
-NODE_CPU = 2048  # roomy: the ceiling books many windows, and scalars are not windowed
+NODE_CPU = 2048  # roomy: the service cells book many windows at once
+FUTURE = 1000  # reservations a busy node already holds, in future windows (the "future holdings" case)
 NODE_MEMORY = 2_000_000
 # The DGX-1 hybrid cube mesh (tests/data/topo/01-dgx1-v100-hybrid-cube-mesh-mlx5.expected.json).
 DGX1_NV = {(0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 5), (2, 3), (2, 6), (3, 7)}
@@ -175,8 +181,8 @@ async def load_pool(conn: asyncpg.Connection, name: str, count: int) -> str:
             NODE_MEMORY,
         )
         await conn.execute(
-            """INSERT INTO pool_capacity_rollup (pool_id, resource, total, allocated)
-               VALUES ($1, 'gpu', $2, 0), ($1, 'cpu', $3, 0), ($1, 'memory', $4, 0)""",
+            """INSERT INTO pool_capacity_rollup (pool_id, resource, total)
+               VALUES ($1, 'gpu', $2), ($1, 'cpu', $3), ($1, 'memory', $4)""",
             pool_id,
             count * GPUS,
             count * NODE_CPU,
@@ -186,12 +192,11 @@ async def load_pool(conn: asyncpg.Connection, name: str, count: int) -> str:
 
 
 async def reset(conn: asyncpg.Connection) -> None:
-    """Release everything between cells (untimed): no bookings, allocations, reservations or usage."""
-    await conn.execute("TRUNCATE device_bookings, allocations, reservations")
-    await conn.execute("UPDATE node_resources SET allocated = 0 WHERE allocated <> 0")
-    await conn.execute("UPDATE pool_capacity_rollup SET allocated = 0 WHERE allocated <> 0")
-    await conn.execute("UPDATE quota_usage SET used = 0 WHERE used <> 0")
-    await conn.execute("VACUUM ANALYZE device_bookings, allocations, reservations, node_resources")
+    """Release everything between cells (untimed): no bookings, holdings, allocations or reservations."""
+    await conn.execute("TRUNCATE device_bookings, scalar_holdings, quota_holdings, allocations, reservations")
+    await conn.execute(
+        "VACUUM ANALYZE device_bookings, scalar_holdings, quota_holdings, allocations, reservations"
+    )
 
 
 # ------------------------------------------------------------------------------------------ service
@@ -331,16 +336,34 @@ INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idemp
 VALUES ($1, $2, $3, 'pending', $4::jsonb, $5, $6)
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING id"""
 SQL_QUOTA_ROWS = """
-INSERT INTO quota_usage (tenant_id, pool_id, resource, used)
-SELECT $1, $2, unnest($3::text[]), 0 ON CONFLICT DO NOTHING"""
-SQL_QUOTA_CHARGE = """
-UPDATE quota_usage SET used = used + $4
- WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3
-   AND ((SELECT l."limit" FROM quota_limits l
-          WHERE l.tenant_id = $1 AND l.pool_id = $2 AND l.resource = $3) IS NULL
-        OR used + $4 <= (SELECT l."limit" FROM quota_limits l
-                          WHERE l.tenant_id = $1 AND l.pool_id = $2 AND l.resource = $3))
-RETURNING used"""
+INSERT INTO quota_usage (tenant_id, pool_id, resource)
+SELECT $1, $2, unnest($3::text[]) ON CONFLICT DO NOTHING"""
+SQL_QUOTA_LOCK = """
+SELECT resource FROM quota_usage WHERE tenant_id = $1 AND pool_id = $2 AND resource = ANY($3::text[])
+ ORDER BY resource FOR UPDATE"""
+# the peak held over [$s, $e) by the rows of one key (app/db/windows.py), as a scalar subquery
+PEAK = """(SELECT coalesce(max(held), 0) FROM (
+  SELECT sum(delta) OVER (ORDER BY at, delta) AS held FROM (
+    SELECT greatest(starts_at, {s}) AS at, amount AS delta FROM {table}
+     WHERE {key} AND ends_at > {s} AND starts_at < {e}
+    UNION ALL
+    SELECT ends_at, -amount FROM {table}
+     WHERE {key} AND ends_at > {s} AND starts_at < {e} AND ends_at < {e}
+  ) events) running)"""
+SQL_QUOTA_CHARGE = (
+    """
+INSERT INTO quota_holdings (reservation_id, resource, tenant_id, pool_id, amount, starts_at, ends_at)
+SELECT $5, $3, $1, $2, $4, $6, $7
+ WHERE (SELECT l."limit" FROM quota_limits l WHERE l.tenant_id = $1 AND l.pool_id = $2 AND l.resource = $3)
+       IS NULL
+    OR """
+    + PEAK.format(
+        table="quota_holdings", key="tenant_id = $1 AND pool_id = $2 AND resource = $3", s="$6", e="$7"
+    )
+    + """ + $4 <= (SELECT l."limit" FROM quota_limits l
+                    WHERE l.tenant_id = $1 AND l.pool_id = $2 AND l.resource = $3)
+RETURNING resource"""
+)
 SQL_POOL = "SELECT id, archived_at FROM pools WHERE id = $1 FOR SHARE"
 SQL_NODE = """
 SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
@@ -357,14 +380,20 @@ SQL_BOOKINGS = """
 INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
 SELECT pk, id, $2, $3, tstzrange($4, $5, '[)') FROM devices WHERE id = ANY($1::text[])
 ON CONFLICT DO NOTHING RETURNING device_id"""
-SQL_SCALAR = """
-UPDATE node_resources SET allocated = allocated + $3
- WHERE node_id = $1 AND resource = $2 AND allocated + $3 <= floor(allocatable * ratio)
-RETURNING allocated"""
-SQL_ROLLUP = """
-UPDATE pool_capacity_rollup SET allocated = greatest(allocated + $3, 0)
- WHERE pool_id = $1 AND resource = $2"""
-SQL_PLACED = "UPDATE reservations SET status = 'placed', conditions = '[]', updated_at = now() WHERE id = $1"
+SQL_SCALAR_LOCK = "SELECT 1 FROM node_resources WHERE node_id = $1 AND resource = $2 FOR UPDATE"
+SQL_SCALAR = (
+    """
+INSERT INTO scalar_holdings (allocation_id, resource, node_id, pool_id, amount, starts_at, ends_at)
+SELECT $4, $2, $1, $5, $3, $6, $7 FROM node_resources nr
+ WHERE nr.node_id = $1 AND nr.resource = $2
+   AND """
+    + PEAK.format(table="scalar_holdings", key="node_id = $1 AND resource = $2", s="$6", e="$7")
+    + """ + $3 <= floor(nr.allocatable * nr.ratio)
+RETURNING resource"""
+)
+SQL_PLACED = """
+UPDATE reservations SET status = 'placed', conditions = '[]', updated_at = now(), ends_at = $2
+ WHERE id = $1"""
 
 
 async def guarded_commit(
@@ -387,9 +416,16 @@ async def guarded_commit(
             is None
         ):
             return False
-        await conn.execute(SQL_QUOTA_ROWS, tenant, pool_id, ["cpu", "gpu"])
+        if len(await conn.fetch(SQL_QUOTA_LOCK, tenant, pool_id, ["cpu", "gpu"])) < 2:
+            await conn.execute(SQL_QUOTA_ROWS, tenant, pool_id, ["cpu", "gpu"])
+            await conn.fetch(SQL_QUOTA_LOCK, tenant, pool_id, ["cpu", "gpu"])
         for resource, n in (("cpu", cpu), ("gpu", len(atoms))):
-            if await conn.fetchval(SQL_QUOTA_CHARGE, tenant, pool_id, resource, n) is None:
+            if (
+                await conn.fetchval(
+                    SQL_QUOTA_CHARGE, tenant, pool_id, resource, n, reservation_id, start, end
+                )
+                is None
+            ):
                 return False
         await conn.fetchrow(SQL_POOL, pool_id)
         await conn.execute("SAVEPOINT capacity_place_1")
@@ -410,12 +446,11 @@ async def guarded_commit(
         )
         if len(await conn.fetch(SQL_BOOKINGS, atoms, pool_id, allocation_id, start, end)) != len(atoms):
             return False
-        if await conn.fetchval(SQL_SCALAR, node_id, "cpu", cpu) is None:
+        await conn.fetch(SQL_SCALAR_LOCK, node_id, "cpu")
+        if await conn.fetchval(SQL_SCALAR, node_id, "cpu", cpu, allocation_id, pool_id, start, end) is None:
             return False
-        for resource, n in (("cpu", cpu), ("gpu", len(atoms))):
-            await conn.execute(SQL_ROLLUP, pool_id, resource, n)
         await conn.execute("RELEASE SAVEPOINT capacity_place_1")
-        await conn.execute(SQL_PLACED, reservation_id)
+        await conn.execute(SQL_PLACED, reservation_id, end)
     return True
 
 
@@ -456,6 +491,113 @@ async def ceiling_cell(
     return cell
 
 
+# ------------------------------------------------------------------------------------------ future holdings
+
+FUTURE_TENANT = "future-t"
+
+
+async def load_future(
+    conn: asyncpg.Connection, pool_id: str, node_id: str, count: int, base: datetime
+) -> None:
+    """Give ``node_id`` ``count`` placed reservations of 1 GPU + 4 cpu, one hour each, spread over the
+    lead time from day 2 on (bookings, scalar and quota holdings as the service writes them)."""
+    async with conn.transaction():
+        await conn.execute(
+            """INSERT INTO reservations
+                      (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key, ends_at)
+               SELECT 'res_f' || k, $2, $1, 'placed', '{}', '-', 'future-' || k,
+                      $3::timestamptz + interval '2 days 1 hour' + k * interval '8 hours 30 minutes'
+                 FROM generate_series(0, $4 - 1) k""",
+            pool_id,
+            FUTURE_TENANT,
+            base,
+            count,
+        )
+        await conn.execute(
+            """INSERT INTO allocations (id, reservation_id, pool_id, node_id, atoms, resources, during)
+               SELECT 'alloc_f' || k, 'res_f' || k, $1, $2, ARRAY['GPU-' || $2 || '-' || (k % 8)],
+                      '{"cpu": "4"}', tstzrange(s, s + interval '1 hour')
+                 FROM generate_series(0, $4 - 1) k,
+                      LATERAL (
+                        SELECT $3::timestamptz + interval '2 days' + k * interval '8 hours 30 minutes' AS s
+                      ) w""",
+            pool_id,
+            node_id,
+            base,
+            count,
+        )
+        await conn.execute(
+            """INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
+               SELECT d.pk, d.id, a.pool_id, a.id, a.during
+                 FROM allocations a JOIN devices d ON d.id = a.atoms[1]
+                WHERE a.node_id = $1""",
+            node_id,
+        )
+        await conn.execute(
+            """INSERT INTO scalar_holdings
+                      (allocation_id, resource, node_id, pool_id, amount, starts_at, ends_at)
+               SELECT id, 'cpu', node_id, pool_id, 4, lower(during), upper(during) FROM allocations
+                WHERE node_id = $1""",
+            node_id,
+        )
+        await conn.execute(
+            """INSERT INTO quota_holdings
+                      (reservation_id, resource, tenant_id, pool_id, amount, starts_at, ends_at)
+               SELECT a.reservation_id, r.resource, $2, a.pool_id, r.n, lower(a.during), upper(a.during)
+                 FROM allocations a, (VALUES ('cpu', 4), ('gpu', 1)) AS r(resource, n)
+                WHERE a.node_id = $1""",
+            node_id,
+            FUTURE_TENANT,
+        )
+    await conn.execute("ANALYZE")
+
+
+async def future_case(
+    pg: asyncpg.Pool, client: httpx.AsyncClient, empty: str, busy: str, repeat: int
+) -> dict[str, tuple[float, float]]:
+    """Median ms of (a) the guarded commit alone and (b) an HTTP reserve, on an empty node and on one
+    holding ``FUTURE`` future reservations, interleaved so both see the same machine load. Every
+    measured window lies in the next hours, before the busy node's first future window."""
+    async with pg.acquire() as conn:
+        nodes = {p: await conn.fetchval("SELECT id FROM nodes WHERE pool_id = $1", p) for p in (empty, busy)}
+        base: datetime = await conn.fetchval("SELECT date_trunc('second', now()) + interval '5 minutes'")
+        for p in (empty, busy):
+            await conn.execute(
+                """INSERT INTO quota_limits (tenant_id, pool_id, resource, "limit")
+                   VALUES ($1, $2, 'gpu', 100000), ($1, $2, 'cpu', 1000000)""",
+                FUTURE_TENANT,
+                p,
+            )
+    commit: dict[str, list[float]] = {empty: [], busy: []}
+    reserve: dict[str, list[float]] = {empty: [], busy: []}
+    async with pg.acquire() as conn:
+        for k in range(repeat):
+            for p in (empty, busy):
+                start = base + timedelta(minutes=k)
+                atoms = [f"GPU-{nodes[p]}-{k % GPUS}"]
+                t0 = time.perf_counter()
+                ok = await guarded_commit(
+                    conn, p, FUTURE_TENANT, nodes[p], atoms, 4, start, start + timedelta(minutes=1)
+                )
+                commit[p].append((time.perf_counter() - t0) * 1000)
+                if not ok:
+                    raise RuntimeError(f"the future-holdings commit {k} on {p} answered short")
+    for k in range(repeat):
+        for p in (empty, busy):
+            body = reservation_body(p, FUTURE_TENANT, SHAPES[0])
+            body["start"] = (base + timedelta(hours=6, minutes=k)).isoformat()
+            body["duration"] = 60
+            t0 = time.perf_counter()
+            r = await client.post("/v1/reservations", json=body)
+            reserve[p].append((time.perf_counter() - t0) * 1000)
+            if r.status_code != 201 or r.json()["status"] != "placed":
+                raise RuntimeError(f"the future-holdings reserve {k} failed: {r.status_code} {r.text[:300]}")
+    return {
+        "commit": (statistics.median(commit[empty]), statistics.median(commit[busy])),
+        "reserve": (statistics.median(reserve[empty]), statistics.median(reserve[busy])),
+    }
+
+
 # ------------------------------------------------------------------------------------------ driver
 
 
@@ -494,6 +636,14 @@ async def run(args: argparse.Namespace) -> None:
                     f"load {args.big_nodes:,} nodes x 8 GPUs",
                     lambda: load_pool(conn, "bench-10k", args.big_nodes),
                 )
+            pool_empty = await load_pool(conn, "bench-empty-node", 1)
+            pool_busy = await load_pool(conn, "bench-busy-node", 1)
+            busy_node = await conn.fetchval("SELECT id FROM nodes WHERE pool_id = $1", pool_busy)
+            horizon: datetime = await conn.fetchval("SELECT date_trunc('second', now())")
+            await timed(
+                f"load {FUTURE:,} future reservations on one node",
+                lambda: load_future(conn, pool_busy, busy_node, FUTURE, horizon),
+            )
             await conn.execute("ANALYZE")
             node_ids = [
                 r["id"]
@@ -523,6 +673,12 @@ async def run(args: argparse.Namespace) -> None:
                     )
                 )
                 if workers == workers_list[0]:
+                    future = await timed(
+                        "future holdings case",
+                        lambda: future_case(pg, client, pool_empty, pool_busy, args.future_repeat),
+                    )
+                    async with pg.acquire() as conn:
+                        await reset(conn)
                     for shape in SHAPES:
                         previews[(args.nodes, shape.name)] = await preview_latency(
                             client, pool_1k, shape, args.preview_repeat
@@ -561,7 +717,7 @@ async def run(args: argparse.Namespace) -> None:
                         async with pg.acquire() as conn:
                             await reset(conn)
 
-        report(args, clients_list, workers_list, service_cells, ceiling, single_tenant, previews)
+        report(args, clients_list, workers_list, service_cells, ceiling, single_tenant, previews, future)
     finally:
         for service in services:
             service.stop()
@@ -584,6 +740,7 @@ def report(
     ceiling: dict[tuple[str, int], Cell],
     single_tenant: dict[int, Cell],
     previews: dict[tuple[int, str], tuple[float, list[float]]],
+    future: dict[str, tuple[float, float]],
 ) -> None:
     """Print the results table."""
     print()
@@ -620,6 +777,12 @@ def report(
             f"ratio {ratio:.3f} {dict(s.other) or ''}"
         )
     print()
+    print(
+        f"A node holding {FUTURE:,} future reservations vs an empty one (1 client, median ms, busy / empty)"
+    )
+    for what, (empty_ms, busy_ms) in future.items():
+        print(f"  {what:8} empty {empty_ms:7.2f}  busy {busy_ms:7.2f}  ratio {busy_ms / empty_ms:5.2f}")
+    print()
     print("Preview latency (1 client, ms): cold = first request of the process (loads the pool cache)")
     print(f"{'nodes':>7} {'shape':16} {'cold':>8} {'p50':>8} {'p99':>8} {'samples':>8}")
     for (nodes, shape_name), (cold, warm) in previews.items():
@@ -643,6 +806,9 @@ def main() -> None:
     parser.add_argument("--no-10k", action="store_true", help="skip the 10,000-node preview")
     parser.add_argument("--preview-repeat", type=int, default=50)
     parser.add_argument("--big-preview-repeat", type=int, default=20)
+    parser.add_argument(
+        "--future-repeat", type=int, default=100, help="samples per side, future-holdings case"
+    )
     asyncio.run(run(parser.parse_args()))
 
 

@@ -8,8 +8,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,3 +112,59 @@ def running_server(
         finally:
             stop_server(started)
     raise AssertionError("the service did not start")
+
+
+@contextmanager
+def running_servers(
+    database_url: str,
+    log_dir: Path,
+    count: int,
+    extra_env: dict[str, str] | None = None,
+    startup_seconds: float = 60.0,
+) -> Iterator[list[Server]]:
+    """``count`` healthy service processes on the test database, stopped on exit; one whose port was
+    taken meanwhile is started again on another (up to 3 rounds)."""
+    spawned: list[Server] = []
+    started: list[Server] = []
+
+    def spawn(log: Path) -> Server:
+        spawned.append(spawn_server(database_url, log, extra_env))
+        return spawned[-1]
+
+    try:
+        waiting = [spawn(log_dir / f"server-{i}.log") for i in range(count)]
+        deadline = time.monotonic() + startup_seconds
+        for attempt in range(3):
+            retry = [s for s in waiting if not wait_healthy(s, deadline)]
+            started += [s for s in waiting if s not in retry]
+            if not retry:
+                break
+            if attempt == 2:
+                raise AssertionError("a server did not start:\n" + "\n".join(s.output() for s in retry))
+            waiting = [spawn(s.log.with_suffix(f".retry{attempt}.log")) for s in retry]
+        yield started
+    finally:
+        for server in spawned:
+            stop_server(server)
+
+
+@asynccontextmanager
+async def admin_clients(
+    servers: list[Server], request_timeout: float = 60.0, connections: int = 100
+) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """One ``httpx.AsyncClient`` with the test admin key per server, closed on exit."""
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    made = [
+        httpx.AsyncClient(
+            base_url=s.url,
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=request_timeout,
+            limits=limits,
+        )
+        for s in servers
+    ]
+    try:
+        yield made
+    finally:
+        for c in made:
+            await c.aclose()

@@ -8,15 +8,18 @@ answers with fewer rows instead of raising:
    nodeLabels paragraph);
 2. the picked atoms are still healthy and bookable (``FOR SHARE``);
 3. the bookings insert with ``ON CONFLICT DO NOTHING RETURNING``: fewer rows = booked meanwhile;
-4. each scalar ``UPDATE ... WHERE allocated + n <= floor(allocatable * ratio) RETURNING``: no row = ran out;
-5. the allocation row; after every member of the placement is written, the pool rollup delta (the
-   rollup rows come last in the lock order, after every node, device and scalar row).
+4. each scalar is held per instant over the window: under the ``node_resources`` row lock (``FOR
+   UPDATE``), ``INSERT INTO scalar_holdings ... SELECT ... WHERE peak + n <= floor(allocatable * ratio)
+   RETURNING``, where the peak is the most the node's holdings of that resource hold at any instant of
+   ``[start, end)`` (:mod:`app.db.windows`): no row = ran out;
+5. the allocation row (written first, as the bookings and holdings refer to it).
 
 A short answer rolls back to the savepoint and returns a :class:`LostRace` with one of the four reasons;
 the placer excludes the node and replans. Under READ COMMITTED two conflicting booking inserts may also
 end in a deadlock (40P01) or an exclusion violation (23P01) instead of DO NOTHING: both are the same lost
-race, never a 500 (DESIGN.md, "Concurrency facts"). Lock order: nodes -> devices -> node_resources ->
-pool_capacity_rollup (quota_usage and pools are taken by the caller before).
+race, never a 500 (DESIGN.md, "Concurrency facts"). Lock order: nodes -> devices -> node_resources
+(quota_usage and pools are taken by the caller before); no commit writes pool_capacity_rollup, which
+holds capacity totals only (what is held is counted per instant).
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ from app.db.tables import (
     node_labels,
     node_resources,
     nodes,
-    pool_capacity_rollup,
     pools,
+    scalar_holdings,
 )
+from app.db.windows import hold_if, holding_params, room_for
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
 from app.placement.system_labels import ANY_LABEL_VALUE, label_counts
@@ -143,13 +147,7 @@ async def commit_placements(
             outcome = result
             break
         written[candidate.node_id] = result
-    if outcome is None:
-        delta: dict[str, Decimal] = {}
-        for committed in written.values():
-            for resource, n in {**committed.classes, **dict(committed.resources)}.items():
-                delta[resource] = delta.get(resource, Decimal(0)) + Decimal(n)
-        await apply_rollup_delta(conn, request.pool_id, delta, sign=1)
-    else:
+    if outcome is not None:
         await conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {savepoint}")
     await conn.exec_driver_sql(f"RELEASE SAVEPOINT {savepoint}")
     if outcome is not None:
@@ -256,37 +254,72 @@ async def _guarded_writes(
             return LostRace(node, f"an atom on {name} was booked concurrently", ATOM_BOOKED)
 
     for resource, n in sorted(candidate.resources.items()):
-        # UPDATE node_resources SET allocated = allocated + :n
-        #  WHERE node_id = :node AND resource = :r AND allocated + :n <= floor(allocatable * ratio)
-        #  RETURNING allocated                                          -- no row: ran out
-        row = (
-            await conn.execute(
-                sa.update(node_resources)
-                .where(
-                    node_resources.c.node_id == node,
-                    node_resources.c.resource == resource,
-                    node_resources.c.allocated + n
-                    <= sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
-                )
-                .values(allocated=node_resources.c.allocated + n)
-                .returning(node_resources.c.allocated)
-            )
-        ).first()
-        if row is None:
+        if not await _hold_scalar(
+            conn, request.pool_id, node, allocation_id, resource, Decimal(n), start, end
+        ):
             return LostRace(node, f"{resource} on {name} ran out", SCALAR_RAN_OUT)
 
-    # the rollup delta is applied by the caller once every member is written: the rollup rows come
-    # last in the lock order, after every node, device and scalar row of every member
     return Committed(allocation_id, node, tuple(atoms), dict(candidate.resources), classes)
 
 
-async def apply_rollup_delta(
-    conn: AsyncConnection, pool_id: str, amounts: Mapping[str, Decimal], sign: int
-) -> None:
-    """``UPDATE pool_capacity_rollup SET allocated = allocated +/- n`` per resource, in sorted order."""
-    for resource, n in sorted(amounts.items()):
-        await conn.execute(
-            sa.update(pool_capacity_rollup)
-            .where(pool_capacity_rollup.c.pool_id == pool_id, pool_capacity_rollup.c.resource == resource)
-            .values(allocated=sa.func.greatest(pool_capacity_rollup.c.allocated + sign * Decimal(n), 0))
-        )
+_H = holding_params(scalar_holdings)
+# SELECT 1 FROM node_resources WHERE node_id = :node_id AND resource = :resource FOR UPDATE
+LOCK_SCALAR = (
+    sa.select(sa.literal(1))
+    .select_from(node_resources)
+    .where(node_resources.c.node_id == _H["node_id"], node_resources.c.resource == _H["resource"])
+    .with_for_update()
+)
+# INSERT INTO scalar_holdings (allocation_id, resource, node_id, pool_id, amount, starts_at, ends_at)
+# SELECT :allocation_id, :resource, :node_id, :pool_id, :amount, :starts_at, :ends_at FROM node_resources nr
+#  WHERE nr.node_id = :node_id AND nr.resource = :resource
+#    AND (<peak of the node's :resource holdings over [:starts_at, :ends_at), app/db/windows.py>) + :amount
+#        <= floor(nr.allocatable * nr.ratio)              -- windows.room_for: the sweep only if needed
+# RETURNING allocation_id                                  -- no row: ran out
+HOLD_SCALAR = hold_if(
+    scalar_holdings,
+    _H,
+    node_resources.c.node_id == _H["node_id"],
+    node_resources.c.resource == _H["resource"],
+    room_for(
+        scalar_holdings,
+        [scalar_holdings.c.node_id == _H["node_id"], scalar_holdings.c.resource == _H["resource"]],
+        _H["starts_at"],
+        _H["ends_at"],
+        _H["amount"],
+        sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
+    ),
+)
+
+
+async def _hold_scalar(
+    conn: AsyncConnection,
+    pool_id: str,
+    node_id: str,
+    allocation_id: str,
+    resource: str,
+    n: Decimal,
+    start: datetime,
+    end: datetime,
+) -> bool:
+    """Hold ``n`` of ``resource`` on the node over ``[start, end)`` if the peak held there leaves room;
+    False when it does not (or the node has no such resource): the node "ran out".
+
+    The ``node_resources`` row lock serializes the holders of one node and resource (lock order: after
+    nodes and devices). The guard is a second statement because under READ COMMITTED it then reads with
+    a snapshot taken after the lock was granted, so it sees every holding committed by the transactions
+    that held the lock before; a subquery in the locking statement itself would not (PostgreSQL
+    re-checks a locked row's own columns, not a subquery's rows)."""
+    params = {
+        "allocation_id": allocation_id,
+        "resource": resource,
+        "node_id": node_id,
+        "pool_id": pool_id,
+        "amount": n,
+        "starts_at": start,
+        "ends_at": end,
+    }
+    if (await conn.execute(LOCK_SCALAR, params)).first() is None:
+        return False
+    row = (await conn.execute(HOLD_SCALAR, params)).first()
+    return row is not None

@@ -7,10 +7,16 @@ IDEMPOTENCY_KEY_REUSED). Then the inline placer plans on plain reads, quota is c
 409 QUOTA_EXCEEDED rolls everything back) right before the pool lock, and the plan is committed; the
 quota row is held for the commit, not for the plan. A request that cannot be placed is stored ``pending``
 with its Unschedulable condition (reason ``NoFit``) and its quota is refunded in the same transaction:
-quota usage always equals the tenant's placed reservations.
+quota holdings always equal the tenant's placed reservations, each over its window.
 
-release: locks the reservation row, refunds quota first, then frees bookings and scalars (lock order
-quota_usage -> pools -> nodes -> devices -> node_resources -> pool_capacity_rollup).
+Time (DESIGN.md, "Reservation lifecycle"): bookings, scalar holdings and quota are held over the
+reservation's window only, so a placed reservation stops counting at its end by itself; the lifecycle
+controller then moves it to ``ended`` (:func:`end_reservations`). ``start`` is at most ``max_lead``
+ahead of the database clock.
+
+release: locks the reservation row, cuts its quota holdings first, then its bookings and scalar holdings,
+at the release instant: what had not started is removed, what had is kept as history up to that instant
+(lock order quota_usage -> pools -> nodes -> devices -> node_resources -> pool_capacity_rollup).
 """
 
 from __future__ import annotations
@@ -29,11 +35,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.commit import Committed, apply_rollup_delta, sqlstate
+from app.capacity.commit import Committed, sqlstate
 from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
-from app.db.tables import allocations, device_bookings, devices, node_resources, reservations
+from app.db.tables import TS, allocations, device_bookings, reservations, scalar_holdings
+from app.db.windows import cut
 from app.errors import IdempotencyKeyReused, InvalidInput, NotFound, quote_input
 from app.ids import new_id
 from app.inventory.service import lock_pool
@@ -45,6 +52,8 @@ from app.quota import service as quota
 
 PREVIEW_CANDIDATES = 10
 START_SKEW = timedelta(seconds=60)  # a start this far behind the database clock is still "now"
+MAX_LEAD = timedelta(days=366)  # BC_CAPACITY_MAX_LEAD: how far ahead a window may start
+END_BATCH = 100  # reservations ended per statement of the lifecycle sweep
 FOREIGN_KEY_VIOLATION = "23503"
 
 
@@ -57,6 +66,7 @@ class CapacityConfig:
     shortlist_min: int = 48
     # BC_CAPACITY_ENFORCE_DEVICE_LIMITS: host resources need bc.dev/cap.devices.limits (requiredCapabilities)
     enforce_device_limits: bool = False
+    max_lead: timedelta = MAX_LEAD
 
 
 def placement_request(
@@ -89,17 +99,35 @@ def quota_amounts(request: PlacementRequest) -> dict[str, Decimal]:
     return dict(amounts)
 
 
-def check_start(body: ReservationRequest, now: datetime) -> None:
+def check_start(body: ReservationRequest, now: datetime, max_lead: timedelta = MAX_LEAD) -> None:
     """Raise InvalidInput (path ``start``) for a window that starts in the past (more than 60 s behind
-    the database clock, to allow for client clock skew)."""
-    if body.start is not None and body.start < now - START_SKEW:
+    the database clock, to allow for client clock skew) or more than ``max_lead`` ahead of it."""
+    if body.start is None:
+        return
+    if body.start < now - START_SKEW:
         raise InvalidInput(
             f"start {body.start.isoformat()} is in the past (now {now.isoformat()})", path="start"
+        )
+    if body.start > now + max_lead:
+        raise InvalidInput(
+            f"start {body.start.isoformat()} is more than {max_lead.days} days ahead "
+            f"(now {now.isoformat()}, at most {(now + max_lead).isoformat()})",
+            path="start",
         )
 
 
 def _condition(reason: str) -> list[dict[str, Any]]:
     return [{"type": "Unschedulable", "status": "True", "reason": "NoFit", "message": reason}]
+
+
+def ended_condition(end: datetime) -> dict[str, Any]:
+    """The condition of a placed reservation whose window is over (DESIGN.md, "Reservation lifecycle")."""
+    return {
+        "type": "Ended",
+        "status": "True",
+        "reason": "WindowEnded",
+        "message": f"the window ended at {end.isoformat()}",
+    }
 
 
 async def create_reservation(
@@ -171,14 +199,18 @@ async def _create(
             return await _view(conn, existing), False
 
         now = inserted.created_at  # the database's now()
-        check_start(body, now)  # raising rolls the reservation row back: nothing is written
+        check_start(body, now, config.max_lead)  # raising rolls the reservation row back: nothing is written
         request = placement_request(config, body, now)
+        assert request.start is not None and request.end is not None
         amounts = quota_amounts(request)
         charged = False
 
         async def charge() -> None:
             nonlocal charged
-            await quota.charge(conn, body.tenantId, body.poolId, amounts)
+            assert request.start is not None and request.end is not None
+            await quota.charge(
+                conn, body.tenantId, body.poolId, reservation_id, amounts, request.start, request.end
+            )
             charged = True
 
         outcome = await place_inline(
@@ -198,13 +230,18 @@ async def _create(
             assert isinstance(outcome, Pending)
             if not charged:  # over quota is 409 even when nothing fits; a pending request holds nothing
                 await charge()
-            await quota.refund(conn, body.tenantId, body.poolId, amounts)
+            await quota.refund(conn, reservation_id)
             status, conditions = "pending", _condition(outcome.reason)
         row = (
             await conn.execute(
                 sa.update(reservations)
                 .where(reservations.c.id == reservation_id)
-                .values(status=status, conditions=conditions, updated_at=sa.func.now())
+                .values(
+                    status=status,
+                    conditions=conditions,
+                    updated_at=sa.func.now(),
+                    ends_at=request.end if status == "placed" else None,
+                )
                 .returning(*reservations.c)
             )
         ).one()
@@ -327,10 +364,12 @@ async def reservation_tenant(conn: AsyncConnection, reservation_id: str) -> tupl
 
 
 async def release_reservation(
-    engine: AsyncEngine, reservation_id: str, tenant_id: str | None
+    engine: AsyncEngine, reservation_id: str, tenant_id: str | None, now: datetime | None = None
 ) -> dict[str, Any]:
-    """Release a reservation: refund quota, then free its bookings and scalars. Releasing twice is a
-    no-op that answers the released reservation. Another tenant's reservation is NotFound."""
+    """Release a reservation at ``now`` (default: the database clock): its quota holdings, bookings and
+    scalar holdings are cut at that instant (removed when the window had not started), its allocations
+    keep ``start``, ``end`` and get ``releasedAt``. Releasing twice, or releasing an ended or preempted
+    reservation, is a no-op that answers the reservation. Another tenant's reservation is NotFound."""
     async with engine.begin() as conn:
         row = (
             await conn.execute(
@@ -339,17 +378,16 @@ async def release_reservation(
         ).first()
         if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
             raise NotFound(f"reservation {quote_input(reservation_id)} not found")
-        if row.status in ("released", "preempted"):
+        if row.status in ("released", "preempted", "ended"):
             return await _view(conn, row)
+        at = now if now is not None else await db_now(conn)
         if row.status == "placed":
-            live = await _live_allocations(conn, row.id)
-            held = await _held_amounts(conn, live)
-            await quota.refund(conn, row.tenant_id, row.pool_id, held)  # quota first (lock order)
-            await free_allocations(conn, live, row.pool_id, held)
+            await quota.cut_holdings(conn, row.id, at)  # quota first (lock order)
+            await free_allocations(conn, await _live_allocations(conn, row.id), row.pool_id, at)
         await conn.execute(
             sa.update(reservations)
             .where(reservations.c.id == reservation_id)
-            .values(status="released", released_at=sa.func.now(), updated_at=sa.func.now())
+            .values(status="released", released_at=at, updated_at=sa.func.now())
         )
         row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).one()
         return await _view(conn, row)
@@ -367,48 +405,68 @@ async def _live_allocations(conn: AsyncConnection, reservation_id: str) -> list[
     )
 
 
-async def _held_amounts(conn: AsyncConnection, live: list[Any]) -> dict[str, Decimal]:
-    """What live allocations hold: atoms per device class and scalar amounts. This is exactly what the
-    reservation charged to quota and added to the rollup (read back from the rows, not recomputed)."""
-    held: dict[str, Decimal] = defaultdict(Decimal)
-    atoms = [atom for a in live for atom in a.atoms]
-    if atoms:
-        for cls, count in (
-            await conn.execute(
-                sa.select(devices.c["class"], sa.func.count())
-                .where(devices.c.id.in_(atoms))
-                .group_by(devices.c["class"])
-            )
-        ).all():
-            held[cls] += Decimal(count)
-    for a in live:
-        for resource, amount in (a.resources or {}).items():
-            held[resource] += Decimal(amount)
-    return dict(held)
-
-
-async def free_allocations(
-    conn: AsyncConnection, live: list[Any], pool_id: str, held: Mapping[str, Decimal]
-) -> None:
-    """Free live allocations: bookings, scalar ``allocated``, rollup (lock order pools -> ... -> rollup).
-    ``held`` is what they hold (:func:`_held_amounts`)."""
+async def free_allocations(conn: AsyncConnection, live: list[Any], pool_id: str, at: datetime) -> None:
+    """Cut live allocations at ``at``: their bookings and scalar holdings end there (or are removed when
+    they had not started), and the allocations get ``released_at`` (lock order pools -> ... ->
+    node_resources). Cutting only shrinks what is held, so it takes no node_resources lock: a guard
+    that read the longer holding meanwhile was only more careful than it had to be."""
     if not live:
         return
     await lock_pool(conn, pool_id, for_update=False)
-    for a in live:
-        await conn.execute(sa.delete(device_bookings).where(device_bookings.c.allocation_id == a.id))
-        for resource, amount in sorted((a.resources or {}).items()):
-            await conn.execute(
-                sa.update(node_resources)
-                .where(node_resources.c.node_id == a.node_id, node_resources.c.resource == resource)
-                .values(allocated=sa.func.greatest(node_resources.c.allocated - Decimal(amount), 0))
-            )
+    ids = [a.id for a in live]
+    # DELETE FROM device_bookings WHERE allocation_id = ANY(:ids) AND lower(during) >= :at;
+    # UPDATE device_bookings SET during = tstzrange(lower(during), :at, '[)')
+    #  WHERE allocation_id = ANY(:ids) AND during @> :at;
     await conn.execute(
-        sa.update(allocations)
-        .where(allocations.c.id.in_([a.id for a in live]))
-        .values(released_at=sa.func.now())
+        sa.delete(device_bookings).where(
+            device_bookings.c.allocation_id.in_(ids), sa.func.lower(device_bookings.c.during) >= at
+        )
     )
-    await apply_rollup_delta(conn, pool_id, held, sign=-1)
+    await conn.execute(
+        sa.update(device_bookings)
+        .where(
+            device_bookings.c.allocation_id.in_(ids), device_bookings.c.during.op("@>")(sa.literal(at, TS))
+        )
+        .values(during=sa.func.tstzrange(sa.func.lower(device_bookings.c.during), at, "[)"))
+    )
+    await cut(conn, scalar_holdings, [scalar_holdings.c.allocation_id.in_(ids)], at)
+    await conn.execute(sa.update(allocations).where(allocations.c.id.in_(ids)).values(released_at=at))
+
+
+async def end_reservations(
+    engine: AsyncEngine, now: datetime | None = None, limit: int = END_BATCH
+) -> list[str]:
+    """Move placed reservations whose window is over at ``now`` (default: the database clock) to
+    ``ended`` with the condition ``Ended`` / ``WindowEnded``; returns their ids, oldest end first.
+
+    Safe with several replicas: the rows are claimed with ``FOR UPDATE SKIP LOCKED``, so two sweeps never
+    wait for each other, and a row another sweep ended meanwhile no longer matches ``status = 'placed'``
+    when its lock is taken (PostgreSQL re-checks a locked row), so each reservation is ended once.
+    Nothing is refunded: its bookings and holdings stopped counting at the end of their window."""
+    async with engine.begin() as conn:
+        at = now if now is not None else await db_now(conn)
+        # SELECT id, ends_at, conditions FROM reservations
+        #  WHERE status = 'placed' AND ends_at <= :now ORDER BY ends_at LIMIT :limit FOR UPDATE SKIP LOCKED
+        due = (
+            await conn.execute(
+                sa.select(reservations.c.id, reservations.c.ends_at, reservations.c.conditions)
+                .where(reservations.c.status == "placed", reservations.c.ends_at <= at)
+                .order_by(reservations.c.ends_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+        ).all()
+        for r in due:
+            await conn.execute(
+                sa.update(reservations)
+                .where(reservations.c.id == r.id)
+                .values(
+                    status="ended",
+                    conditions=[*(r.conditions or []), ended_condition(r.ends_at)],
+                    updated_at=sa.func.now(),
+                )
+            )
+    return [r.id for r in due]
 
 
 async def preview(
@@ -418,7 +476,7 @@ async def preview(
     with up to 10 candidates, best first (for a gang: its members). Checks neither quota nor writes."""
     async with engine.connect() as conn:
         now = await db_now(conn)
-        check_start(body, now)
+        check_start(body, now, config.max_lead)
         request = placement_request(config, body, now)
         outcome = await plan_request(
             conn,

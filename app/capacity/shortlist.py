@@ -33,7 +33,8 @@ reservation and max(topN, 10) for a preview.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Literal
 
 import sqlalchemy as sa
@@ -47,11 +48,11 @@ from app.capacity.snapshot import (
     PoolHead,
     PoolInventory,
     read_pool_head,
-    read_scalar_rows,
     read_snapshot,
+    scalar_peaks,
     window,
 )
-from app.db.tables import device_bookings, devices, node_resources, nodes, pools
+from app.db.tables import TS, device_bookings, devices, node_resources, nodes, pools, scalar_holdings
 from app.observability.metrics import PLAN_DURATION, PLANS
 from app.placement.bounds import pick_score_ceiling
 from app.placement.gang import plan_gang
@@ -63,6 +64,7 @@ from app.placement.model import (
     Plan,
     PoolSnapshot,
     Rejections,
+    ScalarResource,
 )
 from app.placement.options import DEFAULT_WEIGHTS, SchedulerOptions
 from app.placement.pipeline import plan_placement
@@ -102,17 +104,51 @@ class Exceptions:
 
     ``booked`` / ``unavailable``: node id -> atoms booked over the window / unhealthy or unbookable;
     ``reasons``: node id -> NoSchedule reasons (nodes with none are absent); ``unschedulable``: nodes the
-    SQL predicate refuses for the tenant; ``short``: nodes without room for a requested scalar."""
+    SQL predicate refuses for the tenant; ``short``: nodes without room for a requested scalar over the
+    window; ``peaks``: node id -> requested resource -> the peak it holds over the window (nodes and
+    resources without holdings in the window are absent: they hold 0)."""
 
     booked: dict[str, set[str]]
     unavailable: dict[str, set[str]]
     reasons: dict[str, tuple[str, ...]]
     unschedulable: frozenset[str]
     short: frozenset[str]
+    peaks: dict[str, dict[str, Decimal]] = field(default_factory=dict)
 
     def busy(self, node_id: str) -> set[str]:
         """Atoms of the node that are not free for the window."""
         return self.booked.get(node_id, set()) | self.unavailable.get(node_id, set())
+
+
+_POOL = sa.bindparam("pool_id", type_=sa.Text)
+_NAMES = sa.bindparam("names", type_=pg.ARRAY(sa.Text))
+_CAP = sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio).label("cap")
+_HELD = scalar_peaks(
+    [scalar_holdings.c.pool_id == _POOL, scalar_holdings.c.resource == sa.any_(_NAMES)],
+    sa.bindparam("starts_at", type_=TS),
+    sa.bindparam("ends_at", type_=TS),
+)
+# The scalar exceptions of a window, built once (bind parameters only):
+#   SELECT r.node_id, r.resource, NULL AS peak, floor(r.allocatable * r.ratio) AS cap
+#     FROM node_resources r JOIN nodes n ON n.id = r.node_id
+#    WHERE n.pool_id = :pool_id AND r.resource = ANY(:names) AND floor(...) < :most  -- small ones
+#   UNION ALL
+#   SELECT p.node_id, p.resource, p.peak, floor(r.allocatable * r.ratio)
+#     FROM (<peak per node and resource of :names over [:starts_at, :ends_at)>) p
+#     JOIN node_resources r USING (node_id, resource)                                 -- holding ones
+SCALAR_EXCEPTIONS = sa.union_all(
+    sa.select(node_resources.c.node_id, node_resources.c.resource, sa.null().label("peak"), _CAP)
+    .join(nodes, nodes.c.id == node_resources.c.node_id)
+    .where(
+        nodes.c.pool_id == _POOL,
+        node_resources.c.resource == sa.any_(_NAMES),
+        _CAP < sa.bindparam("most", type_=sa.Numeric),
+    ),
+    sa.select(_HELD.c.node_id, _HELD.c.resource, _HELD.c.peak, _CAP).join(
+        node_resources,
+        sa.and_(node_resources.c.node_id == _HELD.c.node_id, node_resources.c.resource == _HELD.c.resource),
+    ),
+)
 
 
 async def read_exceptions(
@@ -128,9 +164,8 @@ async def read_exceptions(
          WHERE n.pool_id = :pool AND NOT (d.healthy AND d.bookable);           -- partial index
         SELECT n.id, n.no_schedule_reasons, <schedulable for tenant> FROM nodes n JOIN pools p ON ...
          WHERE n.pool_id = :pool AND n.no_schedule_reasons <> '{}';           -- partial index
-        SELECT r.node_id FROM node_resources r JOIN nodes n ON n.id = r.node_id
-         WHERE n.pool_id = :pool AND r.resource = :r
-           AND r.allocated + :n > floor(r.allocatable * r.ratio);             -- no room, per resource
+        <SCALAR_EXCEPTIONS>: the nodes whose room for a requested scalar may be short: too small
+          even when free, or holding some of it over the window (with the peak there)
     """
     assert request.start is not None and request.end is not None
     pool_id = request.pool_id
@@ -171,22 +206,22 @@ async def read_exceptions(
         if not r.ok:
             unschedulable.add(r.id)
     short: set[str] = set()
-    for resource, amount in sorted(request.resources.items()):
-        short.update(
-            (
-                await conn.execute(
-                    sa.select(node_resources.c.node_id)
-                    .join(nodes, nodes.c.id == node_resources.c.node_id)
-                    .where(
-                        nodes.c.pool_id == pool_id,
-                        node_resources.c.resource == resource,
-                        node_resources.c.allocated + amount
-                        > sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
-                    )
-                )
-            ).scalars()
-        )
-    return Exceptions(booked, unavailable, reasons, frozenset(unschedulable), frozenset(short))
+    peaks: dict[str, dict[str, Decimal]] = {}
+    if request.resources:
+        params = {
+            "pool_id": pool_id,
+            "names": sorted(request.resources),
+            "most": max(request.resources.values()),
+            "starts_at": request.start,
+            "ends_at": request.end,
+        }
+        for r in (await conn.execute(SCALAR_EXCEPTIONS, params)).all():
+            peak = Decimal(0) if r.peak is None else r.peak
+            if r.peak is not None:
+                peaks.setdefault(r.node_id, {})[r.resource] = peak
+            if peak + Decimal(request.resources[r.resource]) > r.cap:
+                short.add(r.node_id)
+    return Exceptions(booked, unavailable, reasons, frozenset(unschedulable), frozenset(short), peaks)
 
 
 def _class_atoms(inventory: PoolInventory) -> dict[str, dict[str, frozenset[str]]]:
@@ -332,7 +367,9 @@ async def _plan_request(
                     archived=False,
                     nodes=tuple(
                         NodeSnapshot(inventory.nodes[node_id], state)
-                        for node_id, state in (await _inside_states(conn, inside, exceptions)).items()
+                        for node_id, state in (
+                            await _inside_states(conn, inside, request, exceptions)
+                        ).items()
                     ),
                 )
                 plan = plan_placement(request, snapshot, options)
@@ -345,14 +382,30 @@ async def _plan_request(
 
 
 async def _inside_states(
-    conn: AsyncConnection, inside: list[str], exceptions: Exceptions
+    conn: AsyncConnection, inside: list[str], request: PlacementRequest, exceptions: Exceptions
 ) -> dict[str, NodeState]:
     """The volatile state of the shortlisted nodes, in ranking order: the exceptions already read plus
-    their scalar rows (``SELECT ... FROM node_resources WHERE node_id = ANY(:inside)``)."""
-    # SELECT ... FROM node_resources WHERE node_id = ANY(:inside)
-    resources = await read_scalar_rows(
-        conn, [node_resources.c.node_id == sa.any_(sa.literal(inside, pg.ARRAY(sa.Text)))], join_nodes=False
-    )
+    their rows of the requested scalar resources, each with the peak held over the window from the
+    exceptions (the shortlist path has no gang and no node lease, so the pipeline reads no others)."""
+    resources: dict[str, dict[str, ScalarResource]] = {}
+    if request.resources:
+        # SELECT node_id, resource, allocatable, ratio FROM node_resources
+        #  WHERE node_id = ANY(:inside) AND resource = ANY(:requested)
+        for r in (
+            await conn.execute(
+                sa.select(
+                    node_resources.c.node_id,
+                    node_resources.c.resource,
+                    node_resources.c.allocatable,
+                    node_resources.c.ratio,
+                ).where(
+                    node_resources.c.node_id == sa.any_(sa.literal(inside, pg.ARRAY(sa.Text))),
+                    node_resources.c.resource.in_(sorted(request.resources)),
+                )
+            )
+        ).all():
+            held = exceptions.peaks.get(r.node_id, {}).get(r.resource, Decimal(0))
+            resources.setdefault(r.node_id, {})[r.resource] = ScalarResource(r.allocatable, r.ratio, held)
     return {
         node_id: NodeState(
             no_schedule_reasons=exceptions.reasons.get(node_id, ()),

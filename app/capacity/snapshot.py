@@ -4,8 +4,8 @@ The static part of a pool (nodes' names, labels, devices with attributes and NUM
 cached in process per pool and ``pools.inventory_version``; every inventory change bumps the version in
 its own transaction, so a request that reads a newer version reloads, and replicas stay correct. The
 volatile part (NoSchedule reasons, unhealthy or unbookable atoms, bookings overlapping the window,
-allocated scalars) is read per request with narrow indexed queries. All reads here are plain reads
-(no locks): plans are made on them and the guarded commit re-checks what they assumed.
+the peak of scalar holdings over the window) is read per request with narrow indexed queries. All reads
+here are plain reads (no locks): plans are made on them and the guarded commit re-checks what they assumed.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from app.db.tables import (
     node_resources,
     nodes,
     pools,
+    scalar_holdings,
 )
+from app.db.windows import peaks_by
 from app.errors import NotFound, quote_input
 from app.placement.model import Atom, NodeInventory, NodeSnapshot, NodeState, PoolSnapshot, ScalarResource
 from app.placement.topology import node_topology
@@ -304,7 +306,10 @@ async def read_node_states(
         booked[r.node_id].add(r.device_id)
     for node_id, atoms in (assumed or {}).items():
         booked[node_id].update(atoms)
-    resources = await read_scalar_rows(conn, node_filter, join_nodes=True)
+    holders: list[Any] = [scalar_holdings.c.pool_id == pool_id]
+    if ids is not None:
+        holders.append(scalar_holdings.c.node_id.in_(ids))
+    resources = await read_scalar_rows(conn, node_filter, holders, start, end, join_nodes=True)
     return {
         r.id: NodeState(
             no_schedule_reasons=tuple(r.no_schedule_reasons),
@@ -317,26 +322,52 @@ async def read_node_states(
     }
 
 
-SCALAR_COLUMNS = (
-    node_resources.c.node_id,
-    node_resources.c.resource,
-    node_resources.c.allocatable,
-    node_resources.c.ratio,
-    node_resources.c.allocated,
-)
+def scalar_peaks(holders: list[Any], start: datetime, end: datetime) -> Any:
+    """Subquery ``(node_id, resource, peak)``: the most each node holds of each resource at any instant of
+    ``[start, end)``, over the ``scalar_holdings`` rows matching ``holders`` (app/db/windows.py)."""
+    return peaks_by(
+        scalar_holdings, holders, start, end, (scalar_holdings.c.node_id, scalar_holdings.c.resource)
+    )
 
 
 async def read_scalar_rows(
-    conn: AsyncConnection, where: list[Any], *, join_nodes: bool
+    conn: AsyncConnection,
+    where: list[Any],
+    holders: list[Any],
+    start: datetime,
+    end: datetime,
+    *,
+    join_nodes: bool,
 ) -> dict[str, dict[str, ScalarResource]]:
     """node id -> resource -> :class:`ScalarResource` for the ``node_resources`` rows matching ``where``
-    (joined to ``nodes`` when the condition names node columns)."""
-    stmt = sa.select(*SCALAR_COLUMNS)
+    (joined to ``nodes`` when the condition names node columns); its ``allocated`` is the peak held over
+    ``[start, end)`` by the holdings matching ``holders``, so the pipeline's room is the room over the
+    window::
+
+        SELECT nr.node_id, nr.resource, nr.allocatable, nr.ratio, coalesce(p.peak, 0)
+          FROM node_resources nr [JOIN nodes n ON n.id = nr.node_id]
+          LEFT JOIN (<peaks per node and resource over the window>) p
+            ON p.node_id = nr.node_id AND p.resource = nr.resource
+         WHERE <where>
+    """
+    peaks = scalar_peaks(holders, start, end)
+    source: Any = node_resources
     if join_nodes:
-        stmt = stmt.join(nodes, nodes.c.id == node_resources.c.node_id)
+        source = source.join(nodes, nodes.c.id == node_resources.c.node_id)
+    source = source.outerjoin(
+        peaks,
+        sa.and_(peaks.c.node_id == node_resources.c.node_id, peaks.c.resource == node_resources.c.resource),
+    )
+    stmt = sa.select(
+        node_resources.c.node_id,
+        node_resources.c.resource,
+        node_resources.c.allocatable,
+        node_resources.c.ratio,
+        sa.func.coalesce(peaks.c.peak, 0).label("held"),
+    ).select_from(source)
     resources: dict[str, dict[str, ScalarResource]] = defaultdict(dict)
     for r in (await conn.execute(stmt.where(*where))).all():
-        resources[r.node_id][r.resource] = ScalarResource(r.allocatable, r.ratio, r.allocated)
+        resources[r.node_id][r.resource] = ScalarResource(r.allocatable, r.ratio, r.held)
     return resources
 
 

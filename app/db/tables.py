@@ -2,7 +2,8 @@
 
 Alembic migrations under ``alembic/versions`` create exactly these tables; ``alembic check`` compares
 them. Numeric amounts are ``numeric`` (``Decimal`` in Python) so ``floor(100 * 0.29)`` is 29 everywhere.
-Booking windows are half-open ``tstzrange`` values ``[start, end)``.
+Booking windows are half-open ``tstzrange`` values ``[start, end)``; scalar and quota holdings are
+half-open ``[starts_at, ends_at)`` windows too, counted per instant (DESIGN.md, "Reservation lifecycle").
 
 Lock order in every multi-table transaction (seed 000, "Commit and lock order"):
 reservations (own row) -> quota_usage -> pools -> nodes -> devices -> node_resources -> pool_capacity_rollup.
@@ -133,8 +134,29 @@ node_resources = sa.Table(
     sa.Column("resource", sa.Text, primary_key=True),
     sa.Column("allocatable", sa.Numeric, nullable=False),
     sa.Column("ratio", sa.Numeric, nullable=False, server_default="1"),
-    sa.Column("allocated", sa.Numeric, nullable=False, server_default="0"),
-    sa.CheckConstraint("allocatable >= 0 AND ratio > 0 AND allocated >= 0", name="amounts"),
+    sa.CheckConstraint("allocatable >= 0 AND ratio > 0", name="amounts"),
+)
+
+# What allocations hold of a node's scalar resources, over their windows: the amount held at an instant
+# is the sum of the rows whose window contains it. The guarded commit inserts a row under the
+# node_resources row lock only when the peak over the window leaves room (app/capacity/commit.py). A
+# release cuts ``ends_at`` at the release instant (or deletes a row that had not started); rows stay as
+# history otherwise, and reads skip the past by ``ends_at``.
+scalar_holdings = sa.Table(
+    "scalar_holdings",
+    metadata,
+    sa.Column(
+        "allocation_id", sa.Text, sa.ForeignKey("allocations.id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("resource", sa.Text, primary_key=True),
+    sa.Column("node_id", sa.Text, sa.ForeignKey("nodes.id"), nullable=False),
+    sa.Column("pool_id", sa.Text, nullable=False),
+    sa.Column("amount", sa.Numeric, nullable=False),
+    sa.Column("starts_at", TS, nullable=False),
+    sa.Column("ends_at", TS, nullable=False),
+    sa.CheckConstraint("amount > 0 AND starts_at < ends_at", name="window"),
+    sa.Index("ix_scalar_holdings_node", "node_id", "resource", "ends_at"),
+    sa.Index("ix_scalar_holdings_pool", "pool_id", "ends_at"),
 )
 
 reservations = sa.Table(
@@ -151,9 +173,15 @@ reservations = sa.Table(
     sa.Column("created_at", TS, nullable=False, server_default=NOW),
     sa.Column("updated_at", TS, nullable=False, server_default=NOW),
     sa.Column("released_at", TS),
+    # the end of the placed window: the lifecycle controller ends the reservation after it
+    sa.Column("ends_at", TS),
     sa.UniqueConstraint("tenant_id", "idempotency_key"),
-    sa.CheckConstraint("status IN ('placed', 'pending', 'queued', 'released', 'preempted')", name="status"),
+    sa.CheckConstraint(
+        "status IN ('placed', 'pending', 'queued', 'released', 'preempted', 'ended')", name="status"
+    ),
     sa.Index("ix_reservations_tenant_status", "tenant_id", "status"),
+    # the lifecycle controller's sweep reads only placed reservations, by their end
+    sa.Index("ix_reservations_placed_ends_at", "ends_at", postgresql_where=sa.text("status = 'placed'")),
 )
 
 allocations = sa.Table(
@@ -190,13 +218,15 @@ device_bookings = sa.Table(
     sa.Index("ix_device_bookings_allocation_id", "allocation_id"),
 )
 
+# A pool's capacity per resource (atoms per class, floor(allocatable x ratio) per scalar), kept by the
+# inventory in the same transaction as node changes. What is held is counted per instant from the
+# bookings and holdings (the pool view shows "held now"), so no commit writes this table.
 pool_capacity_rollup = sa.Table(
     "pool_capacity_rollup",
     metadata,
     sa.Column("pool_id", sa.Text, sa.ForeignKey("pools.id"), primary_key=True),
     sa.Column("resource", sa.Text, primary_key=True),
     sa.Column("total", sa.Numeric, nullable=False, server_default="0"),
-    sa.Column("allocated", sa.Numeric, nullable=False, server_default="0"),
 )
 
 quota_limits = sa.Table(
@@ -209,14 +239,33 @@ quota_limits = sa.Table(
     sa.CheckConstraint('"limit" >= 0', name="limit"),
 )
 
+# One row per tenant, pool and resource: the row the quota guard locks (first in the lock order) before
+# it checks the peak of the tenant's holdings over a window. Usage itself is quota_holdings.
 quota_usage = sa.Table(
     "quota_usage",
     metadata,
     sa.Column("tenant_id", sa.Text, primary_key=True),
     sa.Column("pool_id", sa.Text, sa.ForeignKey("pools.id"), primary_key=True),
     sa.Column("resource", sa.Text, primary_key=True),
-    sa.Column("used", sa.Numeric, nullable=False, server_default="0"),
-    sa.CheckConstraint("used >= 0", name="used"),
+)
+
+# What a reservation charges to its tenant's quota, over its window (atoms per device class and scalar
+# amounts, times gang members). Usage at an instant is the sum of the rows whose window contains it; a
+# release cuts ``ends_at`` like scalar_holdings.
+quota_holdings = sa.Table(
+    "quota_holdings",
+    metadata,
+    sa.Column(
+        "reservation_id", sa.Text, sa.ForeignKey("reservations.id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("resource", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("pool_id", sa.Text, sa.ForeignKey("pools.id"), nullable=False),
+    sa.Column("amount", sa.Numeric, nullable=False),
+    sa.Column("starts_at", TS, nullable=False),
+    sa.Column("ends_at", TS, nullable=False),
+    sa.CheckConstraint("amount > 0 AND starts_at < ends_at", name="window"),
+    sa.Index("ix_quota_holdings_tenant", "tenant_id", "pool_id", "resource", "ends_at"),
 )
 
 principals = sa.Table(

@@ -1,13 +1,11 @@
-"""The periodic runner of the liveness sweep (one per service process; safe with several replicas).
-
-Kept tiny and separate from :func:`app.inventory.liveness.sweep_heartbeats` so it can move under the
-lifecycle controller's registry: ``run_liveness(engine, period, grace)`` is a coroutine that sweeps every
-``period`` seconds (each sweep one transaction, repeated while a batch came back full) until cancelled.
+"""The liveness sweep as a lifecycle task (app/capacity/lifecycle.py runs it every
+``BC_NODE_LIVENESS_SWEEP_SECONDS`` in every service process; safe with several replicas): one pass is
+one transaction per batch of :func:`app.inventory.liveness.sweep_heartbeats`, repeated while a batch
+came back full.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -15,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.inventory.liveness import SWEEP_BATCH, sweep_heartbeats
 
 log = logging.getLogger("better_compute.liveness")
+HEARTBEAT_LIVENESS = "heartbeat-liveness"  # the lifecycle task's name
 
 
 async def sweep_once(engine: AsyncEngine, grace_seconds: float | None) -> int:
@@ -26,19 +25,6 @@ async def sweep_once(engine: AsyncEngine, grace_seconds: float | None) -> int:
             marked = await sweep_heartbeats(conn, now, grace_seconds)
         total += marked
         if marked < SWEEP_BATCH:
+            if total:
+                log.warning("liveness: %d node(s) marked 'heartbeat lost'", total)
             return total
-
-
-async def run_liveness(engine: AsyncEngine, period_seconds: float, grace_seconds: float | None) -> None:
-    """Sweep every ``period_seconds`` until cancelled; a failed sweep (database down) is logged and retried
-    at the next period."""
-    while True:
-        try:
-            marked = await sweep_once(engine, grace_seconds)
-            if marked:
-                log.warning("liveness: %d node(s) marked 'heartbeat lost'", marked)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the database may be restarting: try again next period
-            log.exception("liveness sweep failed")
-        await asyncio.sleep(period_seconds)

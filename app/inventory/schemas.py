@@ -54,7 +54,8 @@ class TaintBody(BaseModel):
 
 
 class ResourceBody(BaseModel):
-    """A scalar resource: room = floor(allocatable x ratio) - allocated (seed 000, scalar room)."""
+    """A scalar resource: room over a window = floor(allocatable x ratio) - the peak held in it (seed 000,
+    scalar room, counted per instant)."""
 
     model_config = ConfigDict(extra="forbid")
     allocatable: Amount

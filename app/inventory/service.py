@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import (
     capacity_device_links,
+    device_bookings,
     devices,
     node_labels,
     node_resources,
@@ -24,7 +25,9 @@ from app.db.tables import (
     nodes,
     pool_capacity_rollup,
     pools,
+    scalar_holdings,
 )
+from app.db.windows import held_at
 from app.errors import Conflict, InvalidInput, NotFound, quote_input
 from app.ids import new_id
 from app.inventory.importer import ImportedNode, build_imported_node
@@ -79,6 +82,39 @@ async def get_pool(conn: AsyncConnection, pool_id: str) -> dict[str, Any]:
     return (await _pool_views(conn, [await get_pool_row(conn, pool_id)]))[0]
 
 
+async def _held_now(conn: AsyncConnection, pool_ids: list[str]) -> dict[tuple[str, str], Decimal]:
+    """(pool id, resource) -> what is held now: atoms per class booked at ``now()`` and scalar holdings
+    containing ``now()`` (capacity is counted per instant; the rollup keeps the totals only)::
+
+        SELECT b.pool_id, d.class, count(*) FROM device_bookings b JOIN devices d ON d.pk = b.device_pk
+         WHERE b.pool_id = ANY(:pools) AND b.during @> now() GROUP BY 1, 2;
+        SELECT pool_id, resource, sum(amount) FROM scalar_holdings
+         WHERE pool_id = ANY(:pools) AND starts_at <= now() AND ends_at > now() GROUP BY 1, 2;
+    """
+    held: dict[tuple[str, str], Decimal] = {}
+    for r in (
+        await conn.execute(
+            sa.select(device_bookings.c.pool_id, devices.c["class"], sa.func.count())
+            .join(devices, devices.c.pk == device_bookings.c.device_pk)
+            .where(device_bookings.c.pool_id.in_(pool_ids), device_bookings.c.during.op("@>")(sa.func.now()))
+            .group_by(device_bookings.c.pool_id, devices.c["class"])
+        )
+    ).all():
+        held[(r[0], r[1])] = Decimal(r[2])
+    for r in (
+        await conn.execute(
+            held_at(
+                scalar_holdings,
+                [scalar_holdings.c.pool_id.in_(pool_ids)],
+                sa.func.now(),
+                [scalar_holdings.c.pool_id, scalar_holdings.c.resource],
+            )
+        )
+    ).all():
+        held[(r.pool_id, r.resource)] = held.get((r.pool_id, r.resource), Decimal(0)) + r.held
+    return held
+
+
 async def _pool_views(conn: AsyncConnection, rows: list[Any]) -> list[dict[str, Any]]:
     ids = [r.id for r in rows]
     counts: dict[str, int] = {}
@@ -93,6 +129,7 @@ async def _pool_views(conn: AsyncConnection, rows: list[Any]) -> list[dict[str, 
                 )
             ).all()
         )
+        held = await _held_now(conn, ids)
         for r in (
             await conn.execute(
                 sa.select(pool_capacity_rollup)
@@ -100,7 +137,10 @@ async def _pool_views(conn: AsyncConnection, rows: list[Any]) -> list[dict[str, 
                 .order_by(pool_capacity_rollup.c.resource)
             )
         ).all():
-            rollups[r.pool_id][r.resource] = {"total": num(r.total), "allocated": num(r.allocated)}
+            rollups[r.pool_id][r.resource] = {
+                "total": num(r.total),
+                "allocated": num(held.get((r.pool_id, r.resource), Decimal(0))),
+            }
     return [
         {
             "id": row.id,
@@ -299,7 +339,7 @@ async def add_rollup_totals(conn: AsyncConnection, pool_id: str, totals: dict[st
     if not totals:
         return
     stmt = pg_insert(pool_capacity_rollup).values(
-        [{"pool_id": pool_id, "resource": k, "total": v, "allocated": 0} for k, v in sorted(totals.items())]
+        [{"pool_id": pool_id, "resource": k, "total": v} for k, v in sorted(totals.items())]
     )
     await conn.execute(
         stmt.on_conflict_do_update(
@@ -437,6 +477,19 @@ async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
             .order_by(node_resources.c.resource)
         )
     ).all()
+    held = {
+        r.resource: r.held
+        for r in (
+            await conn.execute(
+                held_at(
+                    scalar_holdings,
+                    [scalar_holdings.c.node_id == node_id],
+                    sa.func.now(),
+                    [scalar_holdings.c.resource],
+                )
+            )
+        ).all()
+    }
     device_rows = (
         await conn.execute(
             sa.select(devices).where(devices.c.node_id == node_id).order_by(devices.c.ordinal, devices.c.id)
@@ -473,7 +526,7 @@ async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
             r.resource: {
                 "allocatable": num(r.allocatable),
                 "ratio": num(r.ratio),
-                "allocated": num(r.allocated),
+                "allocated": num(held.get(r.resource, Decimal(0))),  # held now
             }
             for r in resources
         },

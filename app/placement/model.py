@@ -102,7 +102,9 @@ class Atom:
 
 @dataclass(frozen=True, slots=True)
 class ScalarResource:
-    """A node's scalar resource row (node_resources): room = floor(allocatable x ratio) - allocated."""
+    """A node's scalar resource (a node_resources row) as a plan sees it for one window: room =
+    floor(allocatable x ratio) - allocated, where ``allocated`` is the peak the node holds at any instant
+    of the request's window (the snapshot reads compute it from scalar_holdings)."""
 
     allocatable: Decimal
     ratio: Decimal = Decimal(1)

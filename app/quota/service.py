@@ -1,5 +1,10 @@
 """Quota: limits per tenant, pool and resource (a device class such as ``gpu``, or a scalar such as
-``cpu``), charged with a guarded UPDATE before placement and refunded before a release.
+``cpu``), counted per instant (DESIGN.md, "Reservation lifecycle").
+
+A reservation holds its amounts over its window (``quota_holdings``); the tenant's usage at an instant is
+the sum of the holdings whose window contains it, and a charge is accepted only if the limit holds at
+every instant of the window (a guarded INSERT, before placement). A reservation that ends stops counting
+by itself; a release cuts its holdings at the release instant.
 
 A resource without a limit row is not limited (its usage is still counted), as a Kubernetes namespace
 without a ResourceQuota is not. ``quota_usage`` rows are locked first in every capacity transaction
@@ -9,6 +14,7 @@ without a ResourceQuota is not. ``quota_usage`` rows are locked first in every c
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -16,10 +22,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.db.tables import pools, quota_limits, quota_usage
+from app.db.tables import pools, quota_holdings, quota_limits, quota_usage
+from app.db.windows import cut, held_at, hold_if, holding_params, peak_instant, room_for
 from app.errors import NotFound, QuotaExceeded, quote_input
 from app.jsonnum import num
 from app.observability.metrics import QUOTA_REJECTIONS
+
+PEAK_HORIZON = timedelta(days=7)  # the quota view's peak looks this far ahead
 
 
 async def set_limits(
@@ -46,12 +55,14 @@ async def set_limits(
 
 
 async def get_quota(
-    conn: AsyncConnection, tenant_id: str, pool_id: str
+    conn: AsyncConnection, tenant_id: str, pool_id: str, now: datetime | None = None
 ) -> dict[str, dict[str, Decimal | None]]:
-    """``{resource: {"limit": Decimal | None, "used": Decimal}}`` for the tenant in the pool."""
+    """``{resource: {"limit": Decimal | None, "used": Decimal}}`` for the tenant in the pool, ``used``
+    being what is held at ``now`` (default: the database clock)."""
+    at = now if now is not None else sa.func.now()
     rows = (
         await conn.execute(
-            sa.select(quota_usage.c.resource, quota_usage.c.used, quota_limits.c.limit)
+            sa.select(quota_usage.c.resource, quota_limits.c.limit)
             .select_from(
                 quota_usage.outerjoin(
                     quota_limits,
@@ -66,7 +77,23 @@ async def get_quota(
             .order_by(quota_usage.c.resource)
         )
     ).all()
-    return {r.resource: {"limit": r.limit, "used": r.used} for r in rows}
+    used = {
+        r.resource: r.held
+        for r in (
+            await conn.execute(
+                held_at(quota_holdings, _tenant(tenant_id, pool_id), at, [quota_holdings.c.resource])
+            )
+        ).all()
+    }
+    return {r.resource: {"limit": r.limit, "used": used.get(r.resource, Decimal(0))} for r in rows}
+
+
+def _tenant(tenant_id: str, pool_id: str, resource: str | None = None) -> list[Any]:
+    """The tenant's holdings in the pool (of one resource)."""
+    where = [quota_holdings.c.tenant_id == tenant_id, quota_holdings.c.pool_id == pool_id]
+    if resource is not None:
+        where.append(quota_holdings.c.resource == resource)
+    return where
 
 
 async def _ensure_usage_rows(
@@ -76,54 +103,82 @@ async def _ensure_usage_rows(
         return
     await conn.execute(
         pg_insert(quota_usage)
-        .values([{"tenant_id": tenant_id, "pool_id": pool_id, "resource": r, "used": 0} for r in resources])
+        .values([{"tenant_id": tenant_id, "pool_id": pool_id, "resource": r} for r in resources])
         .on_conflict_do_nothing()
     )
 
 
-async def charge(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: Mapping[str, Decimal]) -> None:
-    """Add ``amounts`` to the tenant's usage, each under its limit, in sorted resource order.
+async def _lock_usage_rows(conn: AsyncConnection, tenant_id: str, pool_id: str, resources: list[str]) -> int:
+    # SELECT resource FROM quota_usage WHERE tenant_id = :t AND pool_id = :p AND resource = ANY(:rs)
+    #  ORDER BY resource FOR UPDATE                      -- sorted: two charges never deadlock
+    return len(
+        (
+            await conn.execute(
+                sa.select(quota_usage.c.resource)
+                .where(
+                    quota_usage.c.tenant_id == tenant_id,
+                    quota_usage.c.pool_id == pool_id,
+                    quota_usage.c.resource.in_(resources),
+                )
+                .order_by(quota_usage.c.resource)
+                .with_for_update()
+            )
+        ).all()
+    )
 
-    Raises :class:`~app.errors.QuotaExceeded` (409) naming the resource when one would pass its limit;
+
+async def charge(
+    conn: AsyncConnection,
+    tenant_id: str,
+    pool_id: str,
+    reservation_id: str,
+    amounts: Mapping[str, Decimal],
+    start: datetime,
+    end: datetime,
+) -> None:
+    """Hold ``amounts`` for the reservation over ``[start, end)``, each only if the tenant's usage stays
+    within its limit at every instant of the window, in sorted resource order.
+
+    The tenant's ``quota_usage`` rows are locked first (``FOR UPDATE``, the head of the lock order), so
+    charges of one tenant, pool and resource are serialized and each guard reads, with a snapshot taken
+    after the lock, every holding committed before it. Raises :class:`~app.errors.QuotaExceeded` (409)
+    naming the resource, the instant of the peak, what is used there, the limit and what was requested;
     the caller's transaction is then rolled back, so nothing is written.
     """
     wanted = {r: Decimal(n) for r, n in amounts.items() if Decimal(n) > 0}
-    for resource, n in sorted(wanted.items()):
-        row = await _guarded_add(conn, tenant_id, pool_id, resource, n)
-        if row is None:
-            # No row updated: over the limit, or no usage row yet, or one a concurrent first charge
-            # created after this UPDATE's snapshot. INSERT ... ON CONFLICT DO NOTHING waits for such a
-            # concurrent inserter to finish, so the retried UPDATE sees the row either way.
-            await _ensure_usage_rows(conn, tenant_id, pool_id, [resource])
-            row = await _guarded_add(conn, tenant_id, pool_id, resource, n)
-        if row is None:
+    if not wanted:
+        return
+    resources = sorted(wanted)
+    if await _lock_usage_rows(conn, tenant_id, pool_id, resources) < len(resources):
+        # a first charge: INSERT ... ON CONFLICT DO NOTHING waits for a concurrent inserter of the same
+        # row to finish, so the second lock sees every row
+        await _ensure_usage_rows(conn, tenant_id, pool_id, resources)
+        await _lock_usage_rows(conn, tenant_id, pool_id, resources)
+    for resource in resources:
+        n = wanted[resource]
+        if not await _guarded_hold(conn, tenant_id, pool_id, reservation_id, resource, n, start, end):
+            limit = await _limit(conn, tenant_id, pool_id, resource)
+            at, used = await peak_instant(
+                conn, quota_holdings, _tenant(tenant_id, pool_id, resource), start, end
+            )
             QUOTA_REJECTIONS.inc()
-            state = (await get_quota(conn, tenant_id, pool_id)).get(resource, {})
             raise QuotaExceeded(
-                f"quota for {resource} in pool {pool_id} exceeded: {state.get('used')} used of "
-                f"{state.get('limit')}, {n} requested",
+                f"quota for {resource} in pool {pool_id} exceeded at {at.isoformat()}: {num(Decimal(used))} "
+                f"used of {num(limit)}, {num(n)} requested",
                 {
                     "tenantId": tenant_id,
                     "poolId": pool_id,
                     "resource": resource,
-                    "limit": str(state.get("limit")),
-                    "used": str(state.get("used")),
+                    "at": at.isoformat(),
+                    "limit": str(limit),
+                    "used": str(used),
                     "requested": str(n),
                 },
             )
 
 
-def _usage_row(tenant_id: str, pool_id: str, resource: str) -> tuple[Any, ...]:
-    """The key of one ``quota_usage`` row."""
+def _limit_of(tenant_id: str, pool_id: str, resource: str) -> Any:
     return (
-        quota_usage.c.tenant_id == tenant_id,
-        quota_usage.c.pool_id == pool_id,
-        quota_usage.c.resource == resource,
-    )
-
-
-async def _guarded_add(conn: AsyncConnection, tenant_id: str, pool_id: str, resource: str, n: Decimal) -> Any:
-    limit = (
         sa.select(quota_limits.c.limit)
         .where(
             quota_limits.c.tenant_id == tenant_id,
@@ -132,32 +187,77 @@ async def _guarded_add(conn: AsyncConnection, tenant_id: str, pool_id: str, reso
         )
         .scalar_subquery()
     )
-    # UPDATE quota_usage SET used = used + :n
-    #  WHERE tenant_id = :t AND pool_id = :p AND resource = :r
-    #    AND (limit IS NULL OR used + :n <= limit) RETURNING used   -- no row: over the limit (or no row yet)
-    return (
-        await conn.execute(
-            sa.update(quota_usage)
-            .where(
-                *_usage_row(tenant_id, pool_id, resource),
-                sa.or_(limit.is_(None), quota_usage.c.used + n <= limit),
-            )
-            .values(used=quota_usage.c.used + n)
-            .returning(quota_usage.c.used)
-        )
-    ).first()
 
 
-async def refund(conn: AsyncConnection, tenant_id: str, pool_id: str, amounts: Mapping[str, Decimal]) -> None:
-    """Subtract ``amounts`` from usage (never below zero), in sorted resource order."""
-    for resource, n in sorted((r, Decimal(n)) for r, n in amounts.items()):
-        if n <= 0:
-            continue
-        await conn.execute(
-            sa.update(quota_usage)
-            .where(*_usage_row(tenant_id, pool_id, resource))
-            .values(used=sa.func.greatest(quota_usage.c.used - n, 0))
-        )
+async def _limit(conn: AsyncConnection, tenant_id: str, pool_id: str, resource: str) -> Decimal | None:
+    return (await conn.execute(sa.select(_limit_of(tenant_id, pool_id, resource)))).scalar()
+
+
+_H = holding_params(quota_holdings)
+_LIMIT = (
+    sa.select(quota_limits.c.limit)
+    .where(
+        quota_limits.c.tenant_id == _H["tenant_id"],
+        quota_limits.c.pool_id == _H["pool_id"],
+        quota_limits.c.resource == _H["resource"],
+    )
+    .scalar_subquery()
+)
+# INSERT INTO quota_holdings (reservation_id, resource, tenant_id, pool_id, amount, starts_at, ends_at)
+# SELECT :reservation_id, :resource, :tenant_id, :pool_id, :amount, :starts_at, :ends_at
+#  WHERE (SELECT limit ...) IS NULL
+#     OR (<peak of the tenant's :resource holdings over [:starts_at, :ends_at), app/db/windows.py>)
+#        + :amount <= (SELECT limit ...)                 -- windows.room_for: the sweep only if needed
+# RETURNING reservation_id                               -- no row: over the limit at some instant
+HOLD_QUOTA = hold_if(
+    quota_holdings,
+    _H,
+    room_for(
+        quota_holdings,
+        [
+            quota_holdings.c.tenant_id == _H["tenant_id"],
+            quota_holdings.c.pool_id == _H["pool_id"],
+            quota_holdings.c.resource == _H["resource"],
+        ],
+        _H["starts_at"],
+        _H["ends_at"],
+        _H["amount"],
+        _LIMIT,
+    ),
+)
+
+
+async def _guarded_hold(
+    conn: AsyncConnection,
+    tenant_id: str,
+    pool_id: str,
+    reservation_id: str,
+    resource: str,
+    n: Decimal,
+    start: datetime,
+    end: datetime,
+) -> bool:
+    params = {
+        "reservation_id": reservation_id,
+        "resource": resource,
+        "tenant_id": tenant_id,
+        "pool_id": pool_id,
+        "amount": n,
+        "starts_at": start,
+        "ends_at": end,
+    }
+    row = (await conn.execute(HOLD_QUOTA, params)).first()
+    return row is not None
+
+
+async def refund(conn: AsyncConnection, reservation_id: str) -> None:
+    """Drop everything the reservation holds (it was charged and then could not be placed)."""
+    await conn.execute(sa.delete(quota_holdings).where(quota_holdings.c.reservation_id == reservation_id))
+
+
+async def cut_holdings(conn: AsyncConnection, reservation_id: str, at: datetime) -> None:
+    """A release at ``at``: the reservation's holdings end there (removed if they had not started)."""
+    await cut(conn, quota_holdings, [quota_holdings.c.reservation_id == reservation_id], at)
 
 
 async def _pool_exists(conn: AsyncConnection, pool_id: str) -> None:
@@ -165,15 +265,32 @@ async def _pool_exists(conn: AsyncConnection, pool_id: str) -> None:
         raise NotFound(f"pool {quote_input(pool_id)} not found")
 
 
-async def quota_view(conn: AsyncConnection, tenant_id: str, pool_id: str) -> dict[str, Any]:
-    """``{tenantId, poolId, limits: {resource: n}, used: {resource: n}}``; NotFound for an unknown pool."""
+async def quota_view(
+    conn: AsyncConnection, tenant_id: str, pool_id: str, now: datetime | None = None
+) -> dict[str, Any]:
+    """``{tenantId, poolId, limits: {resource: n}, used: {resource: n}, peak: {resource: {used, at}},
+    peakWindow: {start, end}}``: ``used`` is what is held at ``now`` (default: the database clock), and
+    ``peak`` the most held at any instant of the next 7 days, with the first instant it is held.
+    NotFound for an unknown pool."""
     await _pool_exists(conn, pool_id)
-    state = await get_quota(conn, tenant_id, pool_id)
+    if now is None:
+        now = (await conn.execute(sa.select(sa.func.now()))).scalar_one()
+    assert now is not None
+    horizon = now + PEAK_HORIZON
+    state = await get_quota(conn, tenant_id, pool_id, now)
+    peak: dict[str, dict[str, Any]] = {}
+    for resource in state:
+        at, held = await peak_instant(
+            conn, quota_holdings, _tenant(tenant_id, pool_id, resource), now, horizon
+        )
+        peak[resource] = {"used": num(Decimal(held)), "at": at.isoformat()}
     return {
         "tenantId": tenant_id,
         "poolId": pool_id,
         "limits": {r: num(v["limit"]) for r, v in state.items() if v["limit"] is not None},
         "used": {r: num(v["used"]) for r, v in state.items()},
+        "peak": peak,
+        "peakWindow": {"start": now.isoformat(), "end": horizon.isoformat()},
     }
 
 

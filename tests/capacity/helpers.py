@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.snapshot import window
-from app.db.tables import allocations, device_bookings, devices, reservations
+from app.db.tables import allocations, device_bookings, devices, reservations, scalar_holdings
 from app.ids import new_id
 from app.inventory import service as inventory
 from app.inventory.schemas import NodeCreate
@@ -62,9 +62,16 @@ async def reservation_row(conn: AsyncConnection, pool_id: str, tenant: str = "ac
 
 
 async def book(
-    conn: AsyncConnection, pool_id: str, node_id: str, atoms: list[str], start: datetime, end: datetime
+    conn: AsyncConnection,
+    pool_id: str,
+    node_id: str,
+    atoms: list[str],
+    start: datetime,
+    end: datetime,
+    resources: dict[str, Decimal | int] | None = None,
 ) -> str:
-    """Write an allocation with bookings of ``atoms`` for ``[start, end)`` (test set-up)."""
+    """Write an allocation with bookings of ``atoms`` and holdings of ``resources`` for ``[start, end)``
+    (test set-up; no guard)."""
     res_id = await reservation_row(conn, pool_id, tenant="someone-else")
     alloc_id = new_id("alloc")
     await conn.execute(
@@ -74,10 +81,28 @@ async def book(
             pool_id=pool_id,
             node_id=node_id,
             atoms=atoms,
-            resources={},
+            resources={k: str(v) for k, v in (resources or {}).items()},
             during=window(start, end),
         )
     )
+    if resources:
+        await conn.execute(
+            sa.insert(scalar_holdings),
+            [
+                {
+                    "allocation_id": alloc_id,
+                    "resource": r,
+                    "node_id": node_id,
+                    "pool_id": pool_id,
+                    "amount": Decimal(n),
+                    "starts_at": start,
+                    "ends_at": end,
+                }
+                for r, n in sorted(resources.items())
+            ],
+        )
+    if not atoms:
+        return alloc_id
     pks = dict(
         (await conn.execute(sa.select(devices.c.id, devices.c.pk).where(devices.c.id.in_(atoms)))).all()
     )
@@ -107,3 +132,15 @@ def day_after(start: datetime) -> datetime:
 
 
 ZERO = Decimal(0)
+
+
+async def held_now(engine: AsyncEngine, table: str, where: str = "true") -> Decimal:
+    """``sum(amount)`` of the ``scalar_holdings`` / ``quota_holdings`` rows matching ``where`` that
+    hold at the database's ``now()``."""
+    async with engine.connect() as conn:
+        return (
+            await conn.exec_driver_sql(
+                f"SELECT coalesce(sum(amount), 0) FROM {table} "
+                f"WHERE starts_at <= now() AND ends_at > now() AND {where}"
+            )
+        ).scalar_one()

@@ -15,7 +15,14 @@ from app.inventory import service as inventory
 from app.placement.model import DeviceRequest, Gang, PlacementRequest
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
-from tests.capacity.helpers import day_after, db_time, make_pool_with_nodes, node_body, reservation_row
+from tests.capacity.helpers import (
+    day_after,
+    db_time,
+    held_now,
+    make_pool_with_nodes,
+    node_body,
+    reservation_row,
+)
 
 
 def _racks() -> list[Any]:
@@ -49,8 +56,8 @@ async def test_a_gang_is_placed_whole_and_released_whole(clean_db: AsyncEngine) 
     assert view["status"] == "placed" and len(view["allocations"]) == 3
     assert {a["nodeId"] for a in view["allocations"]} == {by_name[n] for n in ("gb1", "gb2", "gb3")}
     assert await _scalar(engine, "SELECT count(*) FROM device_bookings") == 12
-    assert await _scalar(engine, "SELECT used FROM quota_usage WHERE resource = 'gpu'") == 12
-    assert await _scalar(engine, "SELECT used FROM quota_usage WHERE resource = 'cpu'") == 6
+    assert await held_now(engine, "quota_holdings", "resource = 'gpu'") == 12
+    assert await held_now(engine, "quota_holdings", "resource = 'cpu'") == 6
     # a second gang of 3 cannot fit in rack a (2 nodes): pending, and nothing is held
     again = body.model_copy(update={"idempotencyKey": "gang-2"})
     pending, _ = await create_reservation(engine, PoolCache(), CapacityConfig(SchedulerOptions()), again)
@@ -60,9 +67,10 @@ async def test_a_gang_is_placed_whole_and_released_whole(clean_db: AsyncEngine) 
     )
     released = await release_reservation(engine, view["id"], None)
     assert released["status"] == "released"
-    assert await _scalar(engine, "SELECT count(*) FROM device_bookings") == 0
-    assert await _scalar(engine, "SELECT sum(used) FROM quota_usage") == 0
-    assert await _scalar(engine, "SELECT sum(allocated) FROM node_resources") == 0
+    # cut at the release instant: nothing is booked or held from then on
+    assert await _scalar(engine, "SELECT count(*) FROM device_bookings WHERE upper(during) > now()") == 0
+    assert await held_now(engine, "quota_holdings") == 0
+    assert await held_now(engine, "scalar_holdings") == 0
 
 
 async def test_a_lost_race_on_one_member_rolls_back_the_others(clean_db: AsyncEngine) -> None:

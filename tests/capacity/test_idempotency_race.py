@@ -43,7 +43,7 @@ async def test_concurrent_creates_with_one_key_make_one_reservation(clean_db: As
         assert (await conn.exec_driver_sql("SELECT count(*) FROM reservations")).scalar_one() == 1
         assert (await conn.exec_driver_sql("SELECT count(*) FROM device_bookings")).scalar_one() == 2
         assert (
-            await conn.exec_driver_sql("SELECT sum(used) FROM quota_usage WHERE resource = 'gpu'")
+            await conn.exec_driver_sql("SELECT sum(amount) FROM quota_holdings WHERE resource = 'gpu'")
         ).scalar_one() == 2
 
 

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity.placer import Pending, Placed, place_inline
 from app.capacity.snapshot import PoolCache
-from app.db.tables import device_bookings, node_labels, node_resources
+from app.db.tables import device_bookings, node_labels, scalar_holdings
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody
 from app.placement.model import DeviceRequest, PlacementRequest
@@ -39,12 +39,8 @@ async def _spoil_booking(engine: AsyncEngine, pool: str, node_id: str, atoms: An
 
 
 async def _spoil_scalar(engine: AsyncEngine, pool: str, node_id: str, atoms: Any, start: Any) -> None:
-    async with engine.begin() as other:
-        await other.execute(
-            sa.update(node_resources)
-            .where(node_resources.c.node_id == node_id, node_resources.c.resource == "cpu")
-            .values(allocated=node_resources.c.allocatable)
-        )
+    async with engine.begin() as other:  # another holder took all 16 cpu over the window
+        await book(other, pool, node_id, [], start, day_after(start), resources={"cpu": 16})
 
 
 async def _spoil_label(engine: AsyncEngine, pool: str, node_id: str, atoms: Any, start: Any) -> None:
@@ -129,8 +125,8 @@ async def test_a_lost_race_replans_on_another_node(
         # nothing of the rolled-back attempt survived on the spoiled node
         cpu = (
             await conn.execute(
-                sa.select(node_resources.c.allocated).where(
-                    node_resources.c.node_id == spoiled[0], node_resources.c.resource == "cpu"
+                sa.select(sa.func.coalesce(sa.func.sum(scalar_holdings.c.amount), 0)).where(
+                    scalar_holdings.c.node_id == spoiled[0], scalar_holdings.c.resource == "cpu"
                 )
             )
         ).scalar_one()

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity.shortlist import plan_request, shortlist_applies
 from app.capacity.snapshot import PoolCache, read_snapshot
-from app.db.tables import devices, node_resources
+from app.db.tables import devices
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, TaintBody
 from app.placement.model import DeviceRequest, MatchExpression, PlacementRequest, Plan, Selector
@@ -60,11 +60,16 @@ async def _random_pool(engine: AsyncEngine, rng: random.Random, start: Any, k: i
                     v["id"],
                     HealthBody.model_validate({"devices": [{"id": atoms[0], "healthy": False}]}),
                 )
-            if rng.random() < 0.3:
-                await conn.execute(
-                    sa.update(node_resources)
-                    .where(node_resources.c.node_id == v["id"])
-                    .values(allocated=rng.choice([0, 4, 8]))
+            for _ in range(rng.choice([0, 0, 1, 2])):  # cpu held over part of the window, or before it
+                held_from = start + timedelta(hours=rng.choice([-6, -2, 1, 3]))
+                await book(
+                    conn,
+                    pool,
+                    v["id"],
+                    [],
+                    held_from,
+                    held_from + timedelta(hours=rng.choice([1, 3, 4])),
+                    resources={"cpu": rng.choice([4, 8])},
                 )
     return pool
 

@@ -1,4 +1,5 @@
-"""Stress: two real service processes, 32 concurrent clients, one small pool (issue 4, "Done when" 1).
+"""Stress: two real service processes, 32 concurrent clients, one small pool (issue 4, "Done when" 1;
+issue 11, "Races").
 
 Two ``python -m app.cli serve`` processes share the test database. 32 ``httpx.AsyncClient`` workers,
 spread over 8 tenants with quotas, reserve mixed shapes (1, 2 or 4 GPUs, some with cpu and memory, some
@@ -6,14 +7,19 @@ cpu alone) and release them, alternating between the servers, on a pool of 3 nod
 requests collide on the same nodes and atoms. Some steps race on purpose: one reservation released
 through both servers at once, one idempotency key created through both servers at once.
 
+After the first wave, most requests ask for random overlapping windows in the next few hours (GPUs and
+cpu, some cpu alone), and releases cut them mid-window or remove them before they start.
+
 The first wave is synchronized: all 32 workers reserve at once and nobody releases until every answer
 is in. The wave asks for at least 32 GPUs of a 12-GPU pool, so at most 12 of its requests can be placed
 and the rest must answer pending (or QUOTA_EXCEEDED): contention is certain, not hoped for.
 
 Afterwards SQL checks the books with reservations still live, and again after everything is released:
-no device has overlapping bookings, scalar ``allocated`` equals the live allocations, quota usage equals
-the tenants' placed reservations, every placed reservation's atoms equal its bookings, released
-reservations hold nothing, and the pool rollup equals live usage. No answer may be a 5xx.
+no device has overlapping bookings; a sweep over every holding boundary finds no instant at which a
+node's held cpu (or memory) exceeds ``floor(allocatable x ratio)`` nor one at which a tenant's usage
+exceeds its limit; every allocation's scalar holdings and every reservation's quota holdings are what it
+asked for over its window (cut at the release instant when released); every placed reservation's atoms
+equal its bookings; nothing released holds anything after its release. No answer may be a 5xx.
 """
 
 from __future__ import annotations
@@ -25,16 +31,20 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import ADMIN_KEY
+from app.db.tables import quota_holdings
+from app.quota.service import set_limits
+from tests.capacity.helpers import book, db_time, make_pool_with_nodes, node_body, reservation_row
 from tests.factories import add_node, gpu_node, make_pool
-from tests.servers import Server, spawn_server, stop_server, wait_healthy
+from tests.servers import Server, admin_clients, running_servers
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = 2
@@ -57,6 +67,8 @@ SHAPES: list[tuple[int, dict[str, int]]] = [
     (0, {"cpu": 4}),
 ]
 GANG_SHARE = 0.2  # a fifth of later requests are gangs of two members of the shape, on distinct nodes
+WINDOW_SHARE = 0.6  # later requests with a random window in the next few hours (the others: now, 1 day)
+SLOT = timedelta(minutes=20)  # windows start on a slot of the next 4 hours and last 1 to 6 slots
 STARTUP_SECONDS = 60.0
 REQUEST_TIMEOUT = 60.0
 
@@ -64,28 +76,8 @@ REQUEST_TIMEOUT = 60.0
 @pytest.fixture
 def servers(database_url: str, clean_db: AsyncEngine, tmp_path: Path) -> Iterator[list[Server]]:
     """Two service processes on free ports of 127.0.0.1, on the (clean) test database; stopped after."""
-    spawned: list[Server] = []
-    started: list[Server] = []
-
-    def spawn(log: Path) -> Server:
-        spawned.append(spawn_server(database_url, log))
-        return spawned[-1]
-
-    try:
-        waiting = [spawn(tmp_path / f"server-{i}.log") for i in range(SERVERS)]
-        deadline = time.monotonic() + STARTUP_SECONDS
-        for attempt in range(3):
-            retry = [s for s in waiting if not wait_healthy(s, deadline)]
-            started += [s for s in waiting if s not in retry]
-            if not retry:
-                break
-            if attempt == 2:
-                raise AssertionError("a server did not start:\n" + "\n".join(s.output() for s in retry))
-            waiting = [spawn(s.log.with_suffix(f".retry{attempt}.log")) for s in retry]
+    with running_servers(database_url, tmp_path, SERVERS, startup_seconds=STARTUP_SECONDS) as started:
         yield started
-    finally:
-        for server in spawned:
-            stop_server(server)
 
 
 # ------------------------------------------------------------------------------------------ workload
@@ -109,16 +101,24 @@ class Tally:
 
 
 def _body(
-    pool_id: str, tenant: str, key: str, shape: tuple[int, dict[str, int]], members: int = 1
+    pool_id: str,
+    tenant: str,
+    key: str,
+    shape: tuple[int, dict[str, int]],
+    members: int = 1,
+    start: datetime | None = None,
+    seconds: int | None = None,
 ) -> dict[str, Any]:
     gpus, resources = shape
     body: dict[str, Any] = {
         "tenantId": tenant,
         "poolId": pool_id,
         "devices": [{"class": "gpu", "count": gpus}] if gpus else [],
-        "duration": "1d",
+        "duration": seconds if seconds is not None else "1d",
         "idempotencyKey": key,
     }
+    if start is not None:
+        body["start"] = start.isoformat()
     if resources:
         body["resources"] = resources
     if members > 1:
@@ -126,13 +126,20 @@ def _body(
     return body
 
 
+def _same_instant(a: str, b: str) -> bool:
+    return datetime.fromisoformat(a) == datetime.fromisoformat(b)
+
+
 class Workload:
     """The clients' side: reserve / release helpers that check every answer's shape."""
 
-    def __init__(self, clients: list[httpx.AsyncClient], pool_id: str, node_ids: set[str]) -> None:
+    def __init__(
+        self, clients: list[httpx.AsyncClient], pool_id: str, node_ids: set[str], base: datetime
+    ) -> None:
         self.clients = clients
         self.pool_id = pool_id
         self.node_ids = node_ids
+        self.base = base  # windows start after this instant (the database clock at the start)
         self.tally = Tally()
         self._keys = 0
 
@@ -157,6 +164,10 @@ class Workload:
                     and a["nodeId"] in self.node_ids
                     and {k: float(v) for k, v in a["resources"].items()}
                     == {k: float(v) for k, v in body.get("resources", {}).items()}
+                    and (
+                        "start" not in body
+                        or datetime.fromisoformat(a["start"]) == datetime.fromisoformat(body["start"])
+                    )
                     for a in allocs
                 )
             )
@@ -265,7 +276,11 @@ async def _worker(
                 await load.release(server(), victim)
             continue
         members = 2 if rng.random() < GANG_SHARE else 1
-        body = _body(load.pool_id, tenant, load.key(worker), rng.choice(SHAPES), members)
+        start, seconds = None, None
+        if rng.random() < WINDOW_SHARE:
+            start = load.base + rng.randrange(12) * SLOT
+            seconds = int((rng.randint(1, 6) * SLOT).total_seconds())
+        body = _body(load.pool_id, tenant, load.key(worker), rng.choice(SHAPES), members, start, seconds)
         if roll < 0.55:
             kind, view = await load.create_twice(worker, body)
         else:
@@ -279,6 +294,18 @@ async def _worker(
 
 # ------------------------------------------------------------------------------------------ SQL checks
 
+# what a reservation asks of its tenant's quota, from its spec (a gang charges every member)
+WANTED = """
+    SELECT r.id, r.tenant_id, r.pool_id, d->>'class' AS resource,
+           (d->>'count')::numeric * coalesce((r.spec->'gang'->>'members')::int, 1) AS n
+      FROM reservations r, jsonb_array_elements(r.spec->'devices') d
+     WHERE (d->>'count')::int > 0
+    UNION ALL
+    SELECT r.id, r.tenant_id, r.pool_id, x.key,
+           x.value::numeric * coalesce((r.spec->'gang'->>'members')::int, 1)
+      FROM reservations r, jsonb_each_text(coalesce(r.spec->'resources', '{}'::jsonb)) x
+"""
+
 CHECKS: dict[str, str] = {
     # two bookings of one device whose windows overlap
     "overlapping bookings": """
@@ -287,52 +314,70 @@ CHECKS: dict[str, str] = {
           JOIN device_bookings b
             ON a.device_pk = b.device_pk AND a.allocation_id < b.allocation_id AND a.during && b.during
     """,
-    # node_resources.allocated vs the sum of live allocations' resources on the node
-    "scalar allocated != live allocations": """
-        SELECT nr.node_id, nr.resource, nr.allocated, coalesce(live.n, 0) AS live
-          FROM node_resources nr
-          LEFT JOIN (
-                SELECT a.node_id, r.key AS resource, sum(r.value::numeric) AS n
-                  FROM allocations a, jsonb_each_text(a.resources) r
-                 WHERE a.released_at IS NULL
-                 GROUP BY 1, 2
-          ) live ON live.node_id = nr.node_id AND live.resource = nr.resource
-         WHERE nr.allocated <> coalesce(live.n, 0)
+    # the per-instant sweep: at every instant where a holding starts (the held amount is a step function
+    # that only rises there), what the node holds is within floor(allocatable * ratio)
+    "scalar over capacity at an instant": """
+        WITH instants AS (SELECT DISTINCT node_id, resource, starts_at AS t FROM scalar_holdings)
+        SELECT i.node_id, i.resource, i.t, sum(h.amount), floor(nr.allocatable * nr.ratio)
+          FROM instants i
+          JOIN scalar_holdings h
+            ON h.node_id = i.node_id AND h.resource = i.resource AND h.starts_at <= i.t AND h.ends_at > i.t
+          JOIN node_resources nr ON nr.node_id = i.node_id AND nr.resource = i.resource
+         GROUP BY i.node_id, i.resource, i.t, nr.allocatable, nr.ratio
+        HAVING sum(h.amount) > floor(nr.allocatable * nr.ratio)
     """,
-    # a scalar guard let a node go over floor(allocatable * ratio)
-    "scalar over capacity": """
-        SELECT node_id, resource, allocated FROM node_resources
-         WHERE allocated > floor(allocatable * ratio)
+    # the same sweep over each tenant's quota holdings against its limits
+    "quota over limit at an instant": """
+        WITH instants AS (SELECT DISTINCT tenant_id, pool_id, resource, starts_at AS t FROM quota_holdings)
+        SELECT i.tenant_id, i.resource, i.t, sum(h.amount), l."limit"
+          FROM instants i
+          JOIN quota_holdings h
+            ON h.tenant_id = i.tenant_id AND h.pool_id = i.pool_id AND h.resource = i.resource
+           AND h.starts_at <= i.t AND h.ends_at > i.t
+          JOIN quota_limits l
+            ON l.tenant_id = i.tenant_id AND l.pool_id = i.pool_id AND l.resource = i.resource
+         GROUP BY i.tenant_id, i.pool_id, i.resource, i.t, l."limit"
+        HAVING sum(h.amount) > l."limit"
     """,
-    # quota_usage.used vs the sum over the tenant's placed reservations (from their specs)
-    "quota usage != placed reservations": """
-        WITH placed AS (
-                SELECT tenant_id, pool_id, spec FROM reservations WHERE status = 'placed'
-             ),
-             wanted AS (  -- a gang charges every member
-                SELECT tenant_id, pool_id, d->>'class' AS resource,
-                       (d->>'count')::numeric * coalesce((spec->'gang'->>'members')::int, 1) AS n
-                  FROM placed, jsonb_array_elements(spec->'devices') d
-                UNION ALL
-                SELECT tenant_id, pool_id, r.key,
-                       r.value::numeric * coalesce((spec->'gang'->>'members')::int, 1)
-                  FROM placed, jsonb_each_text(coalesce(spec->'resources', '{}'::jsonb)) r
-             ),
-             expected AS (
-                SELECT tenant_id, pool_id, resource, sum(n) AS n FROM wanted GROUP BY 1, 2, 3
+    # a live allocation holds exactly its resources over its window; a released one at most up to its
+    # release instant (rows that had not started are gone)
+    "scalar holdings != allocations": """
+        WITH asked AS (
+                SELECT a.id, a.node_id, x.key AS resource, x.value::numeric AS n, a.during, a.released_at
+                  FROM allocations a, jsonb_each_text(a.resources) x
              )
-        SELECT coalesce(q.tenant_id, e.tenant_id), coalesce(q.resource, e.resource),
-               coalesce(q.used, 0), coalesce(e.n, 0)
-          FROM quota_usage q
-          FULL JOIN expected e
-            ON e.tenant_id = q.tenant_id AND e.pool_id = q.pool_id AND e.resource = q.resource
-         WHERE coalesce(q.used, 0) <> coalesce(e.n, 0)
+        SELECT coalesce(q.id, h.allocation_id), coalesce(q.resource, h.resource), q.n, h.amount
+          FROM asked q
+          FULL JOIN scalar_holdings h ON h.allocation_id = q.id AND h.resource = q.resource
+         WHERE q.id IS NULL
+            OR (q.released_at IS NULL
+                AND (h.allocation_id IS NULL OR h.amount <> q.n OR h.node_id <> q.node_id
+                     OR h.starts_at <> lower(q.during) OR h.ends_at <> upper(q.during)))
+            OR (q.released_at IS NOT NULL AND h.allocation_id IS NOT NULL
+                AND (h.amount <> q.n OR h.starts_at <> lower(q.during) OR h.ends_at > q.released_at
+                     OR h.ends_at > upper(q.during)))
     """,
-    "quota over limit": """
-        SELECT q.tenant_id, q.resource, q.used, l."limit"
-          FROM quota_usage q
-          JOIN quota_limits l USING (tenant_id, pool_id, resource)
-         WHERE q.used > l."limit"
+    # a placed reservation holds for its tenant exactly what its spec asks over its window; a pending one
+    # holds nothing; a released one nothing after its release
+    "quota holdings != reservations": """
+        WITH wanted AS ("""
+    + WANTED
+    + """),
+             windows AS (
+                SELECT reservation_id AS id, min(lower(during)) AS s, max(upper(during)) AS e
+                  FROM allocations GROUP BY 1
+             )
+        SELECT coalesce(w.id, h.reservation_id), coalesce(w.resource, h.resource), r.status, w.n, h.amount
+          FROM wanted w
+          JOIN reservations r ON r.id = w.id
+          LEFT JOIN windows x ON x.id = w.id
+          FULL JOIN quota_holdings h ON h.reservation_id = w.id AND h.resource = w.resource
+         WHERE w.id IS NULL
+            OR (r.status IN ('placed', 'ended')
+                AND (h.reservation_id IS NULL OR h.amount <> w.n OR h.tenant_id <> w.tenant_id
+                     OR h.starts_at <> x.s OR h.ends_at <> x.e))
+            OR (r.status NOT IN ('placed', 'released', 'ended') AND h.reservation_id IS NOT NULL)
+            OR (r.status = 'released' AND h.reservation_id IS NOT NULL AND h.ends_at > r.released_at)
     """,
     # a placed reservation has one live allocation per member, on distinct nodes; others have none
     "placed reservation without one live allocation per member": """
@@ -360,12 +405,16 @@ CHECKS: dict[str, str] = {
                         '{}'::text[])
                <> coalesce((SELECT array_agg(x ORDER BY x) FROM unnest(a.atoms) x), '{}'::text[])
     """,
+    # bookings are on the allocation's node and over its window (cut at the release instant if released)
     "booking on another node or window": """
         SELECT b.device_id, a.id
           FROM device_bookings b
           JOIN allocations a ON a.id = b.allocation_id
           JOIN devices d ON d.pk = b.device_pk
-         WHERE d.node_id <> a.node_id OR d.id <> b.device_id OR b.during <> a.during
+         WHERE d.node_id <> a.node_id OR d.id <> b.device_id
+            OR (a.released_at IS NULL AND b.during <> a.during)
+            OR (a.released_at IS NOT NULL
+                AND (lower(b.during) <> lower(a.during) OR upper(b.during) > a.released_at))
     """,
     # the atom count of a placed reservation is what its spec asked for
     "placed atoms != requested count": """
@@ -378,35 +427,14 @@ CHECKS: dict[str, str] = {
           ) s
          WHERE r.status = 'placed' AND cardinality(a.atoms) <> s.n
     """,
-    # released reservations hold no bookings and no live allocations
+    # released reservations hold no bookings after their release, and no live allocations
     "released reservation still booked": """
         SELECT r.id, b.device_id
           FROM reservations r
           JOIN allocations a ON a.reservation_id = r.id
           JOIN device_bookings b ON b.allocation_id = a.id
-         WHERE r.status <> 'placed' OR a.released_at IS NOT NULL
-    """,
-    # pool_capacity_rollup.allocated vs live usage (atoms by class, scalars by name)
-    "rollup != live usage": """
-        WITH live AS (
-                SELECT a.pool_id, d.class AS resource, count(*)::numeric AS n
-                  FROM allocations a
-                  JOIN device_bookings b ON b.allocation_id = a.id
-                  JOIN devices d ON d.pk = b.device_pk
-                 WHERE a.released_at IS NULL
-                 GROUP BY 1, 2
-                UNION ALL
-                SELECT a.pool_id, r.key, sum(r.value::numeric)
-                  FROM allocations a, jsonb_each_text(a.resources) r
-                 WHERE a.released_at IS NULL
-                 GROUP BY 1, 2
-             ),
-             expected AS (SELECT pool_id, resource, sum(n) AS n FROM live GROUP BY 1, 2)
-        SELECT coalesce(p.pool_id, e.pool_id), coalesce(p.resource, e.resource),
-               coalesce(p.allocated, 0), coalesce(e.n, 0)
-          FROM pool_capacity_rollup p
-          FULL JOIN expected e ON e.pool_id = p.pool_id AND e.resource = p.resource
-         WHERE coalesce(p.allocated, 0) <> coalesce(e.n, 0)
+         WHERE r.status NOT IN ('placed', 'released', 'ended')
+            OR (r.status = 'released' AND (a.released_at IS NULL OR upper(b.during) > r.released_at))
     """,
 }
 
@@ -433,21 +461,8 @@ async def _scalar(engine: AsyncEngine, sql: str) -> Any:
 @pytest.fixture
 async def clients(servers: list[Server]) -> AsyncIterator[list[httpx.AsyncClient]]:
     """One admin ``httpx.AsyncClient`` per server."""
-    limits = httpx.Limits(max_connections=2 * WORKERS, max_keepalive_connections=2 * WORKERS)
-    made = [
-        httpx.AsyncClient(
-            base_url=s.url,
-            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-            timeout=REQUEST_TIMEOUT,
-            limits=limits,
-        )
-        for s in servers
-    ]
-    try:
+    async with admin_clients(servers, REQUEST_TIMEOUT, 2 * WORKERS) as made:
         yield made
-    finally:
-        for c in made:
-            await c.aclose()
 
 
 async def test_two_servers_32_clients_never_double_book(
@@ -466,7 +481,8 @@ async def test_two_servers_32_clients_never_double_book(
         r = await clients[1].put(f"/v1/tenants/{tenant}/quotas/{pool_id}", json={"limits": QUOTA})
         assert r.status_code == 200, r.text
 
-    load = Workload(clients, pool_id, node_ids)
+    base = await _scalar(engine, "SELECT now() + interval '1 minute'")
+    load = Workload(clients, pool_id, node_ids, base)
     start, first_done = asyncio.Barrier(WORKERS), asyncio.Barrier(WORKERS)
     try:
         held_lists = await asyncio.wait_for(
@@ -512,10 +528,44 @@ async def test_two_servers_32_clients_never_double_book(
     await asyncio.gather(*(load.release_twice(rid) for rid in sorted(held)))
     assert not tally.unexpected, "\n".join(tally.unexpected[:20]) + "\n" + server_logs
     assert await _violations(engine) == {}
-    assert await _scalar(engine, "SELECT count(*) FROM device_bookings") == 0
-    assert await _scalar(engine, "SELECT coalesce(sum(allocated), 0) FROM node_resources") == 0
-    assert await _scalar(engine, "SELECT coalesce(sum(used), 0) FROM quota_usage") == 0
-    assert await _scalar(engine, "SELECT coalesce(sum(allocated), 0) FROM pool_capacity_rollup") == 0
+    # nothing is booked or held after the last release instant (what was used stays as history)
+    assert await _scalar(engine, "SELECT count(*) FROM device_bookings WHERE upper(during) > now()") == 0
+    assert await _scalar(engine, "SELECT count(*) FROM scalar_holdings WHERE ends_at > now()") == 0
+    assert await _scalar(engine, "SELECT count(*) FROM quota_holdings WHERE ends_at > now()") == 0
     assert await _scalar(engine, "SELECT count(*) FROM reservations WHERE status = 'placed'") == 0
     for s in servers:
         assert s.process.poll() is None, f"server {s.port} died:\n{s.output()}"
+
+
+async def test_the_sweep_finds_an_overcommit_at_one_instant(clean_db: AsyncEngine) -> None:
+    """The per-instant checks are not vacuous: holdings written without the guard that overlap by one
+    second on a 12-cpu node (7 + 6), and a tenant's 2 + 1 GPUs over a limit of 2 in that second, are found
+    at exactly that instant; holdings that only touch (6 + 6 from the next instant on) are not."""
+    engine = clean_db
+    pool, [view] = await make_pool_with_nodes(engine, [node_body("sweep", 4, cpu=NODE_CPU)])
+    t = await db_time(engine)
+    hour, second = timedelta(hours=1), timedelta(seconds=1)
+    async with engine.begin() as conn:
+        await set_limits(conn, "t", pool, {"gpu": 2})
+        for cpu, start, end in (
+            (7, t, t + hour),
+            (6, t + hour, t + 2 * hour),
+            (6, t + hour - second, t + 3 * hour),
+        ):
+            await book(conn, pool, view["id"], [], start, end, resources={"cpu": cpu})
+        for gpus, start, end in ((2, t, t + hour), (1, t + hour - second, t + 2 * hour)):
+            res = await reservation_row(conn, pool, tenant="t")
+            await conn.execute(
+                sa.insert(quota_holdings).values(
+                    reservation_id=res,
+                    resource="gpu",
+                    tenant_id="t",
+                    pool_id=pool,
+                    amount=gpus,
+                    starts_at=start,
+                    ends_at=end,
+                )
+            )
+    found = await _violations(engine)
+    assert [(r[2], r[3]) for r in found["scalar over capacity at an instant"]] == [(t + hour - second, 13)]
+    assert [(r[2], r[3]) for r in found["quota over limit at an instant"]] == [(t + hour - second, 3)]

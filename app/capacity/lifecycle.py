@@ -1,0 +1,102 @@
+"""The lifecycle controller: a small registry of periodic tasks, one controller per service process
+(DESIGN.md, "Reservation lifecycle").
+
+Every service process runs the same tasks; each task must therefore be safe with several replicas
+(claim rows with ``FOR UPDATE SKIP LOCKED``, write with guarded statements), so that a task done by one
+replica is simply not found by the others. A task runs every ``interval`` seconds, and sooner when
+:meth:`Lifecycle.poke` names it (an edge heard in this process). A failing run is logged and retried at
+the next tick; it never stops the controller.
+
+Built in: ``end-reservations`` (placed reservations whose window is over become ``ended``). Other parts
+add their own task to :func:`default_tasks` (or pass more to :class:`Lifecycle`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.capacity.reservations import end_reservations
+
+log = logging.getLogger("better_compute.lifecycle")
+
+END_RESERVATIONS = "end-reservations"
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleTask:
+    """A periodic task: ``run(engine)`` every ``interval`` seconds; it returns anything (ignored)."""
+
+    name: str
+    interval: float
+    run: Callable[[AsyncEngine], Awaitable[Any]]
+
+
+async def _end_all_due(engine: AsyncEngine) -> int:
+    """End every reservation that is due, in batches; returns how many were ended."""
+    total = 0
+    while True:
+        ended = await end_reservations(engine)
+        total += len(ended)
+        if not ended:
+            return total
+
+
+def default_tasks(interval: float) -> list[LifecycleTask]:
+    """The tasks every service process runs, each every ``interval`` seconds (``BC_LIFECYCLE_INTERVAL``)."""
+    return [LifecycleTask(END_RESERVATIONS, interval, _end_all_due)]
+
+
+class Lifecycle:
+    """Runs :class:`LifecycleTask` s on one engine as asyncio tasks of the current loop.
+
+    ``start()`` in the application's lifespan, ``await stop()`` before the engine is disposed."""
+
+    def __init__(self, engine: AsyncEngine, tasks: Iterable[LifecycleTask]) -> None:
+        self.engine = engine
+        self.tasks = {t.name: t for t in tasks}
+        self._wake = {name: asyncio.Event() for name in self.tasks}
+        self._running: list[asyncio.Task[None]] = []
+        self.runs: dict[str, int] = dict.fromkeys(self.tasks, 0)  # completed runs per task
+
+    def start(self) -> None:
+        """Start every task (idempotent)."""
+        if not self._running:
+            self._running = [
+                asyncio.create_task(self._loop(t), name=f"lifecycle:{t.name}") for t in self.tasks.values()
+            ]
+
+    def poke(self, name: str) -> None:
+        """Run the task ``name`` now instead of at its next tick (unknown names are ignored)."""
+        event = self._wake.get(name)
+        if event is not None:
+            event.set()
+
+    async def stop(self) -> None:
+        """Cancel every task and wait for them to finish."""
+        for task in self._running:
+            task.cancel()
+        for task in self._running:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._running = []
+
+    async def _loop(self, task: LifecycleTask) -> None:
+        wake = self._wake[task.name]
+        while True:
+            try:
+                await task.run(self.engine)
+                self.runs[task.name] += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a database outage or a bug in one run: log it and try at the next tick
+                log.exception("lifecycle task %s failed", task.name)
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=task.interval)

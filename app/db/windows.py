@@ -1,0 +1,157 @@
+"""Amounts held over half-open windows ``[starts_at, ends_at)``, counted per instant (DESIGN.md,
+"Reservation lifecycle"): the SQL shared by ``scalar_holdings`` (a node's cpu, memory, ...) and
+``quota_holdings`` (a tenant's usage of a pool).
+
+The amount held at an instant ``t`` is the sum of the rows with ``starts_at <= t < ends_at``. The peak over
+a window ``[s, e)`` is the maximum of that over ``t`` in the window. It is found with one sweep over the
+rows that overlap the window, ``O(k log k)`` for ``k`` such rows (rows wholly before or after the window
+are skipped by the ``(..., ends_at)`` indexes and the ``starts_at < e`` filter)::
+
+    SELECT max(held) FROM (
+      SELECT sum(delta) OVER (ORDER BY at, delta) AS held FROM (
+        SELECT greatest(starts_at, :s) AS at, amount AS delta FROM h
+         WHERE <keys> AND ends_at > :s AND starts_at < :e
+        UNION ALL
+        SELECT ends_at, -amount FROM h
+         WHERE <keys> AND ends_at > :s AND starts_at < :e AND ends_at < :e
+      ) events
+    ) running
+
+At one instant, ends (negative deltas) sort before starts: the windows are half-open, so a holding that
+ends at 12:00 and one that starts at 12:00 are never held together. The running sum after the last event
+of an instant is what is held from that instant on, and a running sum in the middle of an instant's
+events is never above both neighbours' values, so the maximum of the running sums is the peak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+
+def overlapping(table: sa.Table, start: datetime, end: datetime) -> list[Any]:
+    """The rows of ``table`` whose window overlaps ``[start, end)``."""
+    return [table.c.ends_at > start, table.c.starts_at < end]
+
+
+def _running(
+    table: sa.Table, where: Sequence[Any], start: datetime, end: datetime, keys: Sequence[Any]
+) -> Any:
+    """Subquery ``(keys..., at, held)``: the running sum of the sweep over the window, per key."""
+    rows = [*where, *overlapping(table, start, end)]
+    starts = sa.select(
+        *keys,
+        sa.func.greatest(table.c.starts_at, start).label("at"),
+        table.c.amount.label("delta"),
+    ).where(*rows)
+    ends = sa.select(*keys, table.c.ends_at.label("at"), (-table.c.amount).label("delta")).where(
+        *rows, table.c.ends_at < end
+    )
+    events = sa.union_all(starts, ends).subquery("events")
+    key_cols = [events.c[k.key] for k in keys]
+    return sa.select(
+        *key_cols,
+        events.c.at,
+        sa.func.sum(events.c.delta)
+        .over(partition_by=key_cols or None, order_by=(events.c.at, events.c.delta))
+        .label("held"),
+    ).subquery("running")
+
+
+def peak_over(table: sa.Table, where: Sequence[Any], start: datetime, end: datetime) -> Any:
+    """Scalar subquery: the peak held over ``[start, end)`` by the rows matching ``where`` (0 if none)."""
+    running = _running(table, where, start, end, ())
+    return sa.select(sa.func.coalesce(sa.func.max(running.c.held), 0)).scalar_subquery()
+
+
+def room_for(table: sa.Table, where: Sequence[Any], start: datetime, end: datetime, n: Any, cap: Any) -> Any:
+    """The guard "the peak held over ``[start, end)`` plus ``n`` stays within ``cap``" (``cap`` NULL: no
+    limit), as a boolean SQL expression that does the sweep only when it must::
+
+        CASE WHEN cap IS NULL THEN true
+             WHEN (SELECT coalesce(sum(amount), 0) FROM h WHERE <overlapping>) + n <= cap THEN true
+             ELSE (<peak over the window>) + n <= cap END
+
+    The sum of every overlapping holding is at least the peak, so when it fits the peak fits too; CASE
+    evaluates its branches in order, so the sort of the sweep is skipped then."""
+    total = (
+        sa.select(sa.func.coalesce(sa.func.sum(table.c.amount), 0))
+        .where(*where, *overlapping(table, start, end))
+        .scalar_subquery()
+    )
+    return sa.case(
+        (cap.is_(None), sa.true()),
+        (total + n <= cap, sa.true()),
+        else_=peak_over(table, where, start, end) + n <= cap,
+    )
+
+
+def peaks_by(
+    table: sa.Table, where: Sequence[Any], start: datetime, end: datetime, keys: Sequence[Any]
+) -> Any:
+    """Subquery ``(keys..., peak)``: the peak over ``[start, end)`` per key (keys without rows absent)."""
+    running = _running(table, where, start, end, keys)
+    key_cols = [running.c[k.key] for k in keys]
+    return (
+        sa.select(*key_cols, sa.func.max(running.c.held).label("peak")).group_by(*key_cols).subquery("peaks")
+    )
+
+
+async def peak_instant(
+    conn: AsyncConnection, table: sa.Table, where: Sequence[Any], start: datetime, end: datetime
+) -> tuple[datetime, Any]:
+    """``(instant, held)`` of the first instant in ``[start, end)`` where the peak is held (``(start, 0)``
+    when nothing is held)."""
+    running = _running(table, where, start, end, ())
+    row = (
+        await conn.execute(
+            sa.select(running.c.at, running.c.held).order_by(running.c.held.desc(), running.c.at).limit(1)
+        )
+    ).first()
+    if row is None or row.held <= 0:
+        return start, 0
+    return row.at, row.held
+
+
+def held_at(table: sa.Table, where: Sequence[Any], instant: Any, keys: Sequence[Any]) -> Any:
+    """``SELECT keys..., sum(amount) AS held FROM table WHERE <where> AND starts_at <= :t AND ends_at > :t
+    GROUP BY keys``: what is held at one instant."""
+    return (
+        sa.select(*keys, sa.func.sum(table.c.amount).label("held"))
+        .where(*where, table.c.starts_at <= instant, table.c.ends_at > instant)
+        .group_by(*keys)
+    )
+
+
+def holding_params(table: sa.Table) -> dict[str, Any]:
+    """One bind parameter per column of a holdings table, named and typed as the column: statements
+    built once from them (at import) are compiled once and then only executed with values."""
+    return {c.name: sa.bindparam(c.name, type_=c.type) for c in table.columns}
+
+
+def hold_if(table: sa.Table, values: Mapping[str, Any], *guard: Any) -> Any:
+    """``INSERT INTO table (<columns>) SELECT <values> [FROM <the guard's tables>] WHERE <guard>
+    RETURNING <first column>``: the guarded write of a holding; no row returned = the guard refused.
+    ``values`` are SQL expressions (e.g. :func:`holding_params`) or plain values."""
+    columns = list(values)
+    source = sa.select(
+        *(v if isinstance(v, sa.ColumnElement) else sa.literal(v, table.c[c].type) for c, v in values.items())
+    ).where(*guard)
+    return sa.insert(table).from_select(columns, source).returning(table.c[columns[0]])
+
+
+async def cut(conn: AsyncConnection, table: sa.Table, where: Sequence[Any], at: datetime) -> None:
+    """Cut the rows matching ``where`` at the instant ``at``: rows that start at or after it are deleted
+    (nothing was held), rows that contain it end there (what was held stays as history)::
+
+        DELETE FROM h WHERE <where> AND starts_at >= :at;
+        UPDATE h SET ends_at = :at WHERE <where> AND starts_at < :at AND ends_at > :at;
+    """
+    await conn.execute(sa.delete(table).where(*where, table.c.starts_at >= at))
+    await conn.execute(
+        sa.update(table).where(*where, table.c.starts_at < at, table.c.ends_at > at).values(ends_at=at)
+    )
