@@ -52,6 +52,7 @@ from app.errors import (
 )
 from app.iam.service import principal_for_key
 from app.observability.metrics import GUARD_REFUSALS
+from app.observability.middleware import mark_client_gone
 from app.settings import Settings
 
 Scope = MutableMapping[str, Any]
@@ -169,7 +170,8 @@ class RequestGuard:
             response = JSONResponse(refused.to_body(), status_code=refused.status, headers=refused.headers)
             await response(scope, receive, send)
             return
-        if body is None:  # the client went away while sending
+        if body is None:  # the client went away while sending: nothing to answer, logged as 499
+            mark_client_gone(scope)
             return
         replayed = False
 
