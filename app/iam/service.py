@@ -47,7 +47,11 @@ def authorize_key_creation(creator: Principal, tenant_id: str | None, key_grants
     An admin (untenanted, ``compute:iam:admin`` on ``*``) mints anything. Any other creator needs
     ``compute:iam:admin`` on ``tenant:<tenantId>`` (on ``*`` for an untenanted key); a tenant-scoped
     creator must name its own tenant, and every requested grant must be covered by one of its own
-    (``pool:*`` covers ``pool:p1``; ``*`` only by ``*``). Raises :class:`~app.errors.Forbidden`."""
+    (``pool:*`` covers ``pool:p1``; ``*`` only by ``*``). Raises :class:`~app.errors.Forbidden`.
+
+    The grants are checked as input first, for every creator (:func:`validate_grants`, 422 naming
+    ``grants.<i>.action|resource``): an unknown action is bad input, not an escalation."""
+    validate_grants(key_grants)
     if is_admin(creator):
         return
     resource = f"tenant:{tenant_id}" if tenant_id else "*"

@@ -19,7 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.tables import principals
 from tests.conftest import ADMIN_KEY
 from tests.factories import add_node, gpu_node, make_pool, reservation
 
@@ -377,3 +380,35 @@ async def test_a_refusal_about_tenant_scope_has_one_details_shape(world: World, 
         r = await c.post("/v1/pools", json={"name": "not-mine"})
         assert r.status_code == 403
         assert r.json()["error"]["details"] == {"action": "compute:inventory:write", "resource": "*"}
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        (
+            {"principal": "x", "tenantId": A, "grants": [{"action": "compute:nope", "resource": "*"}]},
+            "grants.0",
+        ),
+        (
+            {"principal": "x", "tenantId": A, "grants": [{"action": "*", "resource": "cluster:1"}]},
+            "grants.0.resource",
+        ),
+        ({"principal": "x", "tenantId": "a b", "grants": []}, "tenantId"),
+        ({"principal": "x", "tenantId": "-lead", "grants": []}, "tenantId"),
+    ],
+)
+async def test_a_malformed_key_is_422_for_every_caller_and_mints_nothing(
+    world: World, client_for: Any, engine: AsyncEngine, body: dict[str, Any], path: str
+) -> None:
+    """Grants and the tenant id are input, checked before the escalation check: a tenant key gets the
+    same 422 as an admin, not a 403."""
+    async with engine.connect() as conn:
+        before = (await conn.execute(sa.select(sa.func.count()).select_from(principals))).scalar_one()
+    for key in (ADMIN_KEY, world.keys["tenant_a"]):
+        async with client_for(key) as c:
+            r = await c.post("/v1/api-keys", json=body)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "INVALID_INPUT", r.text
+        assert r.json()["error"]["details"]["path"] == path, r.text
+    async with engine.connect() as conn:
+        after = (await conn.execute(sa.select(sa.func.count()).select_from(principals))).scalar_one()
+    assert after == before
