@@ -387,7 +387,7 @@ async def test_a_refusal_about_tenant_scope_has_one_details_shape(world: World, 
     [
         (
             {"principal": "x", "tenantId": A, "grants": [{"action": "compute:nope", "resource": "*"}]},
-            "grants.0",
+            "grants.0.action",
         ),
         (
             {"principal": "x", "tenantId": A, "grants": [{"action": "*", "resource": "cluster:1"}]},
