@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -14,15 +15,22 @@ from app.api.guard import RECENT_KEY_SECONDS, RecentKeys
 from tests.conftest import ADMIN_KEY, settings_for
 
 
-@pytest.fixture
-async def limited_app(database_url: str, clean_db: AsyncEngine) -> AsyncIterator[Any]:
+@asynccontextmanager
+async def _app(database_url: str, per_key: str) -> AsyncIterator[Any]:
+    """The real app with ``per_key`` requests per key and 3 failed authentications a minute per address."""
     from app.main import create_app
 
     application = create_app(
-        settings_for(database_url, rate_limit="5/minute", auth_failure_rate_limit="3/minute"),
+        settings_for(database_url, rate_limit=per_key, auth_failure_rate_limit="3/minute"),
         run_migrations=False,
     )
     async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
+async def limited_app(database_url: str, clean_db: AsyncEngine) -> AsyncIterator[Any]:
+    async with _app(database_url, "5/minute") as application:
         yield application
 
 
@@ -68,13 +76,7 @@ async def test_failed_authentication_is_limited_per_address(limited_app: Any) ->
 @pytest.fixture
 async def guessed_app(database_url: str, clean_db: AsyncEngine) -> AsyncIterator[Any]:
     """Failed authentications limited to 3 a minute per address; keys themselves barely limited."""
-    from app.main import create_app
-
-    application = create_app(
-        settings_for(database_url, rate_limit="1000/minute", auth_failure_rate_limit="3/minute"),
-        run_migrations=False,
-    )
-    async with application.router.lifespan_context(application):
+    async with _app(database_url, "1000/minute") as application:
         yield application
 
 
