@@ -4,9 +4,11 @@ Starlette's CORSMiddleware answers the preflight of an allowed origin (methods t
 ``Authorization`` and ``Content-Type`` request headers, ``X-Request-Id`` both ways) and adds
 ``Access-Control-Allow-Origin`` to its responses. A request from any other origin passes through
 untouched, with no CORS header at all (Starlette alone would still add ``Access-Control-Allow-Methods``
-and friends to such a preflight's 400): for that browser the API is simply not shared, and a preflight
-is an ``OPTIONS`` the API does not serve (405). Keys travel in ``Authorization``, not cookies, so
-credentials mode stays off.
+and friends to such a preflight's 400): for that browser the API is simply not shared, and its
+preflight reaches the request guard as an ``OPTIONS`` without a key (401). A preflight of an allowed
+origin asking for a method or request header the API does not allow is 422 ``INVALID_INPUT`` in the
+one error shape, naming the preflight header (Starlette alone answers a plain-text 400). Keys travel in
+``Authorization``, not cookies, so credentials mode stays off.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from collections.abc import Sequence
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.errors import InvalidInput, clip_input
 
 ALLOWED_METHODS = ("GET", "POST", "PUT", "DELETE")
 ALLOWED_HEADERS = ("Authorization", "Content-Type", "X-Request-Id")
@@ -44,3 +49,27 @@ class BrowserCors(CORSMiddleware):
                 await self.app(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        """Starlette's answer, except a refused preflight: 422 ``INVALID_INPUT`` naming the preflight
+        header that asked for too much (``Access-Control-Request-Headers``, ``-Method`` or
+        ``-Private-Network``), with the allowed values in ``details``."""
+        answer = super().preflight_response(request_headers)
+        if answer.status_code < 400:
+            return answer
+        error = self._refusal(request_headers)
+        kept = {k: v for k, v in answer.headers.items() if k.startswith("access-control-") or k == "vary"}
+        return JSONResponse(error.to_body(), status_code=error.status, headers=kept)
+
+    def _refusal(self, request_headers: Headers) -> InvalidInput:
+        requested = request_headers.get("access-control-request-headers") or ""
+        refused = [h.strip() for h in requested.split(",") if h.strip().lower() not in self.allow_headers]
+        method = request_headers.get("access-control-request-method", "")
+        if refused:
+            path, what, allowed = "Access-Control-Request-Headers", ", ".join(refused), ALLOWED_HEADERS
+        elif method not in self.allow_methods:
+            path, what, allowed = "Access-Control-Request-Method", method, ALLOWED_METHODS
+        else:
+            path, what, allowed = "Access-Control-Request-Private-Network", "private network access", ()
+        message = f"{path}: {clip_input(what)} is not allowed"
+        return InvalidInput(message, path=path, details={"allowed": list(allowed)})

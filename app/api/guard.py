@@ -5,11 +5,14 @@ For every ``/v1/...`` request, in this order (DESIGN.md, "Security rules"):
 1. **Authenticate.** No ``Authorization: Bearer <key>`` or an unknown/revoked key answers 401
    ``UNAUTHENTICATED`` whatever the body holds: the body is never read (uvicorn discards it). Failed
    authentications count against the client address (``BC_AUTH_FAILURE_RATE_LIMIT``, default
-   10/second); over it, 429 ``RATE_LIMITED`` without even looking the key up. The key is resolved to its
-   :class:`~app.iam.authorize.Principal` with one query (no cache, so a revoked key stops at once) and
-   kept in ``scope["state"]["principal"]`` for :func:`app.api.deps.current_principal`;
-   ``scope["state"]["api_key_id"]`` is the key id (``"bootstrap"`` for the bootstrap admin key) for the
-   access log. A database outage during the lookup answers 503 ``UNAVAILABLE`` with ``Retry-After``.
+   10/second); over it, 429 ``RATE_LIMITED`` without even looking the key up, except for a key that
+   authenticated in this process within the last :data:`RECENT_KEY_SECONDS` (:class:`RecentKeys`): one
+   guesser behind a NAT or proxy does not lock out the valid keys sharing its address. The key is
+   resolved to its :class:`~app.iam.authorize.Principal` with one query on every request (no cache of
+   principals, so a revoked key stops at once) and kept in ``scope["state"]["principal"]`` for
+   :func:`app.api.deps.current_principal`; ``scope["state"]["api_key_id"]`` is the key id
+   (``"bootstrap"`` for the bootstrap admin key) for the access log. A database outage during the
+   lookup answers 503 ``UNAVAILABLE`` with ``Retry-After``.
 2. **Rate limit the key** (``BC_RATE_LIMIT``, default 100/second): 429 ``RATE_LIMITED`` with
    ``Retry-After``. Counters live in this process (``limits``' memory storage), so with N worker
    processes a key may make up to N times the limit.
@@ -33,6 +36,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
+from cachetools import TTLCache
 from limits import parse as parse_rate
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
@@ -50,8 +54,10 @@ from app.errors import (
     Unavailable,
     clip_input,
 )
+from app.iam.keys import hash_key
 from app.iam.service import principal_for_key
 from app.observability.metrics import GUARD_REFUSALS
+from app.observability.middleware import mark_client_gone
 from app.settings import Settings
 
 Scope = MutableMapping[str, Any]
@@ -129,6 +135,37 @@ class RateLimits:
         return error
 
 
+RECENT_KEY_SECONDS = 300.0  # how long a key that authenticated stays exempt from its address's limit
+RECENT_KEYS = 10_000  # keys remembered per process (the least recently authenticated are dropped first)
+
+
+class RecentKeys:
+    """Hashes (SHA-256, never the keys) of keys that authenticated in this process within the last
+    ``ttl`` seconds, at most ``size`` of them; ``clock`` gives seconds (monotonic).
+
+    Only an exemption from the failed-authentication limit of an address: a remembered key is still
+    looked up on every request, so a revoked key is refused at once and forgotten."""
+
+    def __init__(
+        self,
+        size: int = RECENT_KEYS,
+        ttl: float = RECENT_KEY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._hashes: TTLCache[str, bool] = TTLCache(maxsize=size, ttl=ttl, timer=clock)
+
+    def __contains__(self, key_hash: str) -> bool:
+        return key_hash in self._hashes
+
+    def remember(self, key_hash: str) -> None:
+        """Note a successful authentication (its ``ttl`` starts again)."""
+        self._hashes[key_hash] = True
+
+    def forget(self, key_hash: str) -> None:
+        """Drop a key that no longer authenticates (revoked)."""
+        self._hashes.pop(key_hash, None)
+
+
 def _bearer_key(scope: Scope) -> str | None:
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
@@ -155,6 +192,7 @@ class RequestGuard:
         self.app = app
         self.settings = settings
         self.rates = RateLimits(settings.rate_limit, settings.auth_failure_rate_limit)
+        self.recent = RecentKeys()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(GUARDED_PREFIX):
@@ -169,7 +207,8 @@ class RequestGuard:
             response = JSONResponse(refused.to_body(), status_code=refused.status, headers=refused.headers)
             await response(scope, receive, send)
             return
-        if body is None:  # the client went away while sending
+        if body is None:  # the client went away while sending: nothing to answer, logged as 499
+            mark_client_gone(scope)
             return
         replayed = False
 
@@ -190,17 +229,21 @@ class RequestGuard:
             raise self.rates.failed(
                 address, Unauthenticated("an API key is required: Authorization: Bearer <key>")
             )
-        self.rates.check_address(address)  # key guessing: no lookup once the address is over its limit
+        key_hash = hash_key(key)
+        if key_hash not in self.recent:  # key guessing: no lookup once the address is over its limit
+            self.rates.check_address(address)
         services = scope["app"].state.services
         try:
             async with services.engine.connect() as conn:
                 principal = await principal_for_key(conn, key, self.settings.bootstrap_admin_key)
         except Unauthenticated as unknown:
+            self.recent.forget(key_hash)
             raise self.rates.failed(address, unknown) from None
         except Exception as exc:
             if is_outage(exc):
                 raise Unavailable() from exc
             raise
+        self.recent.remember(key_hash)
         state = scope.setdefault("state", {})
         state["principal"] = principal
         state["api_key_id"] = principal.key_id

@@ -11,6 +11,7 @@ from app.api.models.iam import ApiKey
 from app.db.tx import in_transaction
 from app.iam.authorize import Grant
 from app.iam.service import authorize_key_creation, create_api_key, revoke_api_key
+from app.ids import TenantId
 
 router = APIRouter(tags=["iam"])
 
@@ -26,7 +27,7 @@ class ApiKeyCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     principal: str = Field(min_length=1, max_length=128)
-    tenantId: str | None = Field(default=None, min_length=1, max_length=128)
+    tenantId: TenantId | None = None
     grants: list[GrantBody] = Field(default_factory=list, max_length=256)
 
 

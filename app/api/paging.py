@@ -5,6 +5,12 @@ base64 of a JSON array: ``["reservations", "2026-12-01T12:00:00+00:00", "res_01k
 not build or read them; a cursor that this API did not issue for this list is 422 INVALID_INPUT naming
 ``cursor``. Pages continue after the key (keyset paging), so an item added or removed meanwhile neither
 repeats nor hides another.
+
+Cursors are not signed (any replica must read any other's, and a per-process secret would not let it):
+:func:`decode_cursor` is the one place their contents are checked instead. The key's parts must be
+strings PostgreSQL can store (no NUL, no lone surrogate: a forged ``["nodes", "\\u0000"]`` once reached
+the database and answered 500), and ``order`` (e.g. :func:`time_then_id`) must read them (an aware time
+that has a UTC equivalent); anything else is the same 422.
 """
 
 from __future__ import annotations
@@ -13,11 +19,12 @@ import base64
 import binascii
 import json
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from fastapi import Query
 
+from app.api.text_guard import find_unstorable
 from app.errors import InvalidInput
 
 T = TypeVar("T")
@@ -31,9 +38,14 @@ def encode_cursor(kind: str, *key: str) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
+def _not_a_cursor(kind: str) -> InvalidInput:
+    return InvalidInput(f"cursor: not a cursor of this list ({kind})", path="cursor")
+
+
 def decode_cursor(cursor: str, kind: str, size: int) -> tuple[str, ...]:
     """The ``size`` strings of the sort key in ``cursor``; raises InvalidInput (path ``cursor``) for a
-    cursor not issued for the list ``kind``."""
+    cursor not issued for the list ``kind``: not base64 JSON, another list's, another length, a part
+    that is not a string or holds text PostgreSQL cannot store."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         data = json.loads(raw)
@@ -44,8 +56,9 @@ def decode_cursor(cursor: str, kind: str, size: int) -> tuple[str, ...]:
         or len(data) != size + 1
         or data[0] != kind
         or not all(isinstance(part, str) for part in data[1:])
+        or find_unstorable(data[1:]) is not None
     ):
-        raise InvalidInput(f"cursor: not a cursor of this list ({kind})", path="cursor")
+        raise _not_a_cursor(kind)
     return tuple(data[1:])
 
 
@@ -80,11 +93,15 @@ def page_after(
 
 
 def time_then_id(key: tuple[str, ...]) -> tuple[datetime, str]:
-    """The order of a ``(createdAt, id)`` key: the aware time, then the id; ValueError otherwise."""
+    """The order of a ``(createdAt, id)`` key: the aware time in UTC, then the id; ValueError for a time
+    without an offset or one with no UTC equivalent (``0001-01-01T00:00:00+01:00``)."""
     created = datetime.fromisoformat(key[0])
     if created.tzinfo is None:
         raise ValueError("a cursor's time carries its offset")
-    return created, key[1]
+    try:
+        return created.astimezone(UTC), key[1]
+    except OverflowError:
+        raise ValueError("a cursor's time is out of range") from None
 
 
 def cursor_key(cursor: str, kind: str, order: Callable[[tuple[str, ...]], Any], size: int = 2) -> Any:
@@ -93,4 +110,4 @@ def cursor_key(cursor: str, kind: str, order: Callable[[tuple[str, ...]], Any], 
     try:
         return order(parts)
     except ValueError:
-        raise InvalidInput(f"cursor: not a cursor of this list ({kind})", path="cursor") from None
+        raise _not_a_cursor(kind) from None

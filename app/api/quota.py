@@ -13,10 +13,10 @@ from app.api.errors import responses
 from app.api.models.quota import Quota
 from app.db.tx import in_transaction, read_only
 from app.iam.authorize import authorize
+from app.ids import TenantId
 from app.quota import service as quota
 
 router = APIRouter(tags=["quota"])
-TENANT = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class QuotaBody(BaseModel):
@@ -36,7 +36,7 @@ class QuotaBody(BaseModel):
     operation_id="setQuota",
 )
 async def set_quota(
-    tenant_id: Annotated[str, Field(pattern=TENANT, max_length=128)],
+    tenant_id: TenantId,
     pool_id: str,
     body: QuotaBody,
     principal: Principal = Depends(current_principal),

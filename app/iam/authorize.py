@@ -101,24 +101,35 @@ def granted_pools(principal: Principal, action: str) -> frozenset[str] | None:
     return frozenset(pools)
 
 
+def refusal(principal: Principal, action: str, resource: str, tenant_scope: bool = False) -> Forbidden:
+    """The one 403 (:class:`~app.errors.Forbidden`) of refusing ``action`` on ``resource``: details
+    ``{"action", "resource"}``, plus ``tenantId`` (the tenant the key acts for) when the refusal is about
+    tenant scope, i.e. ``resource`` is another tenant's (``tenant:<other>``) or ``tenant_scope`` says so."""
+    details = {"action": action, "resource": resource}
+    other_tenant = resource.startswith("tenant:") and not can_see_tenant(
+        principal, resource[len("tenant:") :]
+    )
+    if tenant_scope or other_tenant:
+        return Forbidden(
+            f"this key acts for tenant {principal.tenant_id} only",
+            {**details, "tenantId": principal.tenant_id},
+        )
+    return Forbidden(f"{action} is not granted on {resource}", details)
+
+
 def authorize(principal: Principal, action: str, *resources: str, tenant: str | None = None) -> None:
-    """Raise :class:`~app.errors.Forbidden` unless ``action`` is granted on every one of ``resources``.
+    """Raise :func:`refusal` (403) unless ``action`` is granted on every one of ``resources``.
 
     ``tenant`` names the tenant the request acts for (a body's ``tenantId``, a path's tenant). A
-    tenant-scoped principal may act only for its own tenant: another ``tenant`` and any
-    ``tenant:<other>`` resource are refused whatever its grants say.
+    tenant-scoped principal may act only for its own tenant: another ``tenant`` (refused as resource
+    ``tenant:<tenant>``) and any ``tenant:<other>`` resource are refused whatever its grants say.
     """
     if tenant is not None and not can_see_tenant(principal, tenant):
-        raise Forbidden(
-            f"this key acts for tenant {principal.tenant_id} only", {"tenantId": principal.tenant_id}
-        )
+        raise refusal(principal, action, f"tenant:{tenant}")
     for resource in resources or ("*",):
-        if resource.startswith("tenant:") and not can_see_tenant(principal, resource[len("tenant:") :]):
-            raise Forbidden(f"this key acts for tenant {principal.tenant_id} only", {"resource": resource})
-        if not is_allowed(principal, action, resource):
-            raise Forbidden(
-                f"{action} is not granted on {resource}", {"action": action, "resource": resource}
-            )
+        visible = not resource.startswith("tenant:") or can_see_tenant(principal, resource[len("tenant:") :])
+        if not (visible and is_allowed(principal, action, resource)):
+            raise refusal(principal, action, resource)
 
 
 def authorize_owned(principal: Principal, action: str, owner_tenant: str | None, what: str) -> str:

@@ -7,7 +7,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import api_keys, grants, principals
 from app.errors import Forbidden, InvalidInput, NotFound, Unauthenticated, quote_input
-from app.iam.authorize import ACTIONS, Grant, Principal, authorize, authorize_owned, is_admin, is_allowed
+from app.iam.authorize import (
+    ACTIONS,
+    Grant,
+    Principal,
+    authorize,
+    authorize_owned,
+    is_admin,
+    is_allowed,
+    refusal,
+)
 from app.iam.keys import generate_key, hash_key, same_key
 from app.ids import new_id
 
@@ -38,14 +47,17 @@ def authorize_key_creation(creator: Principal, tenant_id: str | None, key_grants
     An admin (untenanted, ``compute:iam:admin`` on ``*``) mints anything. Any other creator needs
     ``compute:iam:admin`` on ``tenant:<tenantId>`` (on ``*`` for an untenanted key); a tenant-scoped
     creator must name its own tenant, and every requested grant must be covered by one of its own
-    (``pool:*`` covers ``pool:p1``; ``*`` only by ``*``). Raises :class:`~app.errors.Forbidden`."""
+    (``pool:*`` covers ``pool:p1``; ``*`` only by ``*``). Raises :class:`~app.errors.Forbidden`.
+
+    The grants are checked as input first, for every creator (:func:`validate_grants`, 422 naming
+    ``grants.<i>.action|resource``): an unknown action is bad input, not an escalation."""
+    validate_grants(key_grants)
     if is_admin(creator):
         return
+    resource = f"tenant:{tenant_id}" if tenant_id else "*"
     if creator.tenant_id is not None and tenant_id != creator.tenant_id:
-        raise Forbidden(
-            f"this key mints keys for tenant {creator.tenant_id} only", {"tenantId": creator.tenant_id}
-        )
-    authorize(creator, "compute:iam:admin", f"tenant:{tenant_id}" if tenant_id else "*", tenant=tenant_id)
+        raise refusal(creator, "compute:iam:admin", resource, tenant_scope=True)
+    authorize(creator, "compute:iam:admin", resource, tenant=tenant_id)
     for i, g in enumerate(key_grants):
         if not is_allowed(creator, g.action, g.resource):
             raise Forbidden(

@@ -13,6 +13,10 @@ middlewares inside it (401, 413, 429, a CORS preflight) as well as the routes'.
   ``unmatched`` when no route matches), status, duration in ms, key id
   (``scope["state"]["api_key_id"]``, set by the authentication middleware; ``-`` without one) and
   request id.
+- A client that goes away before its body is complete (``http.disconnect`` while the request guard or a
+  route reads the body: :func:`mark_client_gone`, or Starlette's ``ClientDisconnect``) is status 499
+  (nginx's "client closed request") in the access line and the metrics, without a traceback: nothing
+  failed on the server's side, and no answer is sent.
 - An exception that escapes the app is logged here once, with its traceback and the request id, and
   answered ``500 INTERNAL`` in the one error shape; it is not re-raised, so neither Starlette's
   ServerErrorMiddleware nor the server logs it a second time.
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 
 from fastapi.routing import iter_route_contexts
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,6 +45,8 @@ from app.observability.logs import LOGGER, REQUEST_ID
 REQUEST_ID_HEADER = "X-Request-Id"
 NO_KEY = "-"  # the key id of a request no key authenticated
 REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:=+/-]{0,127}")
+CLIENT_CLOSED_REQUEST = 499  # the status logged and counted for a client gone before its body ended
+_CLIENT_GONE = "client_gone"  # scope["state"] flag set by mark_client_gone
 
 access_log = logging.getLogger(f"{LOGGER}.access")
 error_log = logging.getLogger(f"{LOGGER}.error")
@@ -51,6 +58,12 @@ def request_id_of(headers: Headers) -> str:
     if given is not None and REQUEST_ID_PATTERN.fullmatch(given):
         return given
     return new_id("req")
+
+
+def mark_client_gone(scope: Scope) -> None:
+    """Record that the client disconnected before its request was complete (no answer will be sent):
+    the access line and the metrics then say 499, not 500."""
+    scope.setdefault("state", {})[_CLIENT_GONE] = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +130,8 @@ class AccessLogMiddleware:
         route = route_template(scope, self.templates)  # before the app runs: a Mount rewrites the path
         try:
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:  # a route read a body the client stopped sending
+            mark_client_gone(scope)
         except Exception:
             error_log.exception("unhandled error in %s %s", method, route, extra={"request_id": request_id})
             if status is None:  # nothing sent yet: answer in the one error shape
@@ -126,7 +141,10 @@ class AccessLogMiddleware:
         finally:
             REQUEST_ID.reset(token)
         seconds = time.perf_counter() - started
-        code = status if status is not None else 500
+        if status is not None:
+            code = status
+        else:
+            code = CLIENT_CLOSED_REQUEST if state.get(_CLIENT_GONE) else 500
         metrics.observe_http(route, method, code, seconds)
         key_id = state.get("api_key_id") or NO_KEY
         access_log.info(

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 from app.errors import InvalidInput, quote_input
+from app.ids import TenantId
 from app.placement.model import (
     COMPARISON_OPS,
     MAX_EXPRESSIONS,
@@ -220,7 +221,7 @@ class ReservationRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tenantId: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    tenantId: TenantId
     poolId: str = Field(min_length=1, max_length=128)
     devices: list[DeviceRequestBody] = Field(default_factory=list, max_length=16)
     resources: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceAmount] = (

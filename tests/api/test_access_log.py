@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -16,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.main import create_app
 from app.observability.logs import formatter
+from tests.api.metrics_text import parse
 from tests.conftest import ADMIN_KEY, settings_for
 from tests.factories import add_node, gpu_node, make_pool, reservation
 from tests.servers import Server, running_server
@@ -153,3 +156,33 @@ async def test_json_lines_in_a_real_process(json_server: Server) -> None:
     [error] = [r for r in records if "exc_info" in r]
     assert error["request_id"] == "json-500" and "RuntimeError: a plugin bug" in error["exc_info"]
     assert error["level"] == "ERROR"
+
+
+def _send_half_a_body(server: Server, request_id: str) -> None:
+    """POST /v1/reservations declaring 100 body bytes, send 12 of them, and hang up (a real socket)."""
+    head = (
+        f"POST /v1/reservations HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ADMIN_KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: 100\r\n{REQUEST_ID}: {request_id}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+        conn.sendall(head.encode() + b'{"tenantId":')
+
+
+def test_a_client_gone_mid_body_is_499_without_a_traceback(json_server: Server) -> None:
+    def http_requests(text: str, code: str) -> float:
+        labels = {"route": "/v1/reservations", "method": "POST", "code": code}
+        return parse(text).get(("bc_http_requests_total", frozenset(labels.items())), 0.0)
+
+    before = httpx.get(json_server.url + "/metrics").text
+    tracebacks = json_server.log.read_text().count("Traceback (most recent call last)")
+    _send_half_a_body(json_server, "gone-mid-body")
+    deadline = time.monotonic() + 20
+    while not any(r.get("request_id") == "gone-mid-body" for r in _json_lines(json_server)):
+        assert time.monotonic() < deadline, json_server.output()
+        time.sleep(0.1)
+    [access] = [r for r in _json_lines(json_server) if r.get("request_id") == "gone-mid-body"]
+    assert (access["status"], access["route"], access["key_id"]) == (499, "/v1/reservations", "bootstrap")
+    after = httpx.get(json_server.url + "/metrics").text
+    assert http_requests(after, "499") - http_requests(before, "499") == 1
+    assert http_requests(after, "500") == http_requests(before, "500")
+    assert json_server.log.read_text().count("Traceback (most recent call last)") == tracebacks

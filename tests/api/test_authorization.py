@@ -19,7 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.tables import principals
 from tests.conftest import ADMIN_KEY
 from tests.factories import add_node, gpu_node, make_pool, reservation
 
@@ -354,3 +357,58 @@ async def test_a_tenant_key_previews_only_as_its_tenant(world: World, client_for
             assert r.status_code == 403, r.text
     quota = await world.admin.get(f"/v1/tenants/{B}/quotas/{world.pool}")
     assert quota.json()["limits"] == {"gpu": 8}, quota.text  # unchanged
+
+
+async def test_a_refusal_about_tenant_scope_has_one_details_shape(world: World, client_for: Any) -> None:
+    """Preview, reserve, list, quota read and write and key minting as another tenant: one 403 shape,
+    ``{action, resource, tenantId}`` (the resource refused, the tenant the key acts for)."""
+    other = {"resource": f"tenant:{B}", "tenantId": A}
+    attempts = [
+        ("POST", "/v1/capacity/preview", reservation(world.pool, 1, tenant=B), "compute:capacity:read"),
+        ("POST", "/v1/reservations", reservation(world.pool, 1, tenant=B), "compute:reservations:create"),
+        ("GET", f"/v1/reservations?tenantId={B}", None, "compute:reservations:read"),
+        ("GET", f"/v1/tenants/{B}/quotas/{world.pool}", None, "compute:reservations:read"),
+        ("PUT", f"/v1/tenants/{B}/quotas/{world.pool}", {"limits": {"gpu": 1}}, "compute:quota:write"),
+        ("POST", "/v1/api-keys", {"principal": "x", "tenantId": B}, "compute:iam:admin"),
+    ]
+    async with client_for(world.keys["tenant_a"]) as c:
+        for method, path, body, action in attempts:
+            r = await c.request(method, path, json=body)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN", (path, r.text)
+            assert r.json()["error"]["details"] == {"action": action, **other}, (method, path)
+        # without tenant scope in play: the same keys, no tenantId
+        r = await c.post("/v1/pools", json={"name": "not-mine"})
+        assert r.status_code == 403
+        assert r.json()["error"]["details"] == {"action": "compute:inventory:write", "resource": "*"}
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        (
+            {"principal": "x", "tenantId": A, "grants": [{"action": "compute:nope", "resource": "*"}]},
+            "grants.0.action",
+        ),
+        (
+            {"principal": "x", "tenantId": A, "grants": [{"action": "*", "resource": "cluster:1"}]},
+            "grants.0.resource",
+        ),
+        ({"principal": "x", "tenantId": "a b", "grants": []}, "tenantId"),
+        ({"principal": "x", "tenantId": "-lead", "grants": []}, "tenantId"),
+    ],
+)
+async def test_a_malformed_key_is_422_for_every_caller_and_mints_nothing(
+    world: World, client_for: Any, engine: AsyncEngine, body: dict[str, Any], path: str
+) -> None:
+    """Grants and the tenant id are input, checked before the escalation check: a tenant key gets the
+    same 422 as an admin, not a 403."""
+    async with engine.connect() as conn:
+        before = (await conn.execute(sa.select(sa.func.count()).select_from(principals))).scalar_one()
+    for key in (ADMIN_KEY, world.keys["tenant_a"]):
+        async with client_for(key) as c:
+            r = await c.post("/v1/api-keys", json=body)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "INVALID_INPUT", r.text
+        assert r.json()["error"]["details"]["path"] == path, r.text
+    async with engine.connect() as conn:
+        after = (await conn.execute(sa.select(sa.func.count()).select_from(principals))).scalar_one()
+    assert after == before

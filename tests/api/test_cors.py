@@ -86,3 +86,26 @@ def test_the_setting_is_a_json_list(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().cors_origins == ["https://a.example", "https://b.example"]
     monkeypatch.delenv("BC_CORS_ORIGINS")
     assert Settings().cors_origins == []
+
+
+@pytest.mark.parametrize(
+    ("asked", "path", "named"),
+    [
+        (
+            {"Access-Control-Request-Headers": "authorization, x-secret"},
+            "Access-Control-Request-Headers",
+            "x-secret",
+        ),
+        ({"Access-Control-Request-Method": "PATCH"}, "Access-Control-Request-Method", "PATCH"),
+    ],
+)
+async def test_a_preflight_asking_too_much_is_422_in_the_error_shape(
+    client: httpx.AsyncClient, asked: dict[str, str], path: str, named: str
+) -> None:
+    r = await client.options("/v1/reservations", headers={"Origin": DASHBOARD, **PREFLIGHT, **asked})
+    assert r.status_code == 422 and r.headers["content-type"] == "application/json", r.text
+    error = r.json()["error"]
+    assert error["code"] == "INVALID_INPUT" and error["details"]["path"] == path
+    assert named in error["message"] and error["message"].startswith(f"{path}: ")
+    assert r.headers["access-control-allow-origin"] == DASHBOARD  # the page can read why
+    assert r.headers["x-request-id"]

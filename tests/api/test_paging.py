@@ -71,6 +71,15 @@ RESERVATION_CURSOR = encode_cursor("reservations", "2026-01-01T00:00:00+00:00", 
         ("pools", encode_cursor("pools", "2026-13-01T00:00:00+00:00", "pool_x")),
         ("nodes", RESERVATION_CURSOR),
         ("nodes", "bm9kZXM"),
+        # forged contents that once reached PostgreSQL and answered 500: unstorable text, a time with
+        # no UTC equivalent, a part that is not a string
+        ("reservations", encode_cursor("reservations", "2026-12-01T15:37:32+00:00", "a\u0000b")),
+        ("reservations", encode_cursor("reservations", "2026-12-01T15:37:32+00:00", "\ud800")),
+        ("reservations", encode_cursor("reservations", "0001-01-01T00:00:00+01:00", "res_x")),
+        ("nodes", encode_cursor("nodes", "\u0000")),
+        ("nodes", encode_cursor("nodes", "\ud800")),
+        ("nodes", "WyJub2RlcyIsMV0"),  # base64 of ["nodes",1]
+        ("pools", encode_cursor("pools", "2026-01-01T00:00:00+00:00", "\u0000")),
     ],
 )
 async def test_a_cursor_not_issued_for_the_list_is_422_naming_cursor(

@@ -4,24 +4,33 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.api.guard import RECENT_KEY_SECONDS, RecentKeys
 from tests.conftest import ADMIN_KEY, settings_for
+
+
+@asynccontextmanager
+async def _app(database_url: str, per_key: str) -> AsyncIterator[Any]:
+    """The real app with ``per_key`` requests per key and 3 failed authentications a minute per address."""
+    from app.main import create_app
+
+    application = create_app(
+        settings_for(database_url, rate_limit=per_key, auth_failure_rate_limit="3/minute"),
+        run_migrations=False,
+    )
+    async with application.router.lifespan_context(application):
+        yield application
 
 
 @pytest.fixture
 async def limited_app(database_url: str, clean_db: AsyncEngine) -> AsyncIterator[Any]:
-    from app.main import create_app
-
-    application = create_app(
-        settings_for(database_url, rate_limit="5/minute", auth_failure_rate_limit="3/minute"),
-        run_migrations=False,
-    )
-    async with application.router.lifespan_context(application):
+    async with _app(database_url, "5/minute") as application:
         yield application
 
 
@@ -62,3 +71,61 @@ async def test_failed_authentication_is_limited_per_address(limited_app: Any) ->
         metrics = (await admin.get("/metrics")).text
     assert 'bc_guard_refusals_total{code="RATE_LIMITED"}' in metrics
     assert 'bc_guard_refusals_total{code="UNAUTHENTICATED"}' in metrics
+
+
+@pytest.fixture
+async def guessed_app(database_url: str, clean_db: AsyncEngine) -> AsyncIterator[Any]:
+    """Failed authentications limited to 3 a minute per address; keys themselves barely limited."""
+    async with _app(database_url, "1000/minute") as application:
+        yield application
+
+
+async def test_an_address_over_its_failure_limit_still_serves_keys_that_authenticated(
+    guessed_app: Any,
+) -> None:
+    nat = "10.0.0.50"  # a guesser and two honest users behind one address
+    grants = [{"action": "compute:reservations:read", "resource": "tenant:acme"}]
+    async with _client(guessed_app, ADMIN_KEY, "10.0.0.60") as admin:
+        minted = [
+            (
+                await admin.post(
+                    "/v1/api-keys", json={"principal": f"u{i}", "tenantId": "acme", "grants": grants}
+                )
+            ).json()
+            for i in range(3)
+        ]
+    honest, revoked, unseen_key = (m["key"] for m in minted)
+    for key in (honest, revoked):
+        async with _client(guessed_app, key, nat) as user:  # authenticates before the guessing starts
+            assert (await user.get("/v1/reservations")).status_code == 200
+    async with _client(guessed_app, "bck_guessed", nat) as guesser:
+        assert [(await guesser.get("/v1/pools")).status_code for _ in range(3)] == [401] * 3
+        _assert_limited(await guesser.get("/v1/pools"))
+    async with _client(guessed_app, "bck_another_guess", nat) as guesser:  # unknown: refused unlooked-up
+        _assert_limited(await guesser.get("/v1/pools"))
+    async with _client(guessed_app, unseen_key, nat) as unseen:  # valid, but not seen in this process yet
+        _assert_limited(await unseen.get("/v1/reservations"))
+    async with _client(guessed_app, honest, nat) as user:
+        assert [(await user.get("/v1/reservations")).status_code for _ in range(3)] == [200] * 3
+    async with _client(guessed_app, ADMIN_KEY, "10.0.0.60") as admin:
+        assert (await admin.delete(f"/v1/api-keys/{minted[1]['id']}")).status_code == 204
+    async with _client(guessed_app, revoked, nat) as user:  # still looked up: revocation holds at once
+        _assert_limited(await user.get("/v1/reservations"))
+    async with _client(guessed_app, revoked, "10.0.0.70") as user:
+        assert (await user.get("/v1/reservations")).status_code == 401
+
+
+def test_recent_keys_are_bounded_and_expire() -> None:
+    now = [1000.0]
+    recent = RecentKeys(size=2, ttl=RECENT_KEY_SECONDS, clock=lambda: now[0])
+    recent.remember("a")
+    now[0] += RECENT_KEY_SECONDS - 1
+    recent.remember("b")
+    assert "a" in recent and "b" in recent
+    now[0] += 2  # a's time is up, b's is not
+    assert "a" not in recent and "b" in recent
+    recent.remember("c")
+    recent.remember("d")  # over the size: the oldest goes first
+    assert "b" not in recent and {"c", "d"} == {k for k in "abcd" if k in recent}
+    recent.forget("c")
+    assert "c" not in recent
