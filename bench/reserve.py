@@ -15,8 +15,8 @@ In one run and one database:
    pool ``FOR SHARE``, node ``FOR SHARE OF n`` with the schedulable predicate, devices ``FOR SHARE``,
    ``SAVEPOINT``, allocation insert, bookings ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, the
    ``node_resources`` row lock and the guarded scalar-holding ``INSERT ... SELECT ... WHERE peak + n <=
-   floor(allocatable * ratio) RETURNING``, status update; the quota charge is the row lock and the guarded
-   quota-holding insert) directly with asyncpg at the same
+   floor(allocatable * ratio) RETURNING``, status update; the quota charge is the row lock and one guarded
+   quota-holding insert for all its resources) directly with asyncpg at the same
    concurrencies. The ceiling picks atoms round-robin over nodes and rolls the booking window forward
    once every atom of the pool is used, so it never loses a race: it is the commit alone;
 4. prints the ratio service / ceiling, and preview p50 / p99 (plus the cold first request, which loads
@@ -49,6 +49,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -350,18 +351,22 @@ PEAK = """(SELECT coalesce(max(held), 0) FROM (
     SELECT ends_at, -amount FROM {table}
      WHERE {key} AND ends_at > {s} AND starts_at < {e} AND ends_at < {e}
   ) events) running)"""
+# every resource of the charge in one guarded statement (app/quota/service.py)
 SQL_QUOTA_CHARGE = (
     """
 INSERT INTO quota_holdings (reservation_id, resource, tenant_id, pool_id, amount, starts_at, ends_at)
-SELECT $5, $3, $1, $2, $4, $6, $7
- WHERE (SELECT l."limit" FROM quota_limits l WHERE l.tenant_id = $1 AND l.pool_id = $2 AND l.resource = $3)
-       IS NULL
+SELECT $5, w.resource, $1, $2, w.amount, $6, $7 FROM unnest($3::text[], $4::numeric[]) AS w(resource, amount)
+ WHERE (SELECT l."limit" FROM quota_limits l
+         WHERE l.tenant_id = $1 AND l.pool_id = $2 AND l.resource = w.resource) IS NULL
     OR """
     + PEAK.format(
-        table="quota_holdings", key="tenant_id = $1 AND pool_id = $2 AND resource = $3", s="$6", e="$7"
+        table="quota_holdings",
+        key="tenant_id = $1 AND pool_id = $2 AND resource = w.resource",
+        s="$6",
+        e="$7",
     )
-    + """ + $4 <= (SELECT l."limit" FROM quota_limits l
-                    WHERE l.tenant_id = $1 AND l.pool_id = $2 AND l.resource = $3)
+    + """ + w.amount <= (SELECT l."limit" FROM quota_limits l
+                          WHERE l.tenant_id = $1 AND l.pool_id = $2 AND l.resource = w.resource)
 RETURNING resource"""
 )
 SQL_POOL = "SELECT id, archived_at FROM pools WHERE id = $1 FOR SHARE"
@@ -419,14 +424,12 @@ async def guarded_commit(
         if len(await conn.fetch(SQL_QUOTA_LOCK, tenant, pool_id, ["cpu", "gpu"])) < 2:
             await conn.execute(SQL_QUOTA_ROWS, tenant, pool_id, ["cpu", "gpu"])
             await conn.fetch(SQL_QUOTA_LOCK, tenant, pool_id, ["cpu", "gpu"])
-        for resource, n in (("cpu", cpu), ("gpu", len(atoms))):
-            if (
-                await conn.fetchval(
-                    SQL_QUOTA_CHARGE, tenant, pool_id, resource, n, reservation_id, start, end
-                )
-                is None
-            ):
-                return False
+        amounts = [Decimal(cpu), Decimal(len(atoms))]
+        charged = await conn.fetch(
+            SQL_QUOTA_CHARGE, tenant, pool_id, ["cpu", "gpu"], amounts, reservation_id, start, end
+        )
+        if len(charged) < 2:
+            return False
         await conn.fetchrow(SQL_POOL, pool_id)
         await conn.execute("SAVEPOINT capacity_place_1")
         if await conn.fetchval(SQL_NODE, node_id, pool_id, tenant) is None:

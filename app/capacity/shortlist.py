@@ -53,6 +53,7 @@ from app.capacity.snapshot import (
     window,
 )
 from app.db.tables import TS, device_bookings, devices, node_resources, nodes, pools, scalar_holdings
+from app.db.windows import overlapping
 from app.observability.metrics import PLAN_DURATION, PLANS
 from app.placement.bounds import pick_score_ceiling
 from app.placement.gang import plan_gang
@@ -105,8 +106,9 @@ class Exceptions:
     ``booked`` / ``unavailable``: node id -> atoms booked over the window / unhealthy or unbookable;
     ``reasons``: node id -> NoSchedule reasons (nodes with none are absent); ``unschedulable``: nodes the
     SQL predicate refuses for the tenant; ``short``: nodes without room for a requested scalar over the
-    window; ``peaks``: node id -> requested resource -> the peak it holds over the window (nodes and
-    resources without holdings in the window are absent: they hold 0)."""
+    window; ``peaks``: node id -> requested resource -> the peak it holds over the window, for the nodes
+    whose holdings over the window sum to more than leaves room (the others have room at every instant
+    and are absent)."""
 
     booked: dict[str, set[str]]
     unavailable: dict[str, set[str]]
@@ -122,32 +124,102 @@ class Exceptions:
 
 _POOL = sa.bindparam("pool_id", type_=sa.Text)
 _NAMES = sa.bindparam("names", type_=pg.ARRAY(sa.Text))
+_WINDOW = (sa.bindparam("starts_at", type_=TS), sa.bindparam("ends_at", type_=TS))
+_MOST = sa.bindparam("most", type_=sa.Numeric)
 _CAP = sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio).label("cap")
-_HELD = scalar_peaks(
-    [scalar_holdings.c.pool_id == _POOL, scalar_holdings.c.resource == sa.any_(_NAMES)],
-    sa.bindparam("starts_at", type_=TS),
-    sa.bindparam("ends_at", type_=TS),
+# what each node holds of each requested resource over the window, summed (no sort): at least the peak
+_TOTALS = (
+    sa.select(
+        scalar_holdings.c.node_id,
+        scalar_holdings.c.resource,
+        sa.func.sum(scalar_holdings.c.amount).label("total"),
+    )
+    .where(
+        scalar_holdings.c.pool_id == _POOL,
+        scalar_holdings.c.resource == sa.any_(_NAMES),
+        *overlapping(scalar_holdings, *_WINDOW),
+    )
+    .group_by(scalar_holdings.c.node_id, scalar_holdings.c.resource)
+    .subquery("totals")
 )
-# The scalar exceptions of a window, built once (bind parameters only):
+# the nodes and resources whose holdings over the window sum to more than leaves room for :most
+_TIGHT = (
+    sa.select(_TOTALS.c.node_id, _TOTALS.c.resource)
+    .join(
+        node_resources,
+        sa.and_(
+            node_resources.c.node_id == _TOTALS.c.node_id, node_resources.c.resource == _TOTALS.c.resource
+        ),
+    )
+    .where(_TOTALS.c.total + _MOST > _CAP)
+    .cte("tight")
+)
+_TIGHT_PEAKS = scalar_peaks(
+    [
+        scalar_holdings.c.pool_id == _POOL,
+        sa.tuple_(scalar_holdings.c.node_id, scalar_holdings.c.resource).in_(sa.select(_TIGHT)),
+    ],
+    *_WINDOW,
+)
+# the scalar exceptions of a window, built once (bind parameters only):
+#   WITH tight AS (SELECT t.node_id, t.resource
+#                    FROM (SELECT node_id, resource, sum(amount) AS total FROM scalar_holdings
+#                           WHERE pool_id = :pool_id AND resource = ANY(:names) AND <overlapping the window>
+#                           GROUP BY 1, 2) t                            -- a plain sum, at least the peak
+#                    JOIN node_resources r USING (node_id, resource)
+#                   WHERE t.total + :most > floor(r.allocatable * r.ratio))  -- the sum leaves no room
 #   SELECT r.node_id, r.resource, NULL AS peak, floor(r.allocatable * r.ratio) AS cap
 #     FROM node_resources r JOIN nodes n ON n.id = r.node_id
 #    WHERE n.pool_id = :pool_id AND r.resource = ANY(:names) AND floor(...) < :most  -- small ones
 #   UNION ALL
 #   SELECT p.node_id, p.resource, p.peak, floor(r.allocatable * r.ratio)
-#     FROM (<peak per node and resource of :names over [:starts_at, :ends_at)>) p
-#     JOIN node_resources r USING (node_id, resource)                                 -- holding ones
+#     FROM (<peak per node and resource over [:starts_at, :ends_at) of the holdings whose
+#            (node_id, resource) IN (SELECT * FROM tight)>) p                  -- only those are swept
+#     JOIN node_resources r USING (node_id, resource)
 SCALAR_EXCEPTIONS = sa.union_all(
     sa.select(node_resources.c.node_id, node_resources.c.resource, sa.null().label("peak"), _CAP)
     .join(nodes, nodes.c.id == node_resources.c.node_id)
     .where(
         nodes.c.pool_id == _POOL,
         node_resources.c.resource == sa.any_(_NAMES),
-        _CAP < sa.bindparam("most", type_=sa.Numeric),
+        _CAP < _MOST,
     ),
-    sa.select(_HELD.c.node_id, _HELD.c.resource, _HELD.c.peak, _CAP).join(
+    sa.select(_TIGHT_PEAKS.c.node_id, _TIGHT_PEAKS.c.resource, _TIGHT_PEAKS.c.peak, _CAP).join(
         node_resources,
-        sa.and_(node_resources.c.node_id == _HELD.c.node_id, node_resources.c.resource == _HELD.c.resource),
+        sa.and_(
+            node_resources.c.node_id == _TIGHT_PEAKS.c.node_id,
+            node_resources.c.resource == _TIGHT_PEAKS.c.resource,
+        ),
     ),
+)
+_INSIDE = sa.bindparam("inside", type_=pg.ARRAY(sa.Text))
+_INSIDE_PEAKS = scalar_peaks(
+    [scalar_holdings.c.node_id == sa.any_(_INSIDE), scalar_holdings.c.resource == sa.any_(_NAMES)], *_WINDOW
+)
+# the shortlisted nodes' rows of the requested resources with their peaks, built once:
+#   SELECT r.node_id, r.resource, r.allocatable, r.ratio, coalesce(p.peak, 0) AS held
+#     FROM node_resources r
+#     LEFT JOIN (<peak per node and resource over the window, holdings of the :inside nodes only>) p
+#       USING (node_id, resource)
+#    WHERE r.node_id = ANY(:inside) AND r.resource = ANY(:names)
+INSIDE_SCALARS = (
+    sa.select(
+        node_resources.c.node_id,
+        node_resources.c.resource,
+        node_resources.c.allocatable,
+        node_resources.c.ratio,
+        sa.func.coalesce(_INSIDE_PEAKS.c.peak, 0).label("held"),
+    )
+    .select_from(
+        node_resources.outerjoin(
+            _INSIDE_PEAKS,
+            sa.and_(
+                _INSIDE_PEAKS.c.node_id == node_resources.c.node_id,
+                _INSIDE_PEAKS.c.resource == node_resources.c.resource,
+            ),
+        )
+    )
+    .where(node_resources.c.node_id == sa.any_(_INSIDE), node_resources.c.resource == sa.any_(_NAMES))
 )
 
 
@@ -165,7 +237,8 @@ async def read_exceptions(
         SELECT n.id, n.no_schedule_reasons, <schedulable for tenant> FROM nodes n JOIN pools p ON ...
          WHERE n.pool_id = :pool AND n.no_schedule_reasons <> '{}';           -- partial index
         <SCALAR_EXCEPTIONS>: the nodes whose room for a requested scalar may be short: too small
-          even when free, or holding some of it over the window (with the peak there)
+          even when free, or holding so much of it over the window that the sum of those holdings
+          leaves no room (with the peak there; only these nodes are swept)
     """
     assert request.start is not None and request.end is not None
     pool_id = request.pool_id
@@ -385,27 +458,20 @@ async def _inside_states(
     conn: AsyncConnection, inside: list[str], request: PlacementRequest, exceptions: Exceptions
 ) -> dict[str, NodeState]:
     """The volatile state of the shortlisted nodes, in ranking order: the exceptions already read plus
-    their rows of the requested scalar resources, each with the peak held over the window from the
-    exceptions (the shortlist path has no gang and no node lease, so the pipeline reads no others)."""
+    their rows of the requested scalar resources, each with the peak held over the window
+    (:data:`INSIDE_SCALARS`: a sweep over these nodes' holdings only; the shortlist path has no gang and
+    no node lease, so the pipeline reads no others)."""
     resources: dict[str, dict[str, ScalarResource]] = {}
     if request.resources:
-        # SELECT node_id, resource, allocatable, ratio FROM node_resources
-        #  WHERE node_id = ANY(:inside) AND resource = ANY(:requested)
-        for r in (
-            await conn.execute(
-                sa.select(
-                    node_resources.c.node_id,
-                    node_resources.c.resource,
-                    node_resources.c.allocatable,
-                    node_resources.c.ratio,
-                ).where(
-                    node_resources.c.node_id == sa.any_(sa.literal(inside, pg.ARRAY(sa.Text))),
-                    node_resources.c.resource.in_(sorted(request.resources)),
-                )
-            )
-        ).all():
-            held = exceptions.peaks.get(r.node_id, {}).get(r.resource, Decimal(0))
-            resources.setdefault(r.node_id, {})[r.resource] = ScalarResource(r.allocatable, r.ratio, held)
+        assert request.start is not None and request.end is not None
+        params = {
+            "inside": inside,
+            "names": sorted(request.resources),
+            "starts_at": request.start,
+            "ends_at": request.end,
+        }
+        for r in (await conn.execute(INSIDE_SCALARS, params)).all():
+            resources.setdefault(r.node_id, {})[r.resource] = ScalarResource(r.allocatable, r.ratio, r.held)
     return {
         node_id: NodeState(
             no_schedule_reasons=exceptions.reasons.get(node_id, ()),

@@ -39,17 +39,27 @@ def overlapping(table: sa.Table, start: datetime, end: datetime) -> list[Any]:
 
 
 def _running(
-    table: sa.Table, where: Sequence[Any], start: datetime, end: datetime, keys: Sequence[Any]
+    table: sa.Table,
+    where: Sequence[Any],
+    start: datetime,
+    end: datetime,
+    keys: Sequence[Any],
+    outer: Sequence[Any] = (),
 ) -> Any:
-    """Subquery ``(keys..., at, held)``: the running sum of the sweep over the window, per key."""
+    """Subquery ``(keys..., at, held)``: the running sum of the sweep over the window, per key.
+    ``outer``: FROM items of an enclosing statement that ``where`` refers to (correlated, not joined)."""
     rows = [*where, *overlapping(table, start, end)]
-    starts = sa.select(
-        *keys,
-        sa.func.greatest(table.c.starts_at, start).label("at"),
-        table.c.amount.label("delta"),
-    ).where(*rows)
-    ends = sa.select(*keys, table.c.ends_at.label("at"), (-table.c.amount).label("delta")).where(
-        *rows, table.c.ends_at < end
+    starts = (
+        sa.select(
+            *keys, sa.func.greatest(table.c.starts_at, start).label("at"), table.c.amount.label("delta")
+        )
+        .where(*rows)
+        .correlate(*outer)
+    )
+    ends = (
+        sa.select(*keys, table.c.ends_at.label("at"), (-table.c.amount).label("delta"))
+        .where(*rows, table.c.ends_at < end)
+        .correlate(*outer)
     )
     events = sa.union_all(starts, ends).subquery("events")
     key_cols = [events.c[k.key] for k in keys]
@@ -62,13 +72,24 @@ def _running(
     ).subquery("running")
 
 
-def peak_over(table: sa.Table, where: Sequence[Any], start: datetime, end: datetime) -> Any:
-    """Scalar subquery: the peak held over ``[start, end)`` by the rows matching ``where`` (0 if none)."""
-    running = _running(table, where, start, end, ())
+def peak_over(
+    table: sa.Table, where: Sequence[Any], start: datetime, end: datetime, outer: Sequence[Any] = ()
+) -> Any:
+    """Scalar subquery: the peak held over ``[start, end)`` by the rows matching ``where`` (0 if none);
+    ``outer`` as in :func:`room_for`."""
+    running = _running(table, where, start, end, (), outer)
     return sa.select(sa.func.coalesce(sa.func.max(running.c.held), 0)).scalar_subquery()
 
 
-def room_for(table: sa.Table, where: Sequence[Any], start: datetime, end: datetime, n: Any, cap: Any) -> Any:
+def room_for(
+    table: sa.Table,
+    where: Sequence[Any],
+    start: datetime,
+    end: datetime,
+    n: Any,
+    cap: Any,
+    outer: Sequence[Any] = (),
+) -> Any:
     """The guard "the peak held over ``[start, end)`` plus ``n`` stays within ``cap``" (``cap`` NULL: no
     limit), as a boolean SQL expression that does the sweep only when it must::
 
@@ -77,7 +98,9 @@ def room_for(table: sa.Table, where: Sequence[Any], start: datetime, end: dateti
              ELSE (<peak over the window>) + n <= cap END
 
     The sum of every overlapping holding is at least the peak, so when it fits the peak fits too; CASE
-    evaluates its branches in order, so the sort of the sweep is skipped then."""
+    evaluates its branches in order, so the sort of the sweep is skipped then. ``outer``: FROM items of
+    the enclosing statement that ``where``, ``n`` or ``cap`` refer to (e.g. one row per resource of a
+    batch), correlated in every subquery of the sweep instead of joined there."""
     total = (
         sa.select(sa.func.coalesce(sa.func.sum(table.c.amount), 0))
         .where(*where, *overlapping(table, start, end))
@@ -86,7 +109,7 @@ def room_for(table: sa.Table, where: Sequence[Any], start: datetime, end: dateti
     return sa.case(
         (cap.is_(None), sa.true()),
         (total + n <= cap, sa.true()),
-        else_=peak_over(table, where, start, end) + n <= cap,
+        else_=peak_over(table, where, start, end, outer) + n <= cap,
     )
 
 

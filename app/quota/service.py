@@ -19,11 +19,12 @@ from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.db.tables import pools, quota_holdings, quota_limits, quota_usage
-from app.db.windows import cut, held_at, hold_if, holding_params, peak_instant, room_for
+from app.db.tables import TS, pools, quota_holdings, quota_limits, quota_usage
+from app.db.windows import cut, held_at, peak_instant, room_for
 from app.errors import NotFound, QuotaExceeded, quote_input
 from app.jsonnum import num
 from app.observability.metrics import QUOTA_REJECTIONS
@@ -154,9 +155,10 @@ async def charge(
         # row to finish, so the second lock sees every row
         await _ensure_usage_rows(conn, tenant_id, pool_id, resources)
         await _lock_usage_rows(conn, tenant_id, pool_id, resources)
+    held = await _guarded_holds(conn, tenant_id, pool_id, reservation_id, wanted, start, end)
     for resource in resources:
         n = wanted[resource]
-        if not await _guarded_hold(conn, tenant_id, pool_id, reservation_id, resource, n, start, end):
+        if resource not in held:  # the first refused resource, in sorted order
             limit = await _limit(conn, tenant_id, pool_id, resource)
             at, used = await peak_instant(
                 conn, quota_holdings, _tenant(tenant_id, pool_id, resource), start, end
@@ -193,61 +195,87 @@ async def _limit(conn: AsyncConnection, tenant_id: str, pool_id: str, resource: 
     return (await conn.execute(sa.select(_limit_of(tenant_id, pool_id, resource)))).scalar()
 
 
-_H = holding_params(quota_holdings)
+_P = {c: sa.bindparam(c, type_=quota_holdings.c[c].type) for c in ("reservation_id", "tenant_id", "pool_id")}
+_WINDOW = (sa.bindparam("starts_at", type_=TS), sa.bindparam("ends_at", type_=TS))
+# one row per resource charged: unnest(:resources, :amounts) AS wanted(resource, amount)
+_WANTED = (
+    sa.func.unnest(
+        sa.bindparam("resources", type_=pg.ARRAY(sa.Text)),
+        sa.bindparam("amounts", type_=pg.ARRAY(sa.Numeric)),
+    )
+    .table_valued(sa.column("resource", sa.Text), sa.column("amount", sa.Numeric))
+    .render_derived(name="wanted")
+)
 _LIMIT = (
     sa.select(quota_limits.c.limit)
     .where(
-        quota_limits.c.tenant_id == _H["tenant_id"],
-        quota_limits.c.pool_id == _H["pool_id"],
-        quota_limits.c.resource == _H["resource"],
+        quota_limits.c.tenant_id == _P["tenant_id"],
+        quota_limits.c.pool_id == _P["pool_id"],
+        quota_limits.c.resource == _WANTED.c.resource,
     )
     .scalar_subquery()
 )
 # INSERT INTO quota_holdings (reservation_id, resource, tenant_id, pool_id, amount, starts_at, ends_at)
-# SELECT :reservation_id, :resource, :tenant_id, :pool_id, :amount, :starts_at, :ends_at
-#  WHERE (SELECT limit ...) IS NULL
-#     OR (<peak of the tenant's :resource holdings over [:starts_at, :ends_at), app/db/windows.py>)
-#        + :amount <= (SELECT limit ...)                 -- windows.room_for: the sweep only if needed
-# RETURNING reservation_id                               -- no row: over the limit at some instant
-HOLD_QUOTA = hold_if(
-    quota_holdings,
-    _H,
-    room_for(
-        quota_holdings,
-        [
-            quota_holdings.c.tenant_id == _H["tenant_id"],
-            quota_holdings.c.pool_id == _H["pool_id"],
-            quota_holdings.c.resource == _H["resource"],
-        ],
-        _H["starts_at"],
-        _H["ends_at"],
-        _H["amount"],
-        _LIMIT,
-    ),
+# SELECT :reservation_id, w.resource, :tenant_id, :pool_id, w.amount, :starts_at, :ends_at
+#   FROM unnest(:resources, :amounts) AS wanted(resource, amount)
+#  WHERE (SELECT limit ... = wanted.resource) IS NULL
+#     OR (<peak of the tenant's wanted.resource holdings over [:starts_at, :ends_at), app/db/windows.py>)
+#        + wanted.amount <= (SELECT limit ...)           -- windows.room_for: the sweep only if needed
+# RETURNING resource                                     -- a resource missing: over its limit somewhere
+HOLD_QUOTA = (
+    sa.insert(quota_holdings)
+    .from_select(
+        ["reservation_id", "resource", "tenant_id", "pool_id", "amount", "starts_at", "ends_at"],
+        sa.select(
+            _P["reservation_id"],
+            _WANTED.c.resource,
+            _P["tenant_id"],
+            _P["pool_id"],
+            _WANTED.c.amount,
+            *_WINDOW,
+        )
+        .select_from(_WANTED)
+        .where(
+            room_for(
+                quota_holdings,
+                [
+                    quota_holdings.c.tenant_id == _P["tenant_id"],
+                    quota_holdings.c.pool_id == _P["pool_id"],
+                    quota_holdings.c.resource == _WANTED.c.resource,
+                ],
+                *_WINDOW,
+                _WANTED.c.amount,
+                _LIMIT,
+                (_WANTED,),
+            )
+        ),
+    )
+    .returning(quota_holdings.c.resource)
 )
 
 
-async def _guarded_hold(
+async def _guarded_holds(
     conn: AsyncConnection,
     tenant_id: str,
     pool_id: str,
     reservation_id: str,
-    resource: str,
-    n: Decimal,
+    wanted: Mapping[str, Decimal],
     start: datetime,
     end: datetime,
-) -> bool:
+) -> set[str]:
+    """Hold every amount of ``wanted`` that stays within its limit (one statement for all resources);
+    returns the resources held."""
+    resources = sorted(wanted)
     params = {
         "reservation_id": reservation_id,
-        "resource": resource,
         "tenant_id": tenant_id,
         "pool_id": pool_id,
-        "amount": n,
+        "resources": resources,
+        "amounts": [wanted[r] for r in resources],
         "starts_at": start,
         "ends_at": end,
     }
-    row = (await conn.execute(HOLD_QUOTA, params)).first()
-    return row is not None
+    return set((await conn.execute(HOLD_QUOTA, params)).scalars())
 
 
 async def refund(conn: AsyncConnection, reservation_id: str) -> None:
