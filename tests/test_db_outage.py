@@ -167,3 +167,25 @@ def test_which_errors_are_an_outage(error: BaseException, outage: bool) -> None:
     wrapped = RuntimeError("while serving")
     wrapped.__cause__ = error
     assert is_outage(wrapped) is outage
+
+
+async def test_no_free_connection_slot_is_an_outage(database_url: str) -> None:
+    """``too many connections`` (SQLSTATE 53300) answers 503 like any outage, not 500: a real refusal,
+    from a role whose connection limit is 0 (found by a fresh-user run while other suites held every
+    slot of the server)."""
+    import secrets
+
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url).set(drivername="postgresql")
+    role = f"bc_no_slots_{secrets.token_hex(4)}"
+    admin = await asyncpg.connect(url.render_as_string(hide_password=False))
+    try:
+        await admin.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 0')
+        with pytest.raises(asyncpg.exceptions.TooManyConnectionsError) as refused:
+            await asyncpg.connect(url.set(username=role, password=None).render_as_string(hide_password=False))
+        assert is_outage(refused.value)
+    finally:
+        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await admin.close()

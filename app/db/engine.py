@@ -123,6 +123,7 @@ def is_outage(exc: BaseException) -> bool:
                 socket.gaierror,  # the database host name does not resolve (DNS down)
                 asyncpg.exceptions.PostgresConnectionError,
                 asyncpg.exceptions.CannotConnectNowError,  # the database system is starting up
+                asyncpg.exceptions.TooManyConnectionsError,  # 53300: no connection slot free (server or role)
                 asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash shutdown
             ),
         ):

@@ -270,14 +270,22 @@ async def insert_devices(conn: AsyncConnection, node_id: str, numbered: list[tup
     """Insert ``(ordinal, device)`` rows on ``node_id``; Conflict (409) when an id is on another node."""
     if not numbered:
         return
-    # SELECT id FROM devices WHERE id = ANY(:ids)              -- registered already: 409, nothing written
+    # SELECT d.id, n.id, n.name, n.pool_id FROM devices d JOIN nodes n ON n.id = d.node_id
+    #  WHERE d.id = ANY(:ids) LIMIT 1                           -- registered already: 409, nothing written
     taken = (
-        (await conn.execute(sa.select(devices.c.id).where(devices.c.id.in_([d.id for _, d in numbered]))))
-        .scalars()
-        .all()
-    )
-    if taken:
-        raise Conflict(f"device {taken[0]} is registered on another node", {"deviceId": taken[0]})
+        await conn.execute(
+            sa.select(devices.c.id, nodes.c.id.label("node_id"), nodes.c.name, nodes.c.pool_id)
+            .select_from(devices.join(nodes, nodes.c.id == devices.c.node_id))
+            .where(devices.c.id.in_([d.id for _, d in numbered]))
+            .limit(1)
+        )
+    ).first()
+    if taken is not None:
+        raise Conflict(
+            f"device {quote_input(taken.id)} is registered on node {taken.name} ({taken.node_id}) "
+            f"of pool {taken.pool_id}",
+            {"deviceId": taken.id, "nodeId": taken.node_id, "poolId": taken.pool_id},
+        )
     await conn.execute(
         sa.insert(devices),
         [

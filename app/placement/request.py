@@ -15,7 +15,18 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from app.errors import InvalidInput, quote_input
@@ -209,7 +220,19 @@ class GangBody(BaseModel):
     topologyKey: str | None = Field(default=None, pattern=KEY_RE.pattern)
 
 
-ResourceAmount = Annotated[Decimal, Field(gt=0, max_digits=20, decimal_places=6, allow_inf_nan=False)]
+def _json_number(value: Any) -> Any:
+    """Refuse a string or boolean where the request wants a JSON number (pydantic's lax mode would read
+    ``"8"`` or ``true`` as a number)."""
+    if isinstance(value, (bool, str)):
+        raise ValueError("must be a JSON number")
+    return value
+
+
+ResourceAmount = Annotated[
+    Decimal,
+    BeforeValidator(_json_number),
+    Field(gt=0, max_digits=20, decimal_places=6, allow_inf_nan=False),
+]
 
 
 class ReservationRequest(BaseModel):
@@ -228,10 +251,10 @@ class ReservationRequest(BaseModel):
         Field(default_factory=dict)
     )
     start: datetime | None = None
-    duration: str | int
+    duration: StrictStr | StrictInt  # '90m', '1d' or seconds; a boolean is neither
     binding: Literal["device", "node", "kubernetes"] = "device"
     gang: GangBody | None = None
-    spot: bool = False
+    spot: StrictBool = False
     idempotencyKey: str = Field(pattern=IDEMPOTENCY_KEY_RE)
 
     @field_validator("start")

@@ -94,6 +94,29 @@ async def test_windows_outside_years_1970_to_9999_are_invalid(
     assert listed.json()["items"] == []
 
 
+@pytest.mark.parametrize("route", ["/v1/reservations", "/v1/capacity/preview"])
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"duration": True}, "duration"),
+        ({"spot": "yes"}, "spot"),
+        ({"resources": {"cpu": "8"}}, "resources.cpu"),
+        ({"resources": {"cpu": True}}, "resources.cpu"),
+    ],
+    ids=["duration-true", "spot-text", "amount-text", "amount-true"],
+)
+async def test_a_value_of_the_wrong_json_type_is_refused(
+    admin_client: httpx.AsyncClient, pool: str, route: str, change: dict[str, Any], field: str
+) -> None:
+    """Lax coercion read ``"duration": true`` as 1 second, ``"spot": "yes"`` as true and ``"8"`` as 8 cpu
+    (found by a fresh-user run): the request's types are JSON's."""
+    r = await admin_client.post(route, json={**reservation(pool, 1), **change})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["details"]["path"] == field
+    listed = await admin_client.get("/v1/reservations?tenantId=acme")
+    assert listed.json()["items"] == []
+
+
 @pytest.mark.parametrize("with_key", [False, True])
 @pytest.mark.parametrize(
     "route",

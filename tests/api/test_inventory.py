@@ -189,3 +189,16 @@ async def test_list_a_pools_nodes_a_page_at_a_time(admin_client: httpx.AsyncClie
         "nextCursor"
     ] is None
     assert (await admin_client.get("/v1/pools/pool_nope/nodes")).status_code == 404
+
+
+async def test_a_device_registered_elsewhere_is_409_naming_its_node(admin_client: httpx.AsyncClient) -> None:
+    """Two hosts reporting one GPU UUID (a cloned VM, an agent pointed at the wrong pool): the 409 says
+    which node holds it, so an operator can find it (found by a fresh-user run of the agent)."""
+    first_pool, second_pool = await make_pool(admin_client, "first"), await make_pool(admin_client, "second")
+    holder = await add_node(admin_client, first_pool, gpu_node("holder", 1))
+    again = {**gpu_node("clone", 1), "devices": gpu_node("holder", 1)["devices"]}
+    r = await admin_client.post(f"/v1/pools/{second_pool}/nodes", json=again)
+    assert r.status_code == 409, r.text
+    error = r.json()["error"]
+    assert f"registered on node holder ({holder['id']}) of pool {first_pool}" in error["message"]
+    assert error["details"]["nodeId"] == holder["id"] and error["details"]["poolId"] == first_pool
