@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.reservations import end_reservations
+from app.capacity.reservations import end_passed_windows, end_reservations
 
 log = logging.getLogger("better_compute.lifecycle")
 
@@ -39,13 +39,17 @@ class LifecycleTask:
 
 
 async def _end_all_due(engine: AsyncEngine) -> int:
-    """End every reservation that is due, in batches; returns how many were ended."""
+    """End every reservation that is due, in batches: placed ones whose window is over
+    (``WindowEnded``), then pending ones whose explicit start passed (``WindowPassed``); returns how many
+    were ended."""
     total = 0
-    while True:
-        ended = await end_reservations(engine)
-        total += len(ended)
-        if not ended:
-            return total
+    for end in (end_reservations, end_passed_windows):
+        while True:
+            ended = await end(engine)
+            total += len(ended)
+            if not ended:
+                break
+    return total
 
 
 def default_tasks(interval: float) -> list[LifecycleTask]:
@@ -90,6 +94,7 @@ class Lifecycle:
     async def _loop(self, task: LifecycleTask) -> None:
         wake = self._wake[task.name]
         while True:
+            wake.clear()  # before the run: a poke during the run makes the next run start at once
             try:
                 await task.run(self.engine)
                 self.runs[task.name] += 1
@@ -97,6 +102,5 @@ class Lifecycle:
                 raise
             except Exception:  # a database outage or a bug in one run: log it and try at the next tick
                 log.exception("lifecycle task %s failed", task.name)
-            wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=task.interval)

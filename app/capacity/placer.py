@@ -49,8 +49,11 @@ def plan_seed(reservation_id: str, attempt: int) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-@record_placement("inline", lambda outcome: "placed" if isinstance(outcome, Placed) else "pending")
-async def place_inline(
+def _result(outcome: Placed | Pending) -> str:
+    return "placed" if isinstance(outcome, Placed) else "pending"
+
+
+async def _place_inline(
     conn: AsyncConnection,
     cache: PoolCache,
     request: PlacementRequest,
@@ -118,6 +121,11 @@ async def place_inline(
         lost.append(outcome)
     reasons = "; ".join(r.reason for r in lost)
     return Pending(f"Unschedulable after {len(lost)} conflicting attempts: {reasons}")
+
+
+place_inline = record_placement("inline", _result)(_place_inline)
+place_woken = record_placement("wake", _result)(_place_inline)
+""":func:`_place_inline` counted as the wake-edge controller's attempts (``placer="wake"``)."""
 
 
 async def db_now(conn: AsyncConnection) -> datetime:

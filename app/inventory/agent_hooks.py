@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.capacity.edges import notify_node
 from app.observability.metrics import AGENT_EDGES
 
 log = logging.getLogger("better_compute.agents")
@@ -40,8 +41,9 @@ async def on_node_may_fit(conn: AsyncConnection, pool_id: str, node_id: str) -> 
     ``heartbeat lost`` or ``not ready`` cleared, or its system labels changed.
 
     Called in the transaction that made the change. Hook for issue 12's wake edge: wake the pool's pending
-    reservations. Today: counts the edge and logs it.
+    reservations: NOTIFY on ``conn`` (heard by every replica when the transaction commits), sent only when
+    the node is now schedulable for some tenant (only its dedicated tenant is woken when dedicated).
     """
-    del conn  # issue 12: the wake edge records the edge / NOTIFYs on this connection
+    await notify_node(conn, node_id)
     AGENT_EDGES.labels(NODE_MAY_FIT).inc()
     log.info("pool %s: node %s may fit more work", pool_id, node_id)

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.tables import devices, node_labels, nodes, pools
 from tests.agent_host import FIRST_UUID, SECOND_UUID, h200_host
-from tests.factories import add_node, gpu_node, make_pool, reservation
+from tests.factories import add_node, gpu_node, make_pool, reservation, wait_for_status
 
 DRIVERS = [{"id": "nvidia", "version": "580.159.04", "kinds": ["gpu"]}]
 
@@ -298,11 +298,13 @@ async def test_kubernetes_binding_places_only_on_a_node_that_advertised_it(
         await admin_client.post("/v1/capacity/preview", json=reservation(pool, 1, binding="kubernetes"))
     ).json()
     assert preview["fits"] and {c["nodeId"] for c in preview["candidates"]} == {kube_node}
-    for _ in range(2):
-        placed = (
-            await admin_client.post("/v1/reservations", json=reservation(pool, 1, binding="kubernetes"))
-        ).json()
-        assert placed["status"] == "placed" and placed["allocations"][0]["nodeId"] == kube_node
+    # the Hello that created the node is a wake edge: the pending reservation takes one of its 2 GPUs
+    woken = await wait_for_status(admin_client, pending.json()["id"], "placed")
+    assert woken["allocations"][0]["nodeId"] == kube_node
+    placed = (
+        await admin_client.post("/v1/reservations", json=reservation(pool, 1, binding="kubernetes"))
+    ).json()
+    assert placed["status"] == "placed" and placed["allocations"][0]["nodeId"] == kube_node
     full = (
         await admin_client.post("/v1/reservations", json=reservation(pool, 1, binding="kubernetes"))
     ).json()

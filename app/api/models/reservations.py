@@ -17,6 +17,10 @@ class Condition(ApiModel):
     status: Literal["True", "False", "Unknown"]
     reason: str
     message: str
+    at: Timestamp | None = Field(default=None, description="When it happened (Scheduled, Repaired)")
+    waitedSeconds: float | None = Field(
+        default=None, description="Scheduled: how long the reservation waited pending (seconds)"
+    )
 
 
 class Allocation(ApiModel):
