@@ -42,6 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
 from app.capacity.placer import Placed, db_now, place_woken
+from app.capacity.repair import repair_broken
 from app.capacity.reservations import CapacityConfig, placement_request, quota_amounts
 from app.capacity.snapshot import PoolCache
 from app.db.tables import reservations
@@ -269,13 +270,15 @@ class WakeController:
         )
 
     async def run(self, engine: AsyncEngine) -> list[Woken]:
-        """One wake: the pools heard since the last one, and every pool with pending work when the
-        sweep is due. Returns what happened to each reservation tried."""
+        """One wake: BookingRepair of work booked on unavailable atoms, then the pools heard since the
+        last wake, and every pool with pending work when the sweep is due. Returns what happened to each
+        reservation tried."""
         swept: list[str] = []
         if self.clock() - self._last_sweep >= self.sweep_seconds:
             self._last_sweep = self.clock()
             async with engine.connect() as conn:
                 swept = await pools_with_pending(conn)
+        await repair_broken(engine, self.cache, self.config)  # BookingRepair first: it may free atoms
         woken: list[Woken] = []
         for pool_id, tenant_id in self._targets(swept):
             woken += await wake_pool(engine, self.cache, self.config, pool_id, tenant_id)

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.edges import notify_node
+from app.capacity.edges import notify_node, notify_pool
 from app.db.tables import (
     capacity_device_links,
     device_bookings,
@@ -645,6 +645,7 @@ async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> d
     for i, d in enumerate(body.devices):
         if d.id not in known:
             raise InvalidInput(f"device {d.id} is not on node {node_id}", path=f"devices.{i}.id")
+    unavailable = [d.id for d in body.devices if d.healthy is False or d.bookable is False]
     for d in sorted(body.devices, key=lambda x: x.id):
         change: dict[str, Any] = {}
         if d.healthy is not None:
@@ -655,4 +656,6 @@ async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> d
             await conn.execute(sa.update(devices).where(devices.c.id == d.id).values(**change))
     await _refresh_reasons(conn, node_id)
     await notify_node(conn, node_id)  # wake edge: health restored (sent only if now schedulable)
+    if unavailable:  # BookingRepair runs in the wake-edge controller, on this edge
+        await notify_pool(conn, node.pool_id)
     return await get_node(conn, node_id)

@@ -127,6 +127,13 @@ WAKE_EDGES_HEARD = Counter(
     "Wake edges this process acted on, by source: edge (a NOTIFY heard) or sweep (the periodic safety net).",
     ["source"],
 )
+REPAIR_RESULTS = ("same_node", "other_node", "pending")
+REPAIRS = Counter(
+    "bc_repairs_total",
+    "Allocations moved off an unhealthy or unbookable atom by BookingRepair, by result: same_node (other "
+    "atoms of its node), other_node, or pending (nothing fits; the reservation waits).",
+    ["result"],
+)
 # 0.1 s .. ~27 h, factor 4
 WAIT_BUCKETS = tuple(0.1 * 4**i for i in range(10))
 WAKE_WAIT = Histogram(
@@ -165,6 +172,8 @@ for _edge in ("atoms_unavailable", "node_may_fit"):
     AGENT_EDGES.labels(_edge)
 for _result in WAKE_RESULTS:
     WAKES.labels(_result)
+for _result in REPAIR_RESULTS:
+    REPAIRS.labels(_result)
 for _source in WAKE_SOURCES:
     WAKE_EDGES_HEARD.labels(_source)
 
