@@ -67,11 +67,13 @@ class Lifecycle:
         self.tasks = {t.name: t for t in tasks}
         self._wake = {name: asyncio.Event() for name in self.tasks}
         self._running: list[asyncio.Task[None]] = []
+        self._stopping = False
         self.runs: dict[str, int] = dict.fromkeys(self.tasks, 0)  # completed runs per task
 
     def start(self) -> None:
         """Start every task (idempotent)."""
         if not self._running:
+            self._stopping = False
             self._running = [
                 asyncio.create_task(self._loop(t), name=f"lifecycle:{t.name}") for t in self.tasks.values()
             ]
@@ -83,17 +85,22 @@ class Lifecycle:
             event.set()
 
     async def stop(self) -> None:
-        """Cancel every task and wait for them to finish."""
-        for task in self._running:
+        """Stop every task and wait for them to finish: no new run starts, and a task is cancelled
+        again until it is done (a cancellation swallowed by a library in a run is not the end of it)."""
+        self._stopping = True
+        running, self._running = self._running, []
+        for task in running:
             task.cancel()
-        for task in self._running:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._running = []
+        for task in running:
+            while not task.done():
+                await asyncio.wait({task}, timeout=1.0)
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                task.result()
 
     async def _loop(self, task: LifecycleTask) -> None:
         wake = self._wake[task.name]
-        while True:
+        while not self._stopping:
             wake.clear()  # before the run: a poke during the run makes the next run start at once
             try:
                 await task.run(self.engine)
@@ -102,5 +109,8 @@ class Lifecycle:
                 raise
             except Exception:  # a database outage or a bug in one run: log it and try at the next tick
                 log.exception("lifecycle task %s failed", task.name)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that arrives
+            # together with the poke it was waiting for, and stop() would wait for ever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=task.interval)
+                async with asyncio.timeout(task.interval):
+                    await wake.wait()

@@ -307,9 +307,11 @@ class WakeController:
             try:
                 while not lost.is_set():
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(lost.wait(), LISTENER_PING)
+                        async with asyncio.timeout(LISTENER_PING):
+                            await lost.wait()
                     if not lost.is_set():
-                        await asyncio.wait_for(raw.fetchval("SELECT 1"), LISTENER_PING)
+                        async with asyncio.timeout(LISTENER_PING):
+                            await raw.fetchval("SELECT 1")
             finally:
                 self.listening = False
                 if not raw.is_closed():
