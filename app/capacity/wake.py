@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
 from app.capacity.placer import Placed, db_now, place_woken
-from app.capacity.repair import repair_broken
+from app.capacity.repair import REPAIR_PREFIX, repair_broken
 from app.capacity.reservations import CapacityConfig, placement_request, quota_amounts
 from app.capacity.snapshot import PoolCache
 from app.db.tables import reservations
@@ -175,6 +175,11 @@ async def _wake_one(
 
 
 async def _set_pending(conn: AsyncConnection, row: Any, reason: str, message: str) -> None:
+    """Keep the reservation pending with its Unschedulable condition updated to the latest plan (a
+    reservation a repair sent back to pending keeps saying so: ``repair: <latest summary>``)."""
+    was = next((c for c in row.conditions or [] if c.get("type") == "Unschedulable"), None)
+    if was is not None and str(was.get("message", "")).startswith(REPAIR_PREFIX) and reason == NO_FIT_REASON:
+        message = REPAIR_PREFIX + message
     conditions = _pending_conditions(row.conditions or [], reason, message)
     if conditions != (row.conditions or []):
         await conn.execute(
