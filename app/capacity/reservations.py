@@ -463,16 +463,7 @@ async def end_reservations(
                 .with_for_update(skip_locked=True)
             )
         ).all()
-        for r in due:
-            await conn.execute(
-                sa.update(reservations)
-                .where(reservations.c.id == r.id)
-                .values(
-                    status="ended",
-                    conditions=[*(r.conditions or []), ended_condition(r.ends_at)],
-                    updated_at=sa.func.now(),
-                )
-            )
+        await _mark_ended(conn, [(r.id, r.conditions, ended_condition(r.ends_at)) for r in due])
         for pool_id in sorted({r.pool_id for r in due}):
             await notify_pool(conn, pool_id)  # wake edge: an end (what was held stopped counting)
     return [r.id for r in due]
@@ -514,17 +505,20 @@ async def end_passed_windows(
                 .with_for_update(of=reservations, skip_locked=True)
             )
         ).all()
-        for r in due:
-            await conn.execute(
-                sa.update(reservations)
-                .where(reservations.c.id == r.id)
-                .values(
-                    status="ended",
-                    conditions=[*(r.conditions or []), window_passed_condition(r.start)],
-                    updated_at=sa.func.now(),
-                )
-            )
+        await _mark_ended(conn, [(r.id, r.conditions, window_passed_condition(r.start)) for r in due])
     return [r.id for r in due]
+
+
+async def _mark_ended(
+    conn: AsyncConnection, rows: list[tuple[str, list[dict[str, Any]] | None, dict[str, Any]]]
+) -> None:
+    """Set each claimed ``(id, conditions, ended condition)`` reservation ``ended``, the condition added."""
+    for reservation_id, conditions, ended in rows:
+        await conn.execute(
+            sa.update(reservations)
+            .where(reservations.c.id == reservation_id)
+            .values(status="ended", conditions=[*(conditions or []), ended], updated_at=sa.func.now())
+        )
 
 
 async def preview(

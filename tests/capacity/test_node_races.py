@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.capacity.helpers import overlapping_bookings
 from tests.factories import add_node, gpu_node, make_pool, reservation
 from tests.servers import Server, admin_clients, running_servers
 
@@ -62,13 +62,5 @@ async def test_n_plus_one_racers_on_one_node_place_n(
         atoms = [a for v in views for alloc in v["allocations"] for a in alloc["atoms"]]
         assert len(atoms) == len(set(atoms)) == ATOMS
     async with engine.connect() as conn:
-        double = (
-            await conn.execute(
-                sa.text(
-                    """SELECT count(*) FROM device_bookings x JOIN device_bookings y
-                           ON x.device_id = y.device_id AND x.allocation_id < y.allocation_id
-                          AND x.during && y.during"""
-                )
-            )
-        ).scalar_one()
+        double = await overlapping_bookings(conn)
     assert double == 0

@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.capacity.helpers import overlapping_bookings
 from tests.factories import add_node, gpu_node, make_pool, reservation, wait_for_status
 from tests.servers import Server, admin_clients, running_servers
 
@@ -212,15 +213,7 @@ async def test_two_replicas_wake_many_pending_once_each(
             )
         ).all()
         # two bookings of one atom that overlap in time (the exclusion constraint forbids them too)
-        double = (
-            await conn.execute(
-                sa.text(
-                    """SELECT count(*) FROM device_bookings x JOIN device_bookings y
-                           ON x.device_id = y.device_id AND x.allocation_id < y.allocation_id
-                          AND x.during && y.during"""
-                )
-            )
-        ).scalar_one()
+        double = await overlapping_bookings(conn)
         # the instants (booking starts) at which the pool's bookings exceed its 16 GPUs
         over = (
             await conn.execute(
