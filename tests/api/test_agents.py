@@ -97,11 +97,14 @@ async def test_unchanged_hello_changes_nothing_and_a_device_that_left_is_unbooka
     assert edges("atoms_unavailable") == before + 1  # the BookingRepair hook was reached
     node = (await admin_client.get(f"/v1/nodes/{first['nodeId']}")).json()
     assert node["labels"]["gpu.count"] == "1" and node["links"] == []
-    # the booking keeps its history: the device row is still there and the reservation still placed
-    res = (await admin_client.get(f"/v1/reservations/{placed.json()['id']}")).json()
-    assert res["status"] == "placed" and sorted(res["allocations"][0]["atoms"]) == [FIRST_UUID, SECOND_UUID]
+    # BookingRepair: 2 GPUs no longer fit on the node, the reservation goes pending; its allocation keeps
+    # its history (the device row is still there) and GPU0 is free again
+    res = await wait_for_status(admin_client, placed.json()["id"], "pending")
+    assert sorted(res["allocations"][0]["atoms"]) == [FIRST_UUID, SECOND_UUID]
+    assert res["allocations"][0]["releasedAt"] is not None
+    assert any(c["type"] == "Repaired" for c in res["conditions"])
     preview = await admin_client.post("/v1/capacity/preview", json=reservation(pool, 1, tenant="other"))
-    assert preview.json()["fits"] is False  # GPU0 is booked, GPU1 left
+    assert [c["atoms"] for c in preview.json()["candidates"]] == [[FIRST_UUID]]  # GPU1 left
 
     back = (await admin_client.post("/v1/nodes/hello", json=hello_body(pool))).json()
     assert back["inventoryChanged"] and all(d["bookable"] for d in back["devices"])
