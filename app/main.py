@@ -20,6 +20,7 @@ from app.api.text_guard import check_json_body
 from app.capacity.lifecycle import Lifecycle, LifecycleTask, default_tasks
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
+from app.capacity.wake import LISTENER_RETRY, WAKE_LISTENER, WAKE_PENDING, WakeController
 from app.db.engine import create_engine, migrate_async, resolve_database_url
 from app.inventory.liveness_task import HEARTBEAT_LIVENESS, sweep_once
 from app.observability.logs import configure_logging
@@ -47,15 +48,22 @@ def capacity_config(settings: Settings) -> CapacityConfig:
     )
 
 
-def lifecycle_tasks(settings: Settings) -> list[LifecycleTask]:
-    """The lifecycle controller's tasks (DESIGN.md, "Reservation lifecycle"): the built-in ones and the
-    liveness sweep of agents' nodes (issue 14), each safe with several replicas."""
+def lifecycle_tasks(settings: Settings, wake: WakeController | None = None) -> list[LifecycleTask]:
+    """The lifecycle controller's tasks (DESIGN.md, "Reservation lifecycle"): the built-in ones, the
+    liveness sweep of agents' nodes (issue 14) and, given ``wake``, the wake-edge controller's listener
+    and wake task (issue 12), each safe with several replicas."""
     liveness = LifecycleTask(
         HEARTBEAT_LIVENESS,
         settings.node_liveness_sweep_seconds,
         partial(sweep_once, grace_seconds=settings.node_heartbeat_grace),
     )
-    return [*default_tasks(settings.lifecycle_interval), liveness]
+    tasks = [*default_tasks(settings.lifecycle_interval), liveness]
+    if wake is not None:
+        tasks += [
+            LifecycleTask(WAKE_PENDING, wake.sweep_seconds, wake.run),
+            LifecycleTask(WAKE_LISTENER, LISTENER_RETRY, wake.listen),
+        ]
+    return tasks
 
 
 def create_app(settings: Settings | None = None, *, run_migrations: bool = True) -> FastAPI:
@@ -71,9 +79,13 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         if run_migrations:
             await migrate_async(url)
         engine = create_engine(url, pool_size=settings.db_pool_size)
-        app.state.services = Services(engine=engine, cache=PoolCache(), capacity=config, settings=settings)
-        lifecycle = Lifecycle(engine, lifecycle_tasks(settings))
+        cache = PoolCache()
+        app.state.services = Services(engine=engine, cache=cache, capacity=config, settings=settings)
+        wake = WakeController(cache, config, settings.lifecycle_sweep)
+        lifecycle = Lifecycle(engine, lifecycle_tasks(settings, wake))
+        wake.poke = partial(lifecycle.poke, WAKE_PENDING)
         app.state.lifecycle = lifecycle
+        app.state.wake = wake
         lifecycle.start()
         demo = None
         if settings.demo_agents:  # `serve --demo`: the service heartbeats the demo pool's nodes itself

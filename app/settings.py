@@ -13,6 +13,8 @@ notation: ``100/second``, ``5/minute``); serving ``BC_LIMIT_CONCURRENCY`` and ``
 ``BC_NODE_LIVENESS_SWEEP_SECONDS`` (docs/agent.md).
 ``BC_CAPACITY_MAX_LEAD`` (how far ahead a window may start: seconds or an ISO 8601 duration such as
 ``P366D``), ``BC_LIFECYCLE_INTERVAL`` (seconds between the lifecycle controller's sweeps),
+``BC_LIFECYCLE_SWEEP`` (seconds between two full sweeps of the pending reservations, the safety net of
+the wake edges; docs/lifecycle.md),
 ``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection).
 """
 
@@ -47,6 +49,8 @@ class Settings(BaseSettings):
     capacity_max_lead: timedelta = Field(default=timedelta(days=366), gt=timedelta(0))
     # the lifecycle controller ends reservations within this many seconds of their end
     lifecycle_interval: float = Field(default=5.0, gt=0, le=3600)
+    # every pool with pending reservations is planned again at least this often (wake edges' safety net)
+    lifecycle_sweep: float = Field(default=30.0, gt=0, le=86400)
     fleet_hosts_file: Path | None = None
     db_pool_size: int = Field(default=10, ge=1, le=200)
     # browser origins (``https://dash.example.com``) allowed to call the API; none: CORS is off

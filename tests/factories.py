@@ -78,3 +78,20 @@ def reservation(
     }
     body.update(extra)
     return body
+
+
+async def wait_for_status(
+    client: httpx.AsyncClient, reservation_id: str, status: str, within: float = 10.0
+) -> dict[str, Any]:
+    """Poll the reservation until it has ``status`` (every 20 ms); its view, or AssertionError after
+    ``within`` seconds with the last view."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + within
+    while True:
+        view = (await client.get(f"/v1/reservations/{reservation_id}")).json()
+        if view.get("status") == status or time.monotonic() > deadline:
+            assert view.get("status") == status, view
+            return view
+        await asyncio.sleep(0.02)

@@ -41,6 +41,7 @@ async def preview(
     "/v1/reservations",
     status_code=201,
     response_model=Reservation,
+    response_model_exclude_unset=True,
     responses={
         200: {"model": Reservation, "description": "An idempotent retry: the reservation made before"},
         **responses(401, 403, 404, 409, 422),
@@ -73,6 +74,7 @@ async def _authorized_tenant(svc: Services, principal: Principal, reservation_id
 @router.get(
     "/v1/reservations/{reservation_id}",
     response_model=Reservation,
+    response_model_exclude_unset=True,
     responses=responses(401, 403, 404),
     operation_id="getReservation",
 )
@@ -86,6 +88,7 @@ async def get_reservation(
 @router.get(
     "/v1/reservations",
     response_model=ReservationList,
+    response_model_exclude_unset=True,
     responses=responses(401, 403, 422),
     operation_id="listReservations",
 )
@@ -108,6 +111,7 @@ async def list_reservations(
 @router.post(
     "/v1/reservations/{reservation_id}/release",
     response_model=Reservation,
+    response_model_exclude_unset=True,
     responses=responses(401, 403, 404),
     operation_id="releaseReservation",
 )

@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.reservations import end_reservations
+from app.capacity.reservations import end_passed_windows, end_reservations
 
 log = logging.getLogger("better_compute.lifecycle")
 
@@ -39,13 +39,17 @@ class LifecycleTask:
 
 
 async def _end_all_due(engine: AsyncEngine) -> int:
-    """End every reservation that is due, in batches; returns how many were ended."""
+    """End every reservation that is due, in batches: placed ones whose window is over
+    (``WindowEnded``), then pending ones whose explicit start passed (``WindowPassed``); returns how many
+    were ended."""
     total = 0
-    while True:
-        ended = await end_reservations(engine)
-        total += len(ended)
-        if not ended:
-            return total
+    for end in (end_reservations, end_passed_windows):
+        while True:
+            ended = await end(engine)
+            total += len(ended)
+            if not ended:
+                break
+    return total
 
 
 def default_tasks(interval: float) -> list[LifecycleTask]:
@@ -63,11 +67,13 @@ class Lifecycle:
         self.tasks = {t.name: t for t in tasks}
         self._wake = {name: asyncio.Event() for name in self.tasks}
         self._running: list[asyncio.Task[None]] = []
+        self._stopping = False
         self.runs: dict[str, int] = dict.fromkeys(self.tasks, 0)  # completed runs per task
 
     def start(self) -> None:
         """Start every task (idempotent)."""
         if not self._running:
+            self._stopping = False
             self._running = [
                 asyncio.create_task(self._loop(t), name=f"lifecycle:{t.name}") for t in self.tasks.values()
             ]
@@ -79,17 +85,23 @@ class Lifecycle:
             event.set()
 
     async def stop(self) -> None:
-        """Cancel every task and wait for them to finish."""
-        for task in self._running:
+        """Stop every task and wait for them to finish: no new run starts, and a task is cancelled
+        again until it is done (a cancellation swallowed by a library in a run is not the end of it)."""
+        self._stopping = True
+        running, self._running = self._running, []
+        for task in running:
             task.cancel()
-        for task in self._running:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._running = []
+        for task in running:
+            while not task.done():
+                await asyncio.wait({task}, timeout=1.0)
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                task.result()
 
     async def _loop(self, task: LifecycleTask) -> None:
         wake = self._wake[task.name]
-        while True:
+        while not self._stopping:
+            wake.clear()  # before the run: a poke during the run makes the next run start at once
             try:
                 await task.run(self.engine)
                 self.runs[task.name] += 1
@@ -97,6 +109,8 @@ class Lifecycle:
                 raise
             except Exception:  # a database outage or a bug in one run: log it and try at the next tick
                 log.exception("lifecycle task %s failed", task.name)
-            wake.clear()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that arrives
+            # together with the poke it was waiting for, and stop() would wait for ever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=task.interval)
+                async with asyncio.timeout(task.interval):
+                    await wake.wait()

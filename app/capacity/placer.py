@@ -2,7 +2,20 @@
 
 Plan on plain reads, take the pool row lock (``FOR SHARE``) right before the first commit, commit the
 chosen candidate with guarded statements inside ``SAVEPOINT capacity_place_<attempt>``; a lost race
-excludes that node and replans on fresh reads, at most ``max_attempts`` times. The critical section is
+replans on fresh reads, at most ``max_attempts`` times (DESIGN.md, "Reservation lifecycle": a lost race
+re-reads the node it lost on). After ``an atom on <node> was booked concurrently`` or ``<resource> on
+<node> ran out`` the node stays a candidate: the replan reads its bookings and holdings again and may
+choose it again (other atoms, or what is left), and rejects it (``fits``/``scalars``) only when the
+fresh read leaves no room. After ``<node> is no longer schedulable`` or ``an atom on <node> turned
+unhealthy or unbookable`` the node is excluded from the replan (its rejection is that reason).
+
+Before that re-read the placer locks the lost node's row ``FOR UPDATE``: the commits that beat it hold
+``FOR SHARE`` on it until they commit, so the lock waits for them, the re-read sees what they booked,
+and no other commit can book on the node until this transaction ends. A retry on the node therefore
+cannot lose a second race there; without the lock, two processes reaching for the last free atoms in
+turn could each lose every attempt while atoms were still free. The lock is taken only after a lost
+race (contention), in the lock order pools -> nodes; a deadlock on it (40P01) is one more lost race.
+The critical section is
 the commit alone. The caller has charged quota already (lock order: quota_usage -> pools -> ...).
 """
 
@@ -13,17 +26,30 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.commit import Committed, LostRace, commit_placements
+from app.capacity.commit import (
+    ATOM_UNHEALTHY,
+    LOST_RACE_SQLSTATES,
+    NOT_SCHEDULABLE,
+    Committed,
+    LostRace,
+    commit_placements,
+    sqlstate,
+)
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
+from app.db.tables import nodes
 from app.inventory.service import lock_pool
 from app.observability.metrics import LOST_RACES, record_placement
 from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
 from app.placement.options import SchedulerOptions
 
 POOL_ARCHIVED_REASON = "the pool is archived"
+# lost races after which the node is left out of the replan; after the others it is read again
+EXCLUDING_KINDS = frozenset({NOT_SCHEDULABLE, ATOM_UNHEALTHY})
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +75,23 @@ def plan_seed(reservation_id: str, attempt: int) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-@record_placement("inline", lambda outcome: "placed" if isinstance(outcome, Placed) else "pending")
-async def place_inline(
+async def _hold_node_for_retry(conn: AsyncConnection, node_id: str) -> None:
+    """Lock the node a race was lost on (``FOR UPDATE``, kept to the end of the transaction) before it is
+    read again; a deadlock or a lock conflict answer leaves it unlocked (the retry may lose again)."""
+    try:
+        async with conn.begin_nested():  # SAVEPOINT: a deadlock aborts only this statement
+            # SELECT id FROM nodes WHERE id = :node FOR UPDATE
+            await conn.execute(sa.select(nodes.c.id).where(nodes.c.id == node_id).with_for_update())
+    except DBAPIError as exc:
+        if sqlstate(exc) not in LOST_RACE_SQLSTATES:
+            raise
+
+
+def _result(outcome: Placed | Pending) -> str:
+    return "placed" if isinstance(outcome, Placed) else "pending"
+
+
+async def _place_inline(
     conn: AsyncConnection,
     cache: PoolCache,
     request: PlacementRequest,
@@ -75,11 +116,12 @@ async def place_inline(
     lost: list[LostRace] = []
     pool_locked = False
     for attempt in range(1, max_attempts + 1):
+        excluded = [r for r in lost if r.kind in EXCLUDING_KINDS]
         attempt_options = replace(
             options,
             seed=plan_seed(reservation_id, attempt),
-            excluded_nodes=frozenset(r.node_id for r in lost),
-            exclusion_reasons={r.node_id: r.reason for r in lost},
+            excluded_nodes=frozenset(r.node_id for r in excluded),
+            exclusion_reasons={r.node_id: r.reason for r in excluded},
         )
         outcome_plan = await plan_request(conn, cache, request, attempt_options, shortlist_min)
         if outcome_plan.head.archived:
@@ -116,8 +158,15 @@ async def place_inline(
             cache.forget(request.pool_id, token)
         LOST_RACES.labels(outcome.kind).inc()
         lost.append(outcome)
+        if outcome.kind not in EXCLUDING_KINDS and attempt < max_attempts:
+            await _hold_node_for_retry(conn, outcome.node_id)
     reasons = "; ".join(r.reason for r in lost)
     return Pending(f"Unschedulable after {len(lost)} conflicting attempts: {reasons}")
+
+
+place_inline = record_placement("inline", _result)(_place_inline)
+place_woken = record_placement("wake", _result)(_place_inline)
+""":func:`_place_inline` counted as the wake-edge controller's attempts (``placer="wake"``)."""
 
 
 async def db_now(conn: AsyncConnection) -> datetime:

@@ -36,6 +36,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit import Committed, sqlstate
+from app.capacity.edges import notify_pool
 from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
@@ -384,6 +385,7 @@ async def release_reservation(
         if row.status == "placed":
             await quota.cut_holdings(conn, row.id, at)  # quota first (lock order)
             await free_allocations(conn, await _live_allocations(conn, row.id), row.pool_id, at)
+            await notify_pool(conn, row.pool_id)  # wake edge: a release
         await conn.execute(
             sa.update(reservations)
             .where(reservations.c.id == reservation_id)
@@ -449,24 +451,74 @@ async def end_reservations(
         #  WHERE status = 'placed' AND ends_at <= :now ORDER BY ends_at LIMIT :limit FOR UPDATE SKIP LOCKED
         due = (
             await conn.execute(
-                sa.select(reservations.c.id, reservations.c.ends_at, reservations.c.conditions)
+                sa.select(
+                    reservations.c.id,
+                    reservations.c.pool_id,
+                    reservations.c.ends_at,
+                    reservations.c.conditions,
+                )
                 .where(reservations.c.status == "placed", reservations.c.ends_at <= at)
                 .order_by(reservations.c.ends_at)
                 .limit(limit)
                 .with_for_update(skip_locked=True)
             )
         ).all()
-        for r in due:
-            await conn.execute(
-                sa.update(reservations)
-                .where(reservations.c.id == r.id)
-                .values(
-                    status="ended",
-                    conditions=[*(r.conditions or []), ended_condition(r.ends_at)],
-                    updated_at=sa.func.now(),
-                )
-            )
+        await _mark_ended(conn, [(r.id, r.conditions, ended_condition(r.ends_at)) for r in due])
+        for pool_id in sorted({r.pool_id for r in due}):
+            await notify_pool(conn, pool_id)  # wake edge: an end (what was held stopped counting)
     return [r.id for r in due]
+
+
+def window_passed_condition(start: datetime) -> dict[str, Any]:
+    """The condition of a pending reservation whose explicit start passed before it could be placed."""
+    return {
+        "type": "Ended",
+        "status": "True",
+        "reason": "WindowPassed",
+        "message": f"the start {start.isoformat()} passed while the reservation was pending",
+    }
+
+
+async def end_passed_windows(
+    engine: AsyncEngine, now: datetime | None = None, limit: int = END_BATCH
+) -> list[str]:
+    """Move pending reservations with an explicit ``start`` at or before ``now`` (default: the database
+    clock) to ``ended`` with the condition ``Ended`` / ``WindowPassed``; returns their ids, oldest start
+    first. A pending reservation holds nothing, so nothing is freed. Replica-safe as
+    :func:`end_reservations` (``FOR UPDATE SKIP LOCKED``, then ``status = 'pending'`` re-checked)."""
+    start = sa.cast(reservations.c.spec["start"].astext, TS)
+    async with engine.begin() as conn:
+        at = now if now is not None else await db_now(conn)
+        # SELECT id, (spec->>'start')::timestamptz AS start, conditions FROM reservations
+        #  WHERE status = 'pending' AND spec->>'start' IS NOT NULL AND (spec->>'start')::timestamptz <= :now
+        #  ORDER BY 2 LIMIT :limit FOR UPDATE SKIP LOCKED
+        due = (
+            await conn.execute(
+                sa.select(reservations.c.id, start.label("start"), reservations.c.conditions)
+                .where(
+                    reservations.c.status == "pending",
+                    reservations.c.spec["start"].astext.is_not(None),
+                    start <= at,
+                )
+                .order_by(start)
+                .limit(limit)
+                .with_for_update(of=reservations, skip_locked=True)
+            )
+        ).all()
+        await _mark_ended(conn, [(r.id, r.conditions, window_passed_condition(r.start)) for r in due])
+    return [r.id for r in due]
+
+
+async def _mark_ended(
+    conn: AsyncConnection, rows: list[tuple[str, list[dict[str, Any]] | None, dict[str, Any]]]
+) -> None:
+    """Set each claimed ``(id, conditions, ended condition)`` reservation ``ended``, the condition added."""
+    for reservation_id, conditions, ended in rows:
+        await conn.execute(
+            sa.update(reservations)
+            .where(reservations.c.id == reservation_id)
+            .values(status="ended", conditions=[*(conditions or []), ended], updated_at=sa.func.now())
+        )
 
 
 async def preview(

@@ -1,12 +1,11 @@
-"""Where BookingRepair and the wake edges connect to the agent paths (issue 12 fills these in).
+"""Where BookingRepair and the wake edges connect to the agent paths (issue 12).
 
 Hello, heartbeat and the liveness sweep call these in the SAME transaction as the change they report, after
 the change is written and the node's NoSchedule reasons are refreshed, with the locks of the lock order
-already held (pools -> nodes -> devices). Today they only count the edge (``bc_agent_edges_total{edge}``
-at ``/metrics``) and log it; a later change makes :func:`on_atoms_unavailable` run BookingRepair on the
-allocations that book those atoms and :func:`on_node_may_fit` wake the pool's pending reservations
-(oldest first, NOTIFY to other replicas), both inside ``conn``'s transaction so the edge commits or rolls
-back with its cause.
+already held (pools -> nodes -> devices). Both count the edge (``bc_agent_edges_total{edge}``), log it and
+send a wake edge (NOTIFY, :mod:`app.capacity.edges`) on ``conn``, so the edge commits or rolls back with its
+cause: :func:`on_atoms_unavailable` makes the wake-edge controller run BookingRepair on the allocations
+that book those atoms, :func:`on_node_may_fit` wakes the pool's pending reservations (oldest first).
 """
 
 from __future__ import annotations
@@ -16,6 +15,8 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.capacity.edges import notify_node, notify_pool
+from app.inventory.service import node_pool_id
 from app.observability.metrics import AGENT_EDGES
 
 log = logging.getLogger("better_compute.agents")
@@ -27,10 +28,11 @@ NODE_MAY_FIT = "node_may_fit"
 async def on_atoms_unavailable(conn: AsyncConnection, node_id: str, atom_ids: Sequence[str]) -> None:
     """Atoms ``atom_ids`` of ``node_id`` just turned unhealthy (heartbeat) or unbookable (left at Hello).
 
-    Called in the transaction that made the change. Hook for issue 12's BookingRepair: move the work
-    booked on these atoms now or later in its window. Today: counts the edge and logs it; bookings stay.
+    Called in the transaction that made the change: sends the pool's wake edge, on which the wake-edge
+    controller runs BookingRepair (:mod:`app.capacity.repair`) once this transaction has committed: the
+    work booked on these atoms for the rest of its window moves (same node, another node, or pending).
     """
-    del conn  # issue 12: BookingRepair reads and rewrites the affected allocations on this connection
+    await notify_pool(conn, await node_pool_id(conn, node_id))  # BookingRepair runs on this edge
     AGENT_EDGES.labels(ATOMS_UNAVAILABLE).inc()
     log.info("node %s: atoms unavailable: %s", node_id, ", ".join(atom_ids))
 
@@ -40,8 +42,9 @@ async def on_node_may_fit(conn: AsyncConnection, pool_id: str, node_id: str) -> 
     ``heartbeat lost`` or ``not ready`` cleared, or its system labels changed.
 
     Called in the transaction that made the change. Hook for issue 12's wake edge: wake the pool's pending
-    reservations. Today: counts the edge and logs it.
+    reservations: NOTIFY on ``conn`` (heard by every replica when the transaction commits), sent only when
+    the node is now schedulable for some tenant (only its dedicated tenant is woken when dedicated).
     """
-    del conn  # issue 12: the wake edge records the edge / NOTIFYs on this connection
+    await notify_node(conn, node_id)
     AGENT_EDGES.labels(NODE_MAY_FIT).inc()
     log.info("pool %s: node %s may fit more work", pool_id, node_id)

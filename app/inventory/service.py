@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.capacity.edges import notify_node, notify_pool
 from app.db.tables import (
     capacity_device_links,
     device_bookings,
@@ -234,6 +235,7 @@ async def add_node(
     await _write_resources(conn, node_id, body.resources)
     await _add_rollup(conn, pool_id, body.devices, body.resources)
     await bump_inventory_version(conn, pool_id)
+    await notify_node(conn, node_id)  # wake edge: a new candidate for the pool's pending reservations
     return await get_node(conn, node_id)
 
 
@@ -581,6 +583,8 @@ async def set_cordon(conn: AsyncConnection, node_id: str, cordoned: bool) -> dic
     await _lock_node_in_order(conn, node_id)
     await conn.execute(sa.update(nodes).where(nodes.c.id == node_id).values(cordoned=cordoned))
     await _refresh_reasons(conn, node_id)
+    if not cordoned:
+        await notify_node(conn, node_id)  # wake edge: uncordon
     return await get_node(conn, node_id)
 
 
@@ -597,6 +601,7 @@ async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody
             ],
         )
     await _refresh_reasons(conn, node_id)
+    await notify_node(conn, node_id)  # wake edge: a taint removed (sent only if now schedulable)
     return await get_node(conn, node_id)
 
 
@@ -628,6 +633,7 @@ async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]
     check_label_count(len(rows) + len(system), len(system))
     if rows:
         await conn.execute(sa.insert(node_labels), rows)
+    await notify_node(conn, node_id)  # wake edge: labels changed
     return await get_node(conn, node_id)
 
 
@@ -647,6 +653,7 @@ async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> d
     for i, d in enumerate(body.devices):
         if d.id not in known:
             raise InvalidInput(f"device {d.id} is not on node {node_id}", path=f"devices.{i}.id")
+    unavailable = [d.id for d in body.devices if d.healthy is False or d.bookable is False]
     for d in sorted(body.devices, key=lambda x: x.id):
         change: dict[str, Any] = {}
         if d.healthy is not None:
@@ -656,4 +663,7 @@ async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> d
         if change:
             await conn.execute(sa.update(devices).where(devices.c.id == d.id).values(**change))
     await _refresh_reasons(conn, node_id)
+    await notify_node(conn, node_id)  # wake edge: health restored (sent only if now schedulable)
+    if unavailable:  # BookingRepair runs in the wake-edge controller, on this edge
+        await notify_pool(conn, node.pool_id)
     return await get_node(conn, node_id)

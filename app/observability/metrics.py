@@ -40,7 +40,7 @@ log = logging.getLogger("better_compute.metrics")
 # 1 ms .. 16.384 s, doubling (prometheus_client's exponential buckets: start 0.001, factor 2, count 15)
 DURATION_BUCKETS = tuple(0.001 * 2**i for i in range(15))
 PLACEMENT_RESULTS = ("placed", "pending", "error")
-PLACERS = ("inline",)  # the pool-lease placer adds "pool-lease"
+PLACERS = ("inline", "wake")  # wake: the inline placer run by the wake-edge controller; pool-lease later
 PLAN_PATHS = ("shortlist", "full")
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 OTHER_METHOD = "other"  # any other method a client sends (a bounded label)
@@ -114,6 +114,33 @@ AGENT_EDGES = Counter(
     "Edges from node agents: atoms that became unavailable, nodes that may fit more work.",
     ["edge"],
 )
+WAKE_RESULTS = ("placed", "pending", "quota_exceeded")
+WAKE_SOURCES = ("edge", "sweep")
+WAKES = Counter(
+    "bc_wakes_total",
+    "Pending reservations planned again by the wake-edge controller, by result: placed, pending (still "
+    "does not fit, skipped) or quota_exceeded (fits, but the tenant's quota does not hold now).",
+    ["result"],
+)
+WAKE_EDGES_HEARD = Counter(
+    "bc_wake_edges_heard_total",
+    "Wake edges this process acted on, by source: edge (a NOTIFY heard) or sweep (the periodic safety net).",
+    ["source"],
+)
+REPAIR_RESULTS = ("same_node", "other_node", "pending")
+REPAIRS = Counter(
+    "bc_repairs_total",
+    "Allocations moved off an unhealthy or unbookable atom by BookingRepair, by result: same_node (other "
+    "atoms of its node), other_node, or pending (nothing fits; the reservation waits).",
+    ["result"],
+)
+# 0.1 s .. ~27 h, factor 4
+WAIT_BUCKETS = tuple(0.1 * 4**i for i in range(10))
+WAKE_WAIT = Histogram(
+    "bc_wake_wait_seconds",
+    "How long a woken reservation waited pending, from its creation to its placement (seconds).",
+    buckets=WAIT_BUCKETS,
+)
 BUILD = Info("bc_build", "The running build: bc_build_info{version} is 1.")
 
 
@@ -143,6 +170,12 @@ for _outcome in ("changed", "unchanged"):
     HEARTBEATS.labels(_outcome)
 for _edge in ("atoms_unavailable", "node_may_fit"):
     AGENT_EDGES.labels(_edge)
+for _result in WAKE_RESULTS:
+    WAKES.labels(_result)
+for _result in REPAIR_RESULTS:
+    REPAIRS.labels(_result)
+for _source in WAKE_SOURCES:
+    WAKE_EDGES_HEARD.labels(_source)
 
 
 P = ParamSpec("P")

@@ -21,7 +21,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from app.placement.context import NodeWork, PlanContext
-from app.placement.filters import CHECKS
+from app.placement.filters import CHECKS, lease
 from app.placement.model import Candidate, NodeSnapshot, PlacementRequest, Plan, PoolSnapshot, Rejections
 from app.placement.options import LOST_RACE_REASON, SchedulerOptions
 from app.placement.plugins import admission_refusal, clamp_score
@@ -116,12 +116,15 @@ def _plan(request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerO
                 with_plugins[scorer.id] = value
                 total += weight * value
             scores = MappingProxyType(with_plugins)
+        atoms_by_request, claimed = tuple(work.atoms), resources
+        if request.binding == lease.NODE_BINDING:  # a lease takes the whole node for its window
+            atoms_by_request, claimed = lease.whole_node(node, atoms_by_request)
         candidates.append(
             Candidate(
                 node_id=node_id,
                 node_name=node.inventory.name,
-                atoms_by_request=tuple(work.atoms),
-                resources=resources,
+                atoms_by_request=atoms_by_request,
+                resources=claimed,
                 score=total,
                 scores=scores,
             )
@@ -141,7 +144,7 @@ def _vary_atoms(ctx: PlanContext, node: NodeSnapshot, chosen: Candidate, rng: ra
     """The chosen node's atoms, each device request's set drawn (seeded) among the sets the greedy pick
     ties on (:func:`app.placement.topology.tied_picks`): same worst link, same NUMA spread, so the same
     scores. Plugin pickers' sets are kept as they are."""
-    if not ctx.devices:
+    if not ctx.devices or ctx.request.binding == lease.NODE_BINDING:  # a lease takes every atom anyway
         return chosen
     work = NodeWork(node, len(ctx.devices))
     for check in CHECKS:

@@ -23,6 +23,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.capacity.edges import notify_pool
 from app.db.tables import TS, pools, quota_holdings, quota_limits, quota_usage
 from app.db.windows import cut, held_at, peak_instant, room_for
 from app.errors import NotFound, QuotaExceeded, quote_input
@@ -328,4 +329,5 @@ async def replace_limits(
     """:func:`set_limits` on an existing pool, answering :func:`quota_view`."""
     await _pool_exists(conn, pool_id)
     await set_limits(conn, tenant_id, pool_id, limits)
+    await notify_pool(conn, pool_id, tenant_id)  # wake edge: the tenant's quota may have been raised
     return await quota_view(conn, tenant_id, pool_id)

@@ -159,8 +159,19 @@ def test_agent_round_trip(database_url: str, clean_db: AsyncEngine, tmp_path: Pa
             assert (
                 metric(url, "bc_agent_edges_total", 'edge="atoms_unavailable"') >= lost_before + 1
             )  # repair hook
-            held = httpx.get(f"{url}/v1/reservations/{placed['id']}", headers=ADMIN).json()
-            assert held["status"] == "placed"  # issue 12's BookingRepair will move it; today it stays
+            # BookingRepair: one GPU left on the only node, the 2-GPU reservation goes back to pending
+            held = wait_for(
+                "the reservation repaired",
+                lambda: (
+                    (r := httpx.get(f"{url}/v1/reservations/{placed['id']}", headers=ADMIN).json())
+                    and r["status"] == "pending"
+                    and r
+                ),
+                log=first.log,
+            )
+            [repaired] = [c for c in held["conditions"] if c["type"] == "Repaired"]
+            assert repaired["oldAtoms"] == [FIRST_UUID, SECOND_UUID] and repaired["newNodeId"] is None
+            assert held["conditions"][-1]["message"].startswith("repair: no node fits (1 node): ")
 
             # the remaining GPU reports a row-remapping failure in the XML: unhealthy
             _, xml = h200_host(1)

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.tables import devices, node_labels, nodes, pools
 from tests.agent_host import FIRST_UUID, SECOND_UUID, h200_host
-from tests.factories import add_node, gpu_node, make_pool, reservation
+from tests.factories import add_node, gpu_node, make_pool, reservation, wait_for_status
 
 DRIVERS = [{"id": "nvidia", "version": "580.159.04", "kinds": ["gpu"]}]
 
@@ -97,11 +97,14 @@ async def test_unchanged_hello_changes_nothing_and_a_device_that_left_is_unbooka
     assert edges("atoms_unavailable") == before + 1  # the BookingRepair hook was reached
     node = (await admin_client.get(f"/v1/nodes/{first['nodeId']}")).json()
     assert node["labels"]["gpu.count"] == "1" and node["links"] == []
-    # the booking keeps its history: the device row is still there and the reservation still placed
-    res = (await admin_client.get(f"/v1/reservations/{placed.json()['id']}")).json()
-    assert res["status"] == "placed" and sorted(res["allocations"][0]["atoms"]) == [FIRST_UUID, SECOND_UUID]
+    # BookingRepair: 2 GPUs no longer fit on the node, the reservation goes pending; its allocation keeps
+    # its history (the device row is still there) and GPU0 is free again
+    res = await wait_for_status(admin_client, placed.json()["id"], "pending")
+    assert sorted(res["allocations"][0]["atoms"]) == [FIRST_UUID, SECOND_UUID]
+    assert res["allocations"][0]["releasedAt"] is not None
+    assert any(c["type"] == "Repaired" for c in res["conditions"])
     preview = await admin_client.post("/v1/capacity/preview", json=reservation(pool, 1, tenant="other"))
-    assert preview.json()["fits"] is False  # GPU0 is booked, GPU1 left
+    assert [c["atoms"] for c in preview.json()["candidates"]] == [[FIRST_UUID]]  # GPU1 left
 
     back = (await admin_client.post("/v1/nodes/hello", json=hello_body(pool))).json()
     assert back["inventoryChanged"] and all(d["bookable"] for d in back["devices"])
@@ -298,11 +301,13 @@ async def test_kubernetes_binding_places_only_on_a_node_that_advertised_it(
         await admin_client.post("/v1/capacity/preview", json=reservation(pool, 1, binding="kubernetes"))
     ).json()
     assert preview["fits"] and {c["nodeId"] for c in preview["candidates"]} == {kube_node}
-    for _ in range(2):
-        placed = (
-            await admin_client.post("/v1/reservations", json=reservation(pool, 1, binding="kubernetes"))
-        ).json()
-        assert placed["status"] == "placed" and placed["allocations"][0]["nodeId"] == kube_node
+    # the Hello that created the node is a wake edge: the pending reservation takes one of its 2 GPUs
+    woken = await wait_for_status(admin_client, pending.json()["id"], "placed")
+    assert woken["allocations"][0]["nodeId"] == kube_node
+    placed = (
+        await admin_client.post("/v1/reservations", json=reservation(pool, 1, binding="kubernetes"))
+    ).json()
+    assert placed["status"] == "placed" and placed["allocations"][0]["nodeId"] == kube_node
     full = (
         await admin_client.post("/v1/reservations", json=reservation(pool, 1, binding="kubernetes"))
     ).json()

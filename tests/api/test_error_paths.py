@@ -32,7 +32,7 @@ CASES = [
     ({"tenantId": None}, "tenantId", "Input should be a valid string"),
     ({"bogus": 1}, "bogus", "Extra inputs"),
     ({"resources": {"BAD": 1}}, "resources.BAD", "String should match"),
-    ({"resources": {"cpu": "lots"}}, "resources.cpu", "Input should be a valid decimal"),
+    ({"resources": {"cpu": "lots"}}, "resources.cpu", "must be a JSON number"),
     ({"gang": {"members": "x"}}, "gang.members", "Input should be a valid integer"),
     ({"start": "2026-01-01T00:00:00"}, "start", "start needs a timezone"),
     ({"devices": []}, "", "a request claims at least one device or resource"),

@@ -5,6 +5,7 @@ A fresh service process shows every known label set at zero and no ``_created`` 
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
 from tests.api.metrics_text import Samples, parse, value
 from tests.capacity.helpers import book, day_after, db_time, make_pool_with_nodes, node_body, reservation_row
-from tests.conftest import ADMIN_KEY, settings_for
+from tests.conftest import ADMIN_KEY, TABLES, settings_for
 from tests.factories import add_node, gpu_node, make_pool, reservation
 from tests.servers import free_port, running_server
 
@@ -109,7 +110,10 @@ async def test_a_scripted_run_moves_each_counter_by_what_happened(
         placed = (await client.post("/v1/reservations", json=reservation(pool, 2))).json()
         assert placed["status"] == "placed"
         middle = await _scrape(client)
-        pending = (await client.post("/v1/reservations", json=reservation(pool, 3))).json()
+        # pending in a pool of its own with no nodes: no edge of this run wakes it (the wake's attempts
+        # would count with placer="wake", at a time of their own)
+        empty = await make_pool(client)
+        pending = (await client.post("/v1/reservations", json=reservation(empty, 3))).json()
         assert pending["status"] == "pending"
         refused = await client.post("/v1/reservations", json=reservation(pool, 2, tenant="capped"))
         assert refused.status_code == 409 and refused.json()["error"]["code"] == "QUOTA_EXCEEDED"
@@ -146,8 +150,8 @@ async def test_a_scripted_run_moves_each_counter_by_what_happened(
     assert moved("bc_http_request_duration_seconds_count", route="/v1/reservations") == 3
     assert not any(placed["id"] in str(labels) for _, labels in after)  # no reservation ids in labels
     assert not any("capped" in str(labels) for _, labels in after)  # nor tenant ids
-    # the gauges, counted in PostgreSQL: two placed GPUs on m1 mid-run; at the end one pending and one
-    # released reservation, m1's GPU3 unhealthy, the cordoned m2 unschedulable
+    # the gauges, counted in PostgreSQL: two placed GPUs on m1 mid-run; at the end one released
+    # reservation (and one pending in the empty pool), m1's GPU3 unhealthy, the cordoned m2 unschedulable
     assert value(middle, "bc_atoms", pool=pool, **{"class": "gpu"}, state="booked") == 2
     assert value(middle, "bc_atoms", pool=pool, **{"class": "gpu"}, state="free") == 2
     assert value(middle, "bc_reservations", pool=pool, status="placed") == 1
@@ -158,12 +162,22 @@ async def test_a_scripted_run_moves_each_counter_by_what_happened(
         s: value(after, "bc_reservations", pool=pool, status=s)
         for s in ("queued", "pending", "placed", "released", "preempted", "ended")
     }
-    assert statuses == {"queued": 0, "pending": 1, "placed": 0, "released": 1, "preempted": 0, "ended": 0}
+    assert statuses == {"queued": 0, "pending": 0, "placed": 0, "released": 1, "preempted": 0, "ended": 0}
+    assert value(after, "bc_reservations", pool=empty, status="pending") == 1
 
 
 @pytest.fixture(scope="module")
 def fresh_server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A new service process: nothing has happened in it yet."""
+    """A new service process on empty tables: nothing has happened in it yet (its first wake sweep finds
+    no pending reservation left by other tests)."""
+
+    async def empty_tables() -> None:
+        eng = create_engine(database_url)
+        async with eng.begin() as conn:
+            await conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
+        await eng.dispose()
+
+    asyncio.run(empty_tables())
     with pytest.MonkeyPatch.context() as env:
         env.setenv("BC_METRICS_GAUGE_TTL_SECONDS", "0")
         with running_server(database_url, tmp_path_factory.mktemp("fresh-metrics")) as server:

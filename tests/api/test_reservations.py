@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from tests.factories import add_node, gpu_node, make_pool, reservation
+from tests.factories import add_node, gpu_node, make_pool, reservation, wait_for_status
 
 
 async def _counts(engine: Any) -> dict[str, int]:
@@ -47,8 +47,9 @@ async def test_reserve_eight_gpus_places_on_one_node_and_release_frees_it(
 
     rel = await admin_client.post(f"/v1/reservations/{placed['id']}/release")
     assert rel.status_code == 200 and rel.json()["status"] == "released"
-    again = (await admin_client.post("/v1/reservations", json=reservation(pool, 8))).json()
-    assert again["status"] == "placed" and again["allocations"][0]["nodeId"] == node["id"]
+    # the release is a wake edge: the pending one takes the freed node (and no cpu: it asked for none)
+    woken = await wait_for_status(admin_client, second["id"], "placed")
+    assert woken["allocations"][0]["nodeId"] == node["id"] and len(woken["allocations"][0]["atoms"]) == 8
     view = (await admin_client.get(f"/v1/nodes/{node['id']}")).json()
     assert view["resources"]["cpu"]["allocated"] == 0
 

@@ -144,3 +144,17 @@ async def held_now(engine: AsyncEngine, table: str, where: str = "true") -> Deci
                 f"WHERE starts_at <= now() AND ends_at > now() AND {where}"
             )
         ).scalar_one()
+
+
+async def overlapping_bookings(conn: AsyncConnection) -> int:
+    """Pairs of bookings of one atom by two allocations that overlap in time (double bookings; the
+    exclusion constraint forbids them too): must be 0."""
+    return (
+        await conn.execute(
+            sa.text(
+                """SELECT count(*) FROM device_bookings x JOIN device_bookings y
+                       ON x.device_id = y.device_id AND x.allocation_id < y.allocation_id
+                      AND x.during && y.during"""
+            )
+        )
+    ).scalar_one()

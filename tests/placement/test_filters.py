@@ -46,6 +46,7 @@ def test_registry_order() -> None:
         "fits",
         "topology",
         "picker",
+        "lease",
     )
 
 

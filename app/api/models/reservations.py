@@ -17,6 +17,14 @@ class Condition(ApiModel):
     status: Literal["True", "False", "Unknown"]
     reason: str
     message: str
+    at: Timestamp | None = Field(default=None, description="When it happened (Scheduled, Repaired)")
+    waitedSeconds: float | None = Field(
+        default=None, description="Scheduled: how long the reservation waited pending (seconds)"
+    )
+    oldNodeId: str | None = Field(default=None, description="Repaired: the node the work was booked on")
+    oldAtoms: list[str] | None = Field(default=None, description="Repaired: the atoms it was booked on")
+    newNodeId: str | None = Field(default=None, description="Repaired: the node it moved to (null: pending)")
+    newAtoms: list[str] | None = Field(default=None, description="Repaired: the atoms it moved to")
 
 
 class Allocation(ApiModel):

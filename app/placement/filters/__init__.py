@@ -7,9 +7,29 @@ from collections.abc import Callable
 from types import ModuleType
 
 from app.placement.context import NodeWork, PlanContext
-from app.placement.filters import fits, labels, picker, plugins, scalars, schedulable, selector, topology
+from app.placement.filters import (
+    fits,
+    labels,
+    lease,
+    picker,
+    plugins,
+    scalars,
+    schedulable,
+    selector,
+    topology,
+)
 
-FILTERS: tuple[ModuleType, ...] = (schedulable, labels, plugins, scalars, selector, fits, topology, picker)
+FILTERS: tuple[ModuleType, ...] = (
+    schedulable,
+    labels,
+    plugins,
+    scalars,
+    selector,
+    fits,
+    topology,
+    picker,
+    lease,
+)
 FILTER_NAMES: tuple[str, ...] = tuple(f.NAME for f in FILTERS)
 FilterCheck = Callable[[PlanContext, NodeWork], "str | None"]
 CHECKS: tuple[FilterCheck, ...] = tuple(f.check for f in FILTERS)

@@ -1,0 +1,224 @@
+"""BookingRepair (DESIGN.md, "Reservation lifecycle"; seed 000 names it): work booked on an atom that
+turned unhealthy or unbookable is moved for the rest of its window.
+
+The health route and the node agents' edges (:func:`app.inventory.agent_hooks.on_atoms_unavailable`)
+send a wake edge for the pool; the wake-edge controller runs :func:`repair_broken` before it wakes
+pending work, and the periodic sweep runs it too. It finds every live allocation with a booking on an
+unavailable atom whose window is not over (the partial index of unavailable atoms keeps that cheap) and
+repairs each reservation in one transaction, its row claimed ``FOR UPDATE SKIP LOCKED`` (replica-safe):
+
+1. the allocation is cut at now (bookings and scalar holdings end there; the old allocation keeps its
+   history with ``releasedAt``), then planned again for its remaining window ``[max(now, start), end)``
+   on the same node only: another free healthy atom that fits the selector and topology;
+2. else through the full pipeline on any node of the pool (dedications and the lease rule hold: the
+   same filters and guarded commit as a create);
+3. else the reservation goes ``pending`` (Unschedulable ``NoFit``, message ``repair: <pending
+   summary>``), its quota holdings are cut at now, and it waits for a wake edge like any pending one.
+
+The reservation gets a ``Repaired`` condition naming the old and new atoms and nodes and when. Since the
+allocation is cut before the new plan and the plan reads in the same transaction, nothing stays booked on
+the unhealthy atom after the repair commits, and the guarded commit keeps every other allocation safe.
+Gang reservations are not repaired yet (their members would have to move together).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.capacity.edges import notify_pool
+from app.capacity.placer import Placed, db_now, place_inline
+from app.capacity.reservations import CapacityConfig, free_allocations, placement_request
+from app.capacity.snapshot import PoolCache
+from app.db.tables import allocations, device_bookings, devices, nodes, reservations
+from app.observability.metrics import REPAIRS
+from app.placement.request import ReservationRequest
+from app.quota import service as quota
+
+REPAIR_BATCH = 100
+SAME_NODE, OTHER_NODE, TO_PENDING = "same_node", "other_node", "pending"
+REPAIR_PREFIX = "repair: "
+ATOM_UNAVAILABLE_REASON = "AtomUnavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class Repair:
+    """One repaired allocation: ``result`` same_node / other_node / pending, old and new placement."""
+
+    reservation_id: str
+    result: str
+    old_node_id: str
+    old_atoms: tuple[str, ...]
+    new_node_id: str | None = None
+    new_atoms: tuple[str, ...] = ()
+
+
+def repaired_condition(at: datetime, repair: Repair, names: dict[str, str]) -> dict[str, Any]:
+    """The ``Repaired`` condition: old -> new atoms and nodes (node names in the message), and when."""
+    old = f"{', '.join(repair.old_atoms)} on {names.get(repair.old_node_id, repair.old_node_id)}"
+    if repair.new_node_id is None:
+        new = "nothing (pending)"
+    else:
+        new = f"{', '.join(repair.new_atoms)} on {names.get(repair.new_node_id, repair.new_node_id)}"
+    return {
+        "type": "Repaired",
+        "status": "True",
+        "reason": ATOM_UNAVAILABLE_REASON,
+        "message": f"an atom turned unhealthy or unbookable: {old} -> {new}",
+        "at": at.isoformat(),
+        "oldNodeId": repair.old_node_id,
+        "oldAtoms": list(repair.old_atoms),
+        "newNodeId": repair.new_node_id,
+        "newAtoms": list(repair.new_atoms),
+    }
+
+
+async def broken_reservations(conn: AsyncConnection, limit: int = REPAIR_BATCH) -> list[str]:
+    """Placed reservations with a live booking on an unhealthy or unbookable atom whose window is not
+    over, oldest first."""
+    # SELECT DISTINCT a.reservation_id, r.created_at FROM device_bookings b
+    #   JOIN devices d ON d.id = b.device_id JOIN allocations a ON a.id = b.allocation_id
+    #   JOIN reservations r ON r.id = a.reservation_id
+    #  WHERE (NOT d.healthy OR NOT d.bookable) AND upper(b.during) > now() AND a.released_at IS NULL
+    #    AND r.status = 'placed' ORDER BY r.created_at LIMIT :limit
+    stmt = (
+        sa.select(allocations.c.reservation_id, reservations.c.created_at)
+        .select_from(
+            device_bookings.join(devices, devices.c.id == device_bookings.c.device_id)
+            .join(allocations, allocations.c.id == device_bookings.c.allocation_id)
+            .join(reservations, reservations.c.id == allocations.c.reservation_id)
+        )
+        .where(
+            sa.or_(devices.c.healthy.is_(False), devices.c.bookable.is_(False)),
+            sa.func.upper(device_bookings.c.during) > sa.func.now(),
+            allocations.c.released_at.is_(None),
+            reservations.c.status == "placed",
+        )
+        .distinct()
+        .order_by(reservations.c.created_at)
+        .limit(limit)
+    )
+    return [r.reservation_id for r in (await conn.execute(stmt)).all()]
+
+
+async def repair_broken(engine: AsyncEngine, cache: PoolCache, config: CapacityConfig) -> list[Repair]:
+    """Repair every reservation :func:`broken_reservations` finds (one transaction each)."""
+    async with engine.connect() as conn:
+        ids = await broken_reservations(conn)
+    done: list[Repair] = []
+    for reservation_id in ids:
+        done += await repair_reservation(engine, cache, config, reservation_id)
+    return done
+
+
+async def repair_reservation(
+    engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, reservation_id: str
+) -> list[Repair]:
+    """Repair the reservation's allocations that book an unavailable atom (nothing when another
+    replica holds it, it is no longer placed, or it is a gang)."""
+    assumptions: list[int] = []
+    pool_id = ""
+    try:
+        async with engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    sa.select(reservations)
+                    .where(reservations.c.id == reservation_id, reservations.c.status == "placed")
+                    .with_for_update(skip_locked=True)
+                )
+            ).first()
+            if row is None or row.spec.get("gang"):
+                return []
+            pool_id = row.pool_id
+            return await _repair(conn, cache, config, row, assumptions)
+    finally:
+        for token in assumptions:
+            cache.forget(pool_id, token)
+
+
+async def _repair(
+    conn: AsyncConnection, cache: PoolCache, config: CapacityConfig, row: Any, assumptions: list[int]
+) -> list[Repair]:
+    now = await db_now(conn)
+    # the live allocations with an unavailable atom, window not over
+    live = (
+        await conn.execute(
+            sa.select(allocations).where(
+                allocations.c.reservation_id == row.id,
+                allocations.c.released_at.is_(None),
+                sa.func.upper(allocations.c.during) > now,
+            )
+        )
+    ).all()
+    atoms = [a for alloc in live for a in alloc.atoms]
+    unavailable = set(
+        (
+            await conn.execute(
+                sa.select(devices.c.id).where(
+                    devices.c.id.in_(atoms),
+                    sa.or_(devices.c.healthy.is_(False), devices.c.bookable.is_(False)),
+                )
+            )
+        ).scalars()
+    )
+    broken = [alloc for alloc in live if unavailable & set(alloc.atoms)]
+    if not broken:
+        return []
+    [old] = broken  # not a gang: one allocation
+    body = ReservationRequest.model_validate({**row.spec, "idempotencyKey": row.idempotency_key})
+    start, end = max(now, old.during.lower), old.during.upper
+    request = replace(placement_request(config, body, now), start=start, end=end)
+    await free_allocations(conn, [old], row.pool_id, now)  # nothing stays booked on the broken atom
+    pool_nodes = (
+        await conn.execute(sa.select(nodes.c.id, nodes.c.name).where(nodes.c.pool_id == row.pool_id))
+    ).all()
+    names = {n.id: n.name for n in pool_nodes}
+    others = frozenset(n.id for n in pool_nodes if n.id != old.node_id)
+    same_node_only = replace(
+        config.options,
+        excluded_nodes=others,
+        exclusion_reasons=dict.fromkeys(others, "repair tries the same node first"),
+    )
+    repair: Repair
+    outcome = await place_inline(
+        conn, cache, request, row.id, same_node_only, config.max_attempts, config.shortlist_min
+    )
+    result = SAME_NODE
+    if not isinstance(outcome, Placed):
+        outcome = await place_inline(
+            conn, cache, request, row.id, config.options, config.max_attempts, config.shortlist_min
+        )
+        result = OTHER_NODE
+    if isinstance(outcome, Placed):
+        assumptions.extend(outcome.assumptions)
+        [new] = outcome.allocations
+        repair = Repair(row.id, result, old.node_id, tuple(old.atoms), new.node_id, tuple(new.atoms))
+        values: dict[str, Any] = {
+            "conditions": [*(row.conditions or []), repaired_condition(now, repair, names)]
+        }
+    else:
+        repair = Repair(row.id, TO_PENDING, old.node_id, tuple(old.atoms))
+        await quota.cut_holdings(conn, row.id, now)  # a pending reservation holds nothing
+        unschedulable = {
+            "type": "Unschedulable",
+            "status": "True",
+            "reason": "NoFit",
+            "message": REPAIR_PREFIX + outcome.reason,
+        }
+        conditions = [c for c in (row.conditions or []) if c.get("type") != "Unschedulable"]
+        values = {
+            "status": "pending",
+            "ends_at": None,
+            "conditions": [*conditions, repaired_condition(now, repair, names), unschedulable],
+        }
+    await conn.execute(
+        sa.update(reservations).where(reservations.c.id == row.id).values(**values, updated_at=sa.func.now())
+    )
+    if repair.result != SAME_NODE:
+        await notify_pool(conn, row.pool_id)  # wake edge: a repair freed atoms (the old allocation's)
+    REPAIRS.labels(repair.result).inc()
+    return [repair]

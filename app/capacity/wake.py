@@ -1,0 +1,325 @@
+"""The wake-edge controller (DESIGN.md, "Reservation lifecycle"; seed 000, ``mayBeSchedulableSql``).
+
+A pending reservation holds nothing and waits. It is planned again when an edge may make it fit
+(:mod:`app.capacity.edges` lists them and sends them with ``NOTIFY`` in the transaction that caused
+them). Every service process LISTENs on a connection it holds (:meth:`WakeController.listen`, a lifecycle
+task) and pokes the ``wake-pending`` task, which plans the pending reservations of the pools (and
+tenants) it heard about; a periodic sweep of every pool with pending work (``BC_LIFECYCLE_SWEEP``,
+default 30 s) is the safety net for an edge that was missed (a listener reconnecting, a lost message).
+
+Per pool the pending reservations are taken oldest first (``created_at, id``), one transaction each,
+claimed with ``FOR UPDATE SKIP LOCKED``: two replicas hearing one edge never plan the same reservation,
+and a row claimed by the other replica is simply not seen. The claim re-checks ``status = 'pending'``
+on the locked row (PostgreSQL re-evaluates the WHERE of a locked row), so a reservation placed or
+released meanwhile is skipped. One that still does not fit is skipped and the next one is tried, so a
+large request does not block the small ones behind it (it can then wait long: docs/lifecycle.md).
+
+Placing a woken reservation is creation's path: quota is charged right before the pool lock (a pending
+one holds nothing), the inline placer plans and commits with the guarded statements. It is placed at
+``[now, now + duration)`` when it has no explicit ``start``, else for its own window; one whose explicit
+start passed is ended by the lifecycle's end task (``WindowPassed``), never placed late. A reservation
+that fits but whose tenant's quota does not hold now stays pending (condition reason ``QuotaExceeded``)
+until a quota edge of its tenant. A placed one gets the condition ``Scheduled`` with the time it waited.
+
+Lock order: the reservation row first (as create and release), then quota_usage -> pools -> nodes ->
+devices -> node_resources, as every capacity transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
+from app.capacity.placer import Placed, db_now, place_woken
+from app.capacity.repair import REPAIR_PREFIX, repair_broken
+from app.capacity.reservations import CapacityConfig, placement_request, quota_amounts
+from app.capacity.snapshot import PoolCache
+from app.db.tables import reservations
+from app.errors import QuotaExceeded
+from app.observability.metrics import WAKE_EDGES_HEARD, WAKE_WAIT, WAKES
+from app.placement.request import ReservationRequest
+from app.quota import service as quota
+
+log = logging.getLogger("better_compute.wake")
+
+WAKE_PENDING = "wake-pending"
+WAKE_LISTENER = "wake-listener"
+WAKE_BATCH = 1000  # reservations tried per pool and wake, at most (the rest at the next edge or sweep)
+LISTENER_RETRY = 1.0  # seconds between two attempts to (re)connect the listener
+LISTENER_PING = 10.0  # seconds between two checks that the listening connection is alive
+
+PLACED, STILL_PENDING, QUOTA_EXCEEDED_RESULT = "placed", "pending", "quota_exceeded"
+QUOTA_EXCEEDED_REASON = "QuotaExceeded"
+NO_FIT_REASON = "NoFit"
+WOKEN_REASON = "Woken"
+
+
+@dataclass(frozen=True, slots=True)
+class Woken:
+    """What one wake did with one pending reservation: ``result`` placed / pending / quota_exceeded."""
+
+    reservation_id: str
+    result: str
+    waited_seconds: float | None = None  # placed: creation -> placement
+
+
+def scheduled_condition(at: datetime, waited_seconds: float) -> dict[str, Any]:
+    """The condition of a pending reservation placed by a wake, with the time it waited (seconds)."""
+    return {
+        "type": "Scheduled",
+        "status": "True",
+        "reason": WOKEN_REASON,
+        "message": f"placed after waiting {waited_seconds:.3f} s",
+        "at": at.isoformat(),
+        "waitedSeconds": round(waited_seconds, 6),
+    }
+
+
+def _pending_conditions(conditions: list[dict[str, Any]], reason: str, message: str) -> list[dict[str, Any]]:
+    """The conditions with the Unschedulable one saying ``reason`` / ``message`` (replaced, not added)."""
+    kept = [c for c in conditions if c.get("type") != "Unschedulable"]
+    return [*kept, {"type": "Unschedulable", "status": "True", "reason": reason, "message": message}]
+
+
+def _placed_conditions(conditions: list[dict[str, Any]], at: datetime, waited: float) -> list[dict[str, Any]]:
+    """The conditions of a woken, placed reservation: Unschedulable turns ``False``, Scheduled is added."""
+    story = [{**c, "status": "False"} if c.get("type") == "Unschedulable" else c for c in conditions]
+    return [*story, scheduled_condition(at, waited)]
+
+
+async def _claim_next(
+    conn: AsyncConnection, pool_id: str, tenant_id: str | None, after: tuple[datetime, str] | None
+) -> Any:
+    # SELECT * FROM reservations
+    #  WHERE pool_id = :pool AND status = 'pending' [AND tenant_id = :tenant]
+    #    [AND (created_at, id) > (:created_at, :id)]
+    #  ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
+    stmt = (
+        sa.select(reservations)
+        .where(reservations.c.pool_id == pool_id, reservations.c.status == "pending")
+        .order_by(reservations.c.created_at, reservations.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    if tenant_id is not None:
+        stmt = stmt.where(reservations.c.tenant_id == tenant_id)
+    if after is not None:
+        stmt = stmt.where(sa.tuple_(reservations.c.created_at, reservations.c.id) > sa.tuple_(*after))
+    return (await conn.execute(stmt)).first()
+
+
+async def _wake_one(
+    conn: AsyncConnection, cache: PoolCache, config: CapacityConfig, row: Any, assumptions: list[int]
+) -> Woken:
+    """Plan the claimed pending reservation ``row`` again and place it when it fits (in ``conn``'s
+    transaction); the cache assumptions of a placement are appended to ``assumptions``."""
+    now = await db_now(conn)
+    body = ReservationRequest.model_validate({**row.spec, "idempotencyKey": row.idempotency_key})
+    if body.start is not None and body.start <= now:
+        return Woken(row.id, STILL_PENDING)  # its window passed: the end task ends it (WindowPassed)
+    request = placement_request(config, body, now)
+    assert request.start is not None and request.end is not None
+    amounts = quota_amounts(request)
+
+    async def charge() -> None:
+        assert request.start is not None and request.end is not None
+        await quota.charge(conn, row.tenant_id, row.pool_id, row.id, amounts, request.start, request.end)
+
+    attempt = await conn.begin_nested()  # SAVEPOINT: a refused charge or no fit leaves nothing behind
+    try:
+        outcome = await place_woken(
+            conn,
+            cache,
+            request,
+            row.id,
+            config.options,
+            config.max_attempts,
+            config.shortlist_min,
+            None,
+            charge,
+        )
+    except QuotaExceeded as exc:
+        await attempt.rollback()
+        message = f"fits, but the quota does not hold now: {exc.message}"
+        await _set_pending(conn, row, QUOTA_EXCEEDED_REASON, message)
+        return Woken(row.id, QUOTA_EXCEEDED_RESULT)
+    if not isinstance(outcome, Placed):
+        await attempt.rollback()  # a charge made before every commit lost its race goes too
+        await _set_pending(conn, row, NO_FIT_REASON, outcome.reason)
+        return Woken(row.id, STILL_PENDING)
+    await attempt.commit()
+    assumptions.extend(outcome.assumptions)
+    waited = max((now - row.created_at).total_seconds(), 0.0)
+    await conn.execute(
+        sa.update(reservations)
+        .where(reservations.c.id == row.id)
+        .values(
+            status="placed",
+            conditions=_placed_conditions(row.conditions or [], now, waited),
+            ends_at=request.end,
+            updated_at=sa.func.now(),
+        )
+    )
+    return Woken(row.id, PLACED, waited)
+
+
+async def _set_pending(conn: AsyncConnection, row: Any, reason: str, message: str) -> None:
+    """Keep the reservation pending with its Unschedulable condition updated to the latest plan (a
+    reservation a repair sent back to pending keeps saying so: ``repair: <latest summary>``)."""
+    was = next((c for c in row.conditions or [] if c.get("type") == "Unschedulable"), None)
+    if was is not None and str(was.get("message", "")).startswith(REPAIR_PREFIX) and reason == NO_FIT_REASON:
+        message = REPAIR_PREFIX + message
+    conditions = _pending_conditions(row.conditions or [], reason, message)
+    if conditions != (row.conditions or []):
+        await conn.execute(
+            sa.update(reservations)
+            .where(reservations.c.id == row.id)
+            .values(conditions=conditions, updated_at=sa.func.now())
+        )
+
+
+async def wake_pool(
+    engine: AsyncEngine,
+    cache: PoolCache,
+    config: CapacityConfig,
+    pool_id: str,
+    tenant_id: str | None = None,
+    limit: int = WAKE_BATCH,
+) -> list[Woken]:
+    """Plan the pending reservations of ``pool_id`` (of ``tenant_id`` only, when given) again, oldest
+    first, one transaction each; one that still does not fit is skipped and the next one tried. Returns
+    what happened to each reservation tried (at most ``limit``), in the order tried."""
+    woken: list[Woken] = []
+    after: tuple[datetime, str] | None = None
+    while len(woken) < limit:
+        assumptions: list[int] = []
+        try:
+            async with engine.begin() as conn:
+                row = await _claim_next(conn, pool_id, tenant_id, after)
+                if row is None:
+                    break
+                after = (row.created_at, row.id)
+                result = await _wake_one(conn, cache, config, row, assumptions)
+        finally:  # committed or rolled back: the bookings (or their absence) are visible to every plan
+            for token in assumptions:
+                cache.forget(pool_id, token)
+        WAKES.labels(result.result).inc()
+        if result.waited_seconds is not None:
+            WAKE_WAIT.observe(result.waited_seconds)
+        woken.append(result)
+    return woken
+
+
+async def pools_with_pending(conn: AsyncConnection) -> list[str]:
+    """The pools that have pending reservations (the sweep wakes each)."""
+    # SELECT DISTINCT pool_id FROM reservations WHERE status = 'pending' ORDER BY pool_id
+    stmt = (
+        sa.select(reservations.c.pool_id)
+        .where(reservations.c.status == "pending")
+        .distinct()
+        .order_by(reservations.c.pool_id)
+    )
+    return list((await conn.execute(stmt)).scalars())
+
+
+class WakeController:
+    """The wake-edge controller of one service process: a LISTEN connection that collects the edges
+    heard (:meth:`listen`) and the task that wakes the pools they name (:meth:`run`), with a full sweep
+    at most every ``sweep_seconds``. ``poke`` (set once the lifecycle exists) starts :meth:`run` now."""
+
+    def __init__(
+        self,
+        cache: PoolCache,
+        config: CapacityConfig,
+        sweep_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache = cache
+        self.config = config
+        self.sweep_seconds = sweep_seconds
+        self.clock = clock
+        self.poke: Callable[[], None] = lambda: None
+        self.listening = False  # the LISTEN is registered (tests wait for it)
+        self._heard: set[tuple[str, str | None]] = set()
+        self._last_sweep = -math.inf
+
+    def heard(self, payload: str) -> None:
+        """An edge's payload arrived: remember its pool (and tenant) and start a wake."""
+        target = parse_wake_payload(payload)
+        if target is None:
+            log.warning("ignored a %s notification that is not a wake edge: %r", WAKE_CHANNEL, payload[:200])
+            return
+        self._heard.add(target)
+        self.poke()
+
+    def _targets(self, swept: list[str]) -> list[tuple[str, str | None]]:
+        heard, self._heard = self._heard, set()
+        WAKE_EDGES_HEARD.labels("edge").inc(len(heard))
+        WAKE_EDGES_HEARD.labels("sweep").inc(len(swept))
+        everyone = {pool for pool, tenant in heard if tenant is None} | set(swept)
+        # an edge for every tenant of a pool covers the edges for one of its tenants
+        return sorted(
+            {(pool, None) for pool in everyone} | {(p, t) for p, t in heard if p not in everyone},
+            key=lambda target: (target[0], target[1] or ""),
+        )
+
+    async def run(self, engine: AsyncEngine) -> list[Woken]:
+        """One wake: BookingRepair of work booked on unavailable atoms, then the pools heard since the
+        last wake, and every pool with pending work when the sweep is due. Returns what happened to each
+        reservation tried."""
+        swept: list[str] = []
+        if self.clock() - self._last_sweep >= self.sweep_seconds:
+            self._last_sweep = self.clock()
+            async with engine.connect() as conn:
+                swept = await pools_with_pending(conn)
+        await repair_broken(engine, self.cache, self.config)  # BookingRepair first: it may free atoms
+        woken: list[Woken] = []
+        for pool_id, tenant_id in self._targets(swept):
+            woken += await wake_pool(engine, self.cache, self.config, pool_id, tenant_id)
+        return woken
+
+    async def listen(self, engine: AsyncEngine) -> None:
+        """Hold a connection that LISTENs on the wake channel until it fails (the lifecycle runs this
+        again after ``LISTENER_RETRY``). Each (re)connection also makes the next wake a full sweep: edges
+        sent while nobody listened were not heard."""
+        async with engine.connect() as conn:
+            raw = (await conn.get_raw_connection()).driver_connection
+            assert raw is not None
+            lost = asyncio.Event()
+
+            def on_notify(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+                self.heard(payload)
+
+            def on_lost(_conn: Any) -> None:
+                lost.set()
+
+            raw.add_termination_listener(on_lost)
+            await raw.add_listener(WAKE_CHANNEL, on_notify)
+            self.listening = True
+            self._last_sweep = -math.inf
+            self.poke()
+            try:
+                while not lost.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(LISTENER_PING):
+                            await lost.wait()
+                    if not lost.is_set():
+                        async with asyncio.timeout(LISTENER_PING):
+                            await raw.fetchval("SELECT 1")
+            finally:
+                self.listening = False
+                if not raw.is_closed():
+                    with contextlib.suppress(Exception):
+                        await raw.remove_listener(WAKE_CHANNEL, on_notify)
+                raw.remove_termination_listener(on_lost)
