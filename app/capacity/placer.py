@@ -120,8 +120,9 @@ async def _place_inline(
         attempt_options = replace(
             options,
             seed=plan_seed(reservation_id, attempt),
-            excluded_nodes=frozenset(r.node_id for r in excluded),
-            exclusion_reasons={r.node_id: r.reason for r in excluded},
+            # the caller's exclusions (repair tries the same node first) and the nodes lost on
+            excluded_nodes=options.excluded_nodes | frozenset(r.node_id for r in excluded),
+            exclusion_reasons={**options.exclusion_reasons, **{r.node_id: r.reason for r in excluded}},
         )
         outcome_plan = await plan_request(conn, cache, request, attempt_options, shortlist_min)
         if outcome_plan.head.archived:

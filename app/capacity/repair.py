@@ -202,7 +202,7 @@ async def _repair(
         }
     else:
         repair = Repair(row.id, TO_PENDING, old.node_id, tuple(old.atoms))
-        await quota.cut_holdings(conn, row.id, now)  # a pending reservation holds nothing
+        await quota.drop_holdings(conn, row.id)  # a pending reservation holds nothing
         unschedulable = {
             "type": "Unschedulable",
             "status": "True",

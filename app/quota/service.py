@@ -289,6 +289,15 @@ async def cut_holdings(conn: AsyncConnection, reservation_id: str, at: datetime)
     await cut(conn, quota_holdings, [quota_holdings.c.reservation_id == reservation_id], at)
 
 
+async def drop_holdings(conn: AsyncConnection, reservation_id: str) -> None:
+    """A reservation that goes back to ``pending`` (BookingRepair found no room) holds nothing, and is
+    charged again for its new window when it is woken: its quota holdings are removed, not cut, since
+    one row per reservation and resource holds its window (a cut row would collide with the new charge).
+    The time it was placed stays on its allocations."""
+    # DELETE FROM quota_holdings WHERE reservation_id = :id
+    await conn.execute(sa.delete(quota_holdings).where(quota_holdings.c.reservation_id == reservation_id))
+
+
 async def _pool_exists(conn: AsyncConnection, pool_id: str) -> None:
     if (await conn.execute(sa.select(pools.c.id).where(pools.c.id == pool_id))).first() is None:
         raise NotFound(f"pool {quote_input(pool_id)} not found")

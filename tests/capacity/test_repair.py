@@ -67,6 +67,26 @@ async def test_repair_moves_to_another_atom_of_the_node(
     assert await _live_bookings_on(engine, broken) == 0
 
 
+async def test_repair_tries_the_same_node_first_when_others_have_room(
+    admin_client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    """With another empty node in the pool, the work still stays on its node when that node has room (the
+    placer once replaced repair's exclusion of the other nodes with its own lost-race exclusions)."""
+    pool = await make_pool(admin_client)
+    nodes = [await add_node(admin_client, pool, gpu_node(f"twin-{i}", 8)) for i in range(2)]
+    for attempt in range(3):  # the seeded pick among equals would choose the other node about half the time
+        placed = (
+            await admin_client.post("/v1/reservations", json=reservation(pool, 2, key=f"t{attempt}"))
+        ).json()
+        [alloc] = placed["allocations"]
+        await _mark_unhealthy(admin_client, alloc["nodeId"], alloc["atoms"][0])
+        view = await _repaired(admin_client, placed["id"])
+        [repaired] = [c for c in view["conditions"] if c["type"] == "Repaired"]
+        assert repaired["newNodeId"] == repaired["oldNodeId"] == alloc["nodeId"], repaired
+        assert (await admin_client.post(f"/v1/reservations/{placed['id']}/release")).status_code == 200
+    assert {n["id"] for n in nodes} >= {alloc["nodeId"]}
+
+
 async def test_repair_moves_to_another_node_respecting_selector_and_nvlink(
     admin_client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
@@ -114,3 +134,13 @@ async def test_repair_without_room_goes_pending(admin_client: httpx.AsyncClient,
     assert all(a["releasedAt"] for a in view["allocations"])  # its remaining holdings are freed
     quota = (await admin_client.get(f"/v1/tenants/rp/quotas/{pool}")).json()
     assert quota["used"].get("gpu", 0) == 0
+    # health back is a wake edge: the repaired reservation is placed again, charged for its new window
+    # (its old quota holding once collided with the new charge and failed every wake of the pool)
+    healthy = {"devices": [{"id": broken, "healthy": True}]}
+    assert (await admin_client.post(f"/v1/nodes/{node['id']}/health", json=healthy)).status_code == 200
+    deadline = time.monotonic() + 5
+    while (view := (await admin_client.get(f"/v1/reservations/{placed['id']}")).json())["status"] != "placed":
+        assert time.monotonic() < deadline, view
+        await asyncio.sleep(0.05)
+    quota = (await admin_client.get(f"/v1/tenants/rp/quotas/{pool}")).json()
+    assert quota["used"]["gpu"] == 2
