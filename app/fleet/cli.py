@@ -73,7 +73,8 @@ def run_explain(
     trailing newline). Raises :class:`InvalidInput` naming the file and field."""
     from app.fleet.documents import load_fleet, load_request
     from app.fleet.estimate import check_estimate_program, load_estimate
-    from app.fleet.explain import explain_placement, render_text, to_json
+    from app.fleet.explain import explain_placement
+    from app.fleet.render import render_text, to_json
 
     now = parse_now(now_text)
     loaded: dict[str, Any] = {}

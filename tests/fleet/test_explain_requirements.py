@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from app.fleet.documents import load_fleet, load_request
-from app.fleet.explain import Explanation, explain_placement
+from app.fleet.explain import explain_placement
+from app.fleet.prediction import Explanation
 
 NOW = datetime(2026, 10, 12, 12, 0, 0, tzinfo=UTC)
 DIGEST = "a" * 64
@@ -132,14 +133,14 @@ def test_base_documents_are_eligible() -> None:
 CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
     # --- unreachable or in maintenance when observed
     ("reachable", lane(reachable=True), request(), []),
-    ("unreachable", lane(reachable=False), request(), ["reachable: unreachable when observed"]),
-    ("reachability unknown", lane(reachable=DROP), request(), ["reachable: unknown"]),
-    ("maintenance", lane(maintenance=True), request(), ["maintenance: in maintenance when observed"]),
+    ("unreachable", lane(reachable=False), request(), ["availability: unreachable when observed"]),
+    ("reachability unknown", lane(reachable=DROP), request(), ["availability: reachability unknown"]),
+    ("maintenance", lane(maintenance=True), request(), ["availability: in maintenance when observed"]),
     (
         "unreachable and in maintenance",
         daemon(reachable=False, maintenance=True),
         request(),
-        ["reachable: unreachable when observed", "maintenance: in maintenance when observed"],
+        ["availability: unreachable when observed", "availability: in maintenance when observed"],
     ),
     # --- freshness: max age (default 300 s, equality fits) and clock skew (more than 60 s ahead)
     ("age equals max age", lane(observed_at="2026-10-12T11:55:00+00:00"), request(), []),
@@ -165,7 +166,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         "runtime digest missing",
         lane(programs={"vibe-qc": [OTHER_DIGEST]}),
         request(),
-        [f"runtime: lacks vibe-qc runtime {DIGEST}"],
+        [f"program: lacks vibe-qc runtime {DIGEST}"],
     ),
     ("runtime digest not current", lane(programs={"vibe-qc": [OTHER_DIGEST, DIGEST]}), request(), []),
     ("no digest requested", lane(programs={"vibe-qc": [OTHER_DIGEST]}), request(runtime_digest=DROP), []),
@@ -179,13 +180,13 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         "other architecture",
         lane(arch="aarch64", isa_levels=["armv8.2-a"]),
         request(),
-        ["arch: aarch64 cannot run x86-64-v4 (x86_64)", "isa: x86-64-v4 not supported (supports armv8.2-a)"],
+        ["isa: arch aarch64 cannot run x86-64-v4 (x86_64)", "isa: x86-64-v4 not supported (supports armv8.2-a)"],
     ),
     (
         "other architecture, level listed",
         lane(arch="aarch64"),
         request(),
-        ["arch: aarch64 cannot run x86-64-v4 (x86_64)"],
+        ["isa: arch aarch64 cannot run x86-64-v4 (x86_64)"],
     ),
     ("arch alias amd64", lane(arch="amd64"), request(), []),
     ("arch unknown, level listed", lane(arch=DROP), request(), []),
@@ -225,18 +226,18 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
     ),
     ("queue not requested", lane(queue=DROP), request(queue=None), []),
     # --- data access
-    ("data access lacking", lane(data_access=["results"]), request(), ["data access: lacks shared-inputs"]),
+    ("data access lacking", lane(data_access=["results"]), request(), ["data_access: lacks shared-inputs"]),
     (
         "data access unknown",
         lane(data_access=DROP),
         request(),
-        ["data access: unknown, want shared-inputs, results"],
+        ["data_access: unknown, want shared-inputs, results"],
     ),
     (
         "data access none recorded",
         lane(data_access=[]),
         request(),
-        ["data access: lacks shared-inputs, results"],
+        ["data_access: lacks shared-inputs, results"],
     ),
     ("data access empty requirement", lane(data_access=DROP), request(required_data_access=[]), []),
     # --- licenses
@@ -280,7 +281,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         "whole-rank layout, 12-CPU lane",
         lane(node=node(cpus=12)),
         request(cpus=24, nodes=2, mpi_ranks=3, threads_per_rank=8),
-        ["cpus: needs 16 per node (3 ranks x 8 threads on 2 node(s)), node has 12"],
+        ["node_shape: needs 16 CPUs per node (3 ranks x 8 threads on 2 node(s)), node has 12"],
     ),
     (
         "whole-rank layout, 16-CPU lane",
@@ -298,21 +299,21 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         "no layout: ceil(25 / 2) = 13",
         lane(node=node(cpus=12)),
         request(cpus=25, nodes=2, mpi_ranks=DROP, threads_per_rank=DROP),
-        ["cpus: needs 13 per node (25 CPUs on 2 node(s)), node has 12"],
+        ["node_shape: needs 13 CPUs per node (25 CPUs on 2 node(s)), node has 12"],
     ),
     (
         "node CPUs unknown",
         lane(node=node(cpus=DROP)),
         request(),
-        ["cpus: needs 16 per node (2 ranks x 8 threads on 1 node(s)), node CPUs unknown"],
+        ["node_shape: needs 16 CPUs per node (2 ranks x 8 threads on 1 node(s)), node CPUs unknown"],
     ),
     (
         "no node record",
         lane(node=DROP),
         request(scratch_mb_per_node=DROP),
         [
-            "cpus: needs 16 per node (2 ranks x 8 threads on 1 node(s)), node CPUs unknown",
-            "memory: needs 64000 MB per node, node memory unknown",
+            "node_shape: needs 16 CPUs per node (2 ranks x 8 threads on 1 node(s)), node CPUs unknown",
+            "node_shape: needs 64000 MB of memory per node, node memory unknown",
         ],
     ),
     # --- memory per node
@@ -320,14 +321,14 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         "too little memory",
         lane(node=node(mem_mb=32000)),
         request(),
-        ["memory: needs 64000 MB per node, node has 32000 MB"],
+        ["node_shape: needs 64000 MB of memory per node, node has 32000 MB"],
     ),
     ("memory equal", lane(node=node(mem_mb=64000)), request(), []),
     (
         "memory unknown",
         lane(node=node(mem_mb=DROP)),
         request(),
-        ["memory: needs 64000 MB per node, node memory unknown"],
+        ["node_shape: needs 64000 MB of memory per node, node memory unknown"],
     ),
     ("memory not requested", lane(node=node(mem_mb=DROP)), request(mem_mb_per_node=DROP), []),
     # --- scratch per node (nodes never combine)
@@ -377,25 +378,25 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         "walltime over the limit",
         lane(max_walltime_seconds=172800),
         request(wall_time_seconds=172801),
-        ["walltime: requests 172801 s, over the limit of 172800 s"],
+        ["walltime_limit: requests 172801 s, over the limit of 172800 s"],
     ),
     (
         "fast estimate does not admit an oversized request",
         lane(max_walltime_seconds=3600),
         request(wall_time_seconds=7200, runtime_seconds={"low": 60, "high": 120}),
-        ["walltime: requests 7200 s, over the limit of 3600 s"],
+        ["walltime_limit: requests 7200 s, over the limit of 3600 s"],
     ),
     (
         "walltime limit unknown",
         lane(max_walltime_seconds=DROP),
         request(),
-        ["walltime: limit unknown and not recorded as unlimited"],
+        ["walltime_limit: unknown and not recorded as unlimited"],
     ),
     (
         "walltime limit unknown, no request",
         lane(max_walltime_seconds=DROP),
         request(wall_time_seconds=DROP),
-        ["walltime: limit unknown and not recorded as unlimited"],
+        ["walltime_limit: unknown and not recorded as unlimited"],
     ),
     ("walltime unlimited", daemon(), request(wall_time_seconds=10_000_000, runtime_seconds=DROP), []),
     ("walltime checked without runtime", lane(), request(runtime_seconds=DROP, wall_time_seconds=172800), []),
@@ -403,7 +404,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         "walltime checked without runtime, over",
         lane(),
         request(runtime_seconds=DROP, wall_time_seconds=172900),
-        ["walltime: requests 172900 s, over the limit of 172800 s"],
+        ["walltime_limit: requests 172900 s, over the limit of 172800 s"],
     ),
     # --- execution upper bound / speed against both limits (equality fits)
     (
@@ -416,7 +417,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         "execution over requested walltime",
         lane(speed_factor=0.5, speed_source="declared"),
         request(runtime_seconds={"low": 6000, "high": 8400}, wall_time_seconds=16799),
-        ["execution: up to 16800 s (8400 s at speed 0.5) exceeds the requested walltime of 16799 s"],
+        ["execution_bound: up to 16800 s (8400 s at speed 0.5) exceeds the requested walltime of 16799 s"],
     ),
     (
         "execution equality with a decimal speed",
@@ -428,13 +429,13 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         "slow target cannot finish within the requested limit",
         daemon(speed_factor=0.25, speed_source="benchmark"),
         request(wall_time_seconds=14400),
-        ["execution: up to 33600 s (8400 s at speed 0.25) exceeds the requested walltime of 14400 s"],
+        ["execution_bound: up to 33600 s (8400 s at speed 0.25) exceeds the requested walltime of 14400 s"],
     ),
     (
         "execution over the target's limit",
         lane(max_walltime_seconds=172800),
         request(wall_time_seconds=DROP, runtime_seconds={"low": 100000, "high": 400000}),
-        ["execution: up to 200000 s (400000 s at speed 2) exceeds the walltime limit of 172800 s"],
+        ["execution_bound: up to 200000 s (400000 s at speed 2) exceeds the walltime limit of 172800 s"],
     ),
     (
         "execution at the target's limit",
@@ -447,8 +448,8 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         lane(max_walltime_seconds=3600),
         request(wall_time_seconds=3600, runtime_seconds={"low": 8000, "high": 8000}),
         [
-            "execution: up to 4000 s (8000 s at speed 2) exceeds the walltime limit of 3600 s",
-            "execution: up to 4000 s (8000 s at speed 2) exceeds the requested walltime of 3600 s",
+            "execution_bound: up to 4000 s (8000 s at speed 2) exceeds the walltime limit of 3600 s",
+            "execution_bound: up to 4000 s (8000 s at speed 2) exceeds the requested walltime of 3600 s",
         ],
     ),
 ]
@@ -494,22 +495,22 @@ def test_every_reason_is_listed_in_seed_order() -> None:
         required_licenses=["solver-base"],
     )
     assert reasons(target, req) == [
-        "reachable: unreachable when observed",
-        "maintenance: in maintenance when observed",
+        "availability: unreachable when observed",
+        "availability: in maintenance when observed",
         "freshness: observed 7200 s ago, older than the max age of 300 s",
         "program: lacks vibe-qc",
         "os: Darwin, want Linux",
         "isa: supported ISA levels unknown, want x86-64-v4",
         "account: permitted accounts unknown, want chem",
         "queue: debug, want compute",
-        "data access: unknown, want shared-inputs, results",
+        "data_access: unknown, want shared-inputs, results",
         "licenses: lacks solver-base",
         "nodes: needs 2, a job may have at most 1",
-        "cpus: needs 8 per node (2 ranks x 8 threads on 2 node(s)), node has 4",
-        "memory: needs 64000 MB per node, node memory unknown",
+        "node_shape: needs 8 CPUs per node (2 ranks x 8 threads on 2 node(s)), node has 4",
+        "node_shape: needs 64000 MB of memory per node, node memory unknown",
         "scratch: needs 100000 MB per node, node scratch unknown",
         "gpus: needs 1 per node, node GPU count unknown",
-        "walltime: limit unknown and not recorded as unlimited",
+        "walltime_limit: unknown and not recorded as unlimited",
     ]
 
 
@@ -525,7 +526,7 @@ def test_held_with_reasons_when_nothing_is_eligible() -> None:
     assert result.held and result.selected is None and result.candidates == ()
     assert result.held_reason == "no eligible target: 2 of 2 rejected"
     assert [r.reasons for r in result.rejected] == [
-        ("reachable: unreachable when observed",),
+        ("availability: unreachable when observed",),
         ("os: Darwin, want Linux",),
     ]
     empty = explain([], request())
