@@ -1,0 +1,34 @@
+"""Seed 004 hard requirement `account`: its table, run alone and through the whole explanation.
+
+The seed: a target is rejected when it "does not permit the requested account, or its permitted accounts are
+unknown".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.fleet.requirements import account as requirement
+from tests.fleet.requirements.tables import DROP, direct, lane, reasons, request
+
+CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
+    # --- account (unknown permissions reject; exact match including case)
+    ("account unknown", lane(accounts=DROP), request(), ["account: permitted accounts unknown, want chem"]),
+    ("account case", lane(accounts=["Chem"]), request(), ["account: chem not permitted (permits Chem)"]),
+    ("no accounts permitted", lane(accounts=[]), request(), ["account: chem not permitted (permits none)"]),
+    ("account permitted", lane(accounts=["bio", "chem"]), request(), []),
+    ("account not requested", lane(accounts=DROP), request(account=DROP), []),
+]
+
+
+@pytest.mark.parametrize(("target", "req", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_account(target: dict[str, Any], req: dict[str, Any], expected: list[str]) -> None:
+    assert direct(requirement, target, req) == expected
+    assert reasons(target, req) == expected
+    assert all(text.startswith(requirement.NAME + ": ") for text in expected)
+
+
+def test_account_table_rejects_and_accepts() -> None:
+    assert any(expected for *_, expected in CASES) and any(not expected for *_, expected in CASES)
