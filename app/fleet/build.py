@@ -436,8 +436,8 @@ _BODY_FIELDS = {
 
 
 def _prefixed(error: InvalidInput, prefix: str) -> InvalidInput:
-    path = f"{prefix}.{error.path}" if error.path else prefix
-    return FleetBuildRefused(f"{prefix}: {error.message}", path=path, details={**error.details, "path": path})
+    """A body document's error as a refusal naming the body field: ``capacity.workstation.free_cpus``."""
+    return error.under(prefix, label=prefix, as_type=FleetBuildRefused)
 
 
 def build_fleet_documents(

@@ -8,9 +8,10 @@ Malformed documents exit with code 2 and a message naming the file and field on 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -24,6 +25,7 @@ placement_app = typer.Typer(
 )
 
 EXIT_MALFORMED = 2
+T = TypeVar("T")
 
 
 @placement_app.callback()
@@ -47,6 +49,15 @@ def read_json_document(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidInput(f"{what} {path}: the document must be a JSON object", path="")
     return data
+
+
+def load_json_file(path: Path, what: str, loader: Callable[[dict[str, Any]], T]) -> T:
+    """Read ``path`` (:func:`read_json_document`) and validate it with ``loader``; an error keeps its field
+    path and names the file before its message (``fleet.json: fleet: targets.3.node.cpus: ...``)."""
+    try:
+        return loader(read_json_document(path, what))
+    except InvalidInput as error:
+        raise error.under("", label=str(path)) from None
 
 
 def parse_now(value: str | None) -> datetime:
@@ -82,16 +93,12 @@ def run_explain(
     if estimate_path is not None:
         sources.append(("estimate", estimate_path, load_estimate))
     for what, path, loader in sources:
-        data = read_json_document(path, what)
-        try:
-            loaded[what] = loader(data)
-        except InvalidInput as error:
-            raise InvalidInput(f"{path}: {error.message}", path=error.path, details=error.details) from None
+        loaded[what] = load_json_file(path, what, loader)
     if estimate_path is not None:
         try:
             check_estimate_program(loaded["request"], loaded["estimate"])
         except InvalidInput as error:
-            raise InvalidInput(f"{estimate_path}: {error.message}", path=error.path) from None
+            raise error.under("", label=str(estimate_path)) from None
     explanation = explain_placement(
         loaded["fleet"], loaded["request"], now, max_age_seconds=max_age, estimate=loaded.get("estimate")
     )
@@ -139,10 +146,7 @@ def _read_job_history(path: Path | None) -> list[Any]:
 
     if path is None:
         return []
-    try:
-        return list(load_job_history(read_json_document(path, "job history")).jobs)
-    except InvalidInput as error:
-        raise InvalidInput(f"{path}: {error.message}", path=error.path, details=error.details) from None
+    return list(load_json_file(path, "job history", load_job_history).jobs)
 
 
 def run_fleet(
@@ -176,10 +180,7 @@ def run_fleet(
         output.resolve() == base_path.resolve() or (output.exists() and output.samefile(base_path))
     ):
         raise FleetBuildRefused(f"-o {output}: refusing to write over the base file", path="output")
-    try:
-        base = load_fleet(read_json_document(base_path, "fleet"))
-    except InvalidInput as error:
-        raise InvalidInput(f"{base_path}: {error.message}", path=error.path, details=error.details) from None
+    base = load_json_file(base_path, "fleet", load_fleet)
 
     capacity_pairs = [parse_assignment(item, "--capacity", value_required=True) for item in capacity]
     history_pairs = [
@@ -211,8 +212,8 @@ def run_fleet(
         try:
             answers[name] = load_capacity_answer(read_json_document(path, "capacity answer"))
         except InvalidInput as error:
-            raise FleetBuildRefused(
-                f"--capacity {name}={path}: {error.message}", path=f"capacity.{name}", details=error.details
+            raise error.under(
+                f"capacity.{name}", label=f"--capacity {name}={path}", as_type=FleetBuildRefused
             ) from None
     result = asyncio.run(
         build_from_hosts(
@@ -310,10 +311,7 @@ def run_compare(
     from app.fleet.documents import load_fleet
 
     now = parse_now(now_text)
-    try:
-        fleet = load_fleet(read_json_document(fleet_path, "fleet"))
-    except InvalidInput as error:
-        raise InvalidInput(f"{fleet_path}: {error.message}", path=error.path, details=error.details) from None
+    fleet = load_json_file(fleet_path, "fleet", load_fleet)
     records = _read_job_history(history_path)
     comparison = compare_orderings(fleet, records, now, jobs=jobs, max_age_seconds=max_age)
     if as_json:

@@ -265,8 +265,7 @@ def compare_documents(
         try:
             loaded.append(loader(data))
         except InvalidInput as error:
-            path = f"{what}.{error.path}" if error.path else what
-            raise InvalidInput(error.message, path=path, details={**error.details, "path": path}) from None
+            raise error.under(what) from None
     fleet_doc, history_doc = loaded
     comparison = compare_orderings(
         fleet_doc, list(history_doc.jobs), now, jobs=jobs, max_age_seconds=max_age_seconds
