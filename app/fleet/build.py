@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from app.errors import InvalidInput, quote_input
-from app.fleet.capacity import CapacityAnswer, overlay_capacity
+from app.fleet.capacity import CapacityAnswer, load_capacity_answer, overlay_capacity
 from app.fleet.documents import PlacementFleet, as_invalid_input, dump_document, load_fleet
 from app.fleet.history import (
     DEFAULT_HISTORY_DAYS,
@@ -37,7 +37,7 @@ from app.fleet.history import (
     queue_wait_from_history,
 )
 from app.fleet.pbs import PbsParseError, queue_limits, queue_node_shape
-from app.fleet.runtimes import RuntimeListing, overlay_runtimes
+from app.fleet.runtimes import RuntimeListing, load_runtime_listing, overlay_runtimes
 from app.fleet.slurm import SlurmParseError, parse_sinfo_shape
 
 Scheduler = Literal["slurm", "pbs"]
@@ -440,6 +440,102 @@ def _prefixed(error: InvalidInput, prefix: str) -> InvalidInput:
     return error.under(prefix, label=prefix, as_type=FleetBuildRefused)
 
 
+def _capacity_documents(capacity: Mapping[str, Any]) -> dict[str, CapacityEvidence]:
+    """``{NAME: vq.broker-capacity/1}`` as evidence; errors name ``capacity.NAME.<field>``."""
+    answers: dict[str, CapacityEvidence] = {}
+    for name, data in capacity.items():
+        try:
+            answers[name] = CapacityEvidence(answer=load_capacity_answer(data))
+        except InvalidInput as error:
+            raise _prefixed(error, f"capacity.{name}") from None
+    return answers
+
+
+def _history_documents(
+    queue_history: Mapping[str, Any],
+) -> tuple[list[tuple[str, str]], dict[str, list[JobRecord]]]:
+    """``{LANE: {target?, jobs: [job record]}}`` as (lane, scheduler target) pairs and each lane's jobs;
+    errors name ``queueHistory.LANE...``."""
+    pairs: list[tuple[str, str]] = []
+    lane_jobs: dict[str, list[JobRecord]] = {}
+    for lane, entry in queue_history.items():
+        where = f"queueHistory.{lane}"
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("jobs"), list)
+            or set(entry) - {"target", "jobs"}
+        ):
+            raise FleetBuildRefused(f"{where}: want {{target?, jobs: [job record]}}", path=where)
+        scheduler_target = entry.get("target") or lane
+        if not isinstance(scheduler_target, str):
+            raise FleetBuildRefused(f"{where}.target: must be a string", path=f"{where}.target")
+        lane_jobs[lane] = []
+        for i, record in enumerate(entry["jobs"]):
+            try:
+                lane_jobs[lane].append(JobRecord.model_validate(record))
+            except ValidationError as error:
+                raise _prefixed(as_invalid_input(error, "job record"), f"{where}.jobs.{i}") from None
+        pairs.append((lane, scheduler_target))
+    return pairs, lane_jobs
+
+
+def _shape_document(lane: str, entry: Any) -> ShapeEvidence:
+    """``{sinfo: TEXT}`` (Slurm) or ``{qstat: TEXT, pbsnodes?: TEXT}`` (PBS) as evidence."""
+    if isinstance(entry, dict) and set(entry) == {"sinfo"} and isinstance(entry["sinfo"], str):
+        return ShapeEvidence("slurm", sinfo=entry["sinfo"])
+    if (
+        isinstance(entry, dict)
+        and "qstat" in entry
+        and set(entry) <= {"qstat", "pbsnodes"}
+        and all(isinstance(v, str) for v in entry.values())
+    ):
+        pbsnodes = entry.get("pbsnodes")
+        return ShapeEvidence(
+            "pbs", qstat=entry["qstat"], pbsnodes=pbsnodes, pbsnodes_failure=None if pbsnodes else "not given"
+        )
+    where = f"schedulerShape.{lane}"
+    raise FleetBuildRefused(f"{where}: want {{sinfo: TEXT}} or {{qstat: TEXT, pbsnodes: TEXT}}", path=where)
+
+
+def _runtime_documents(runtime_root: Mapping[str, Any]) -> dict[str, RuntimeEvidence]:
+    """``{NAME: vq.runtime-generations/1}`` as evidence; each listing's ``root`` must be absolute."""
+    runtimes: dict[str, RuntimeEvidence] = {}
+    for name, data in runtime_root.items():
+        try:
+            listing = load_runtime_listing(data)
+        except InvalidInput as error:
+            raise _prefixed(error, f"runtimeRoot.{name}") from None
+        if not PurePosixPath(listing.root).is_absolute():
+            raise FleetBuildRefused(
+                f"runtimeRoot.{name}.root: {quote_input(listing.root)} is not an absolute path",
+                path=f"runtimeRoot.{name}.root",
+            )
+        runtimes[name] = RuntimeEvidence(listing=listing)
+    return runtimes
+
+
+def _check_body_plan(
+    fleet: PlacementFleet,
+    answers: Mapping[str, CapacityEvidence],
+    pairs: list[tuple[str, str]],
+    shapes: Mapping[str, ShapeEvidence],
+    runtimes: Mapping[str, RuntimeEvidence],
+) -> None:
+    """The CLI's refusals (:func:`check_plan`) over the body's evidence, naming the body field."""
+    plan = BuildPlan(
+        capacity=tuple(answers),
+        queue_history=tuple((lane, lane) for lane, _ in pairs),
+        scheduler_shape=tuple((lane, "") for lane in shapes),
+        runtime_root=tuple((name, runtimes[name].listing.root) for name in runtimes),  # type: ignore[union-attr]
+    )
+    try:
+        check_plan(fleet, plan, None, {lane: shape.scheduler for lane, shape in shapes.items()})
+    except FleetBuildRefused as refusal:  # name the body field, not the CLI option
+        option, _, rest = (refusal.path or "").partition(".")
+        path = f"{_BODY_FIELDS.get(option, option)}.{rest}"
+        raise FleetBuildRefused(refusal.message, path=path) from None
+
+
 def build_fleet_documents(
     base: Any,
     now: datetime,
@@ -459,87 +555,15 @@ def build_fleet_documents(
     ``{fleet, report}``; raises :class:`InvalidInput` whose path names the body field, e.g.
     ``capacity.workstation.free_cpus``.
     """
-    from app.fleet.capacity import load_capacity_answer
-    from app.fleet.history import JobRecord
-    from app.fleet.runtimes import load_runtime_listing
-
     try:
         fleet = load_fleet(base)
     except InvalidInput as error:
         raise _prefixed(error, "base") from None
-    answers: dict[str, CapacityEvidence] = {}
-    for name, data in (capacity or {}).items():
-        try:
-            answers[name] = CapacityEvidence(answer=load_capacity_answer(data))
-        except InvalidInput as error:
-            raise _prefixed(error, f"capacity.{name}") from None
-    pairs: list[tuple[str, str]] = []
-    lane_jobs: dict[str, list[JobRecord]] = {}
-    for lane, entry in (queue_history or {}).items():
-        where = f"queueHistory.{lane}"
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("jobs"), list)
-            or set(entry) - {"target", "jobs"}
-        ):
-            raise FleetBuildRefused(f"{where}: want {{target?, jobs: [job record]}}", path=where)
-        scheduler_target = entry.get("target") or lane
-        if not isinstance(scheduler_target, str):
-            raise FleetBuildRefused(f"{where}.target: must be a string", path=f"{where}.target")
-        for i, record in enumerate(entry["jobs"]):
-            try:
-                job = JobRecord.model_validate(record)
-            except ValidationError as error:
-                raise _prefixed(as_invalid_input(error, "job record"), f"{where}.jobs.{i}") from None
-            lane_jobs.setdefault(lane, []).append(job)
-        lane_jobs.setdefault(lane, [])
-        pairs.append((lane, scheduler_target))
-    shapes: dict[str, ShapeEvidence] = {}
-    for lane, entry in (scheduler_shape or {}).items():
-        where = f"schedulerShape.{lane}"
-        if isinstance(entry, dict) and set(entry) == {"sinfo"} and isinstance(entry["sinfo"], str):
-            shapes[lane] = ShapeEvidence("slurm", sinfo=entry["sinfo"])
-        elif (
-            isinstance(entry, dict)
-            and "qstat" in entry
-            and set(entry) <= {"qstat", "pbsnodes"}
-            and all(isinstance(v, str) for v in entry.values())
-        ):
-            pbsnodes = entry.get("pbsnodes")
-            shapes[lane] = ShapeEvidence(
-                "pbs",
-                qstat=entry["qstat"],
-                pbsnodes=pbsnodes,
-                pbsnodes_failure=None if pbsnodes else "not given",
-            )
-        else:
-            raise FleetBuildRefused(
-                f"{where}: want {{sinfo: TEXT}} or {{qstat: TEXT, pbsnodes: TEXT}}", path=where
-            )
-    runtimes: dict[str, RuntimeEvidence] = {}
-    for name, data in (runtime_root or {}).items():
-        try:
-            listing = load_runtime_listing(data)
-        except InvalidInput as error:
-            raise _prefixed(error, f"runtimeRoot.{name}") from None
-        if not PurePosixPath(listing.root).is_absolute():
-            raise FleetBuildRefused(
-                f"runtimeRoot.{name}.root: {quote_input(listing.root)} is not an absolute path",
-                path=f"runtimeRoot.{name}.root",
-            )
-        runtimes[name] = RuntimeEvidence(listing=listing)
-    plan = BuildPlan(
-        capacity=tuple(answers),
-        queue_history=tuple((lane, lane) for lane, _ in pairs),
-        scheduler_shape=tuple((lane, "") for lane in shapes),
-        runtime_root=tuple((name, runtimes[name].listing.root) for name in runtimes),  # type: ignore[union-attr]
-    )
-    try:
-        check_plan(fleet, plan, None, {lane: shape.scheduler for lane, shape in shapes.items()})
-    except FleetBuildRefused as refusal:  # name the body field, not the CLI option
-        option, _, rest = (refusal.path or "").partition(".")
-        path = f"{_BODY_FIELDS.get(option, option)}.{rest}"
-        raise FleetBuildRefused(refusal.message, path=path) from None
+    answers = _capacity_documents(capacity or {})
+    pairs, lane_jobs = _history_documents(queue_history or {})
+    shapes = {lane: _shape_document(lane, entry) for lane, entry in (scheduler_shape or {}).items()}
+    runtimes = _runtime_documents(runtime_root or {})
+    _check_body_plan(fleet, answers, pairs, shapes, runtimes)
     evidence = FleetEvidence(
         capacity=answers,
         queue_history=pairs,
