@@ -133,3 +133,13 @@ def direct(
     loaded = load_fleet({"schema_name": "vq.placement-fleet/1", "targets": [target]}).targets[0]
     age = (NOW - loaded.observed_at).total_seconds() if loaded.observed_at is not None else None
     return requirement.check(loaded, load_request(req), Context(NOW, max_age, age))
+
+
+def check_case(
+    requirement: ModuleType, target: dict[str, Any], req: dict[str, Any], expected: list[str]
+) -> None:
+    """One table row: the requirement alone and the whole explanation give exactly ``expected``, and
+    every reason carries the requirement's name."""
+    assert direct(requirement, target, req) == expected
+    assert reasons(target, req) == expected
+    assert all(text.startswith(requirement.NAME + ": ") for text in expected)

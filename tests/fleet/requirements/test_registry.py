@@ -3,6 +3,7 @@ module, one signature and one table test each."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 from pathlib import Path
@@ -74,7 +75,7 @@ def test_each_requirement_has_its_table_test(requirement: object) -> None:
     assert table.exists()
     text = table.read_text(encoding="utf-8")
     assert f"from app.fleet.requirements import {name} as requirement" in text
-    assert re.search(rf"^def test_{name}\(", text, re.M)
+    assert re.search(rf"^def test_{name}\(.*\n    check_case\(requirement, ", text, re.M)
 
 
 @pytest.mark.parametrize("requirement", REQUIREMENTS, ids=lambda r: r.NAME)
@@ -85,6 +86,13 @@ def test_every_reason_text_is_made_with_the_requirement_name(requirement: object
     calls = re.findall(r"\b(reason|missing_labels)\((\w+)", source)
     assert calls and {argument for _, argument in calls} == {"NAME"}
     assert '": ' not in source.split("def check", 1)[1]  # no hand-made "<prefix>: " text
+
+
+@pytest.mark.parametrize("requirement", REQUIREMENTS, ids=lambda r: r.NAME)
+def test_each_table_rejects_and_accepts(requirement: object) -> None:
+    name = requirement.NAME  # type: ignore[attr-defined]
+    cases = importlib.import_module(f"tests.fleet.requirements.test_req_{name}").CASES
+    assert any(expected for *_, expected in cases) and any(not expected for *_, expected in cases)
 
 
 def test_reason_prefix() -> None:
