@@ -339,6 +339,71 @@ def _apply_pbs(
     return record, "; ".join(notes)
 
 
+Record = dict[str, Any]
+
+
+def _with_runtimes(name: str, record: Record, runtime: RuntimeEvidence) -> tuple[Record, ReportEntry]:
+    """A runtime root's listing over the record's programs (none: programs kept)."""
+    if runtime.listing is None:
+        return record, ReportEntry(
+            name, "runtime-root", "kept", f"no listing ({runtime.failure}): programs kept"
+        )
+    programs, skipped = overlay_runtimes(record.get("programs") or {}, runtime.listing)
+    changed = sorted(p for p in programs if programs[p] != (record.get("programs") or {}).get(p))
+    message = f"programs from {runtime.listing.root}: " + (", ".join(changed) or "none changed")
+    if skipped:
+        message += "; skipped: " + "; ".join(skipped)
+    return {**record, "programs": programs}, ReportEntry(name, "runtime-root", "applied", message)
+
+
+def _with_capacity(
+    name: str, source: str, record: Record, item: CapacityEvidence, now: datetime
+) -> tuple[Record, ReportEntry]:
+    """A capacity answer over a daemon's record (none: unreachable, observed now, nothing free)."""
+    if item.answer is None:
+        entry = ReportEntry(name, source, "unreachable", f"no answer ({item.failure}): nothing free")  # type: ignore[arg-type]
+        return _unreachable(record, now), entry
+    overlaid, summary = overlay_capacity(record, item.answer, item.answered_at)
+    outcome: Outcome = "applied" if item.answer.state_root_used else "unreachable"
+    return overlaid, ReportEntry(name, source, outcome, summary)  # type: ignore[arg-type]
+
+
+def _with_history(
+    lane: str, scheduler_target: str, record: Record, evidence: FleetEvidence, now: datetime
+) -> tuple[Record, ReportEntry]:
+    """The lane's queue wait from the recorded waits of ``scheduler_target`` (too few: record kept)."""
+    outcome = queue_wait_from_history(
+        list(evidence.lane_jobs.get(lane, evidence.jobs)),
+        scheduler_target,
+        now,
+        jobs=evidence.history.jobs,
+        days=evidence.history.days,
+        minimum=evidence.history.minimum,
+    )
+    message = f"target {scheduler_target}: {outcome.message(evidence.history.minimum)}"
+    if outcome.queue_wait is None:
+        return record, ReportEntry(lane, "queue-history", "kept", message)
+    updated = {**record, "queue_wait_seconds": outcome.queue_wait.model_dump()}
+    return updated, ReportEntry(lane, "queue-history", "applied", message)
+
+
+def _with_shape(lane: str, record: Record, shape: ShapeEvidence, now: datetime) -> tuple[Record, ReportEntry]:
+    """A Slurm or PBS answer over the lane (no answer, or none parseable: unreachable, observed now)."""
+    if shape.failure is not None:
+        entry = ReportEntry(lane, "scheduler-shape", "unreachable", f"{shape.scheduler}: {shape.failure}")
+        return _unreachable(record, now), entry
+    queue = record["queue"]
+    try:
+        if shape.scheduler == "slurm":
+            updated, message = _apply_slurm(record, shape.sinfo or "", now)
+        else:
+            updated, message = _apply_pbs(record, queue, shape, now)
+    except (SlurmParseError, PbsParseError) as error:
+        failure = f"{shape.scheduler}: no parseable answer: {error}"
+        return _unreachable(record, now), ReportEntry(lane, "scheduler-shape", "unreachable", failure)
+    return updated, ReportEntry(lane, "scheduler-shape", "applied", f"{shape.scheduler} {queue}: {message}")
+
+
 def build_fleet(base: PlacementFleet, evidence: FleetEvidence, now: datetime) -> BuildResult:
     """Apply the evidence to the base fleet (seed 004). ``now`` (timezone-aware) is this host's clock:
     failed collections and scheduler shapes are observed at ``now``.
@@ -348,83 +413,24 @@ def build_fleet(base: PlacementFleet, evidence: FleetEvidence, now: datetime) ->
     refreshed). The result is validated as ``vq.placement-fleet/1``. Call :func:`check_plan` first.
     """
     data = dump_document(base, only_given=True)
-    index = {target["name"]: i for i, target in enumerate(data["targets"])}
-    targets: list[dict[str, Any]] = data["targets"]
+    targets: list[Record] = data["targets"]
+    index = {target["name"]: i for i, target in enumerate(targets)}
     report: list[ReportEntry] = []
 
-    for name, runtime in evidence.runtimes.items():
-        record = targets[index[name]]
-        if runtime.listing is None:
-            report.append(
-                ReportEntry(name, "runtime-root", "kept", f"no listing ({runtime.failure}): programs kept")
-            )
-            continue
-        programs, skipped = overlay_runtimes(record.get("programs") or {}, runtime.listing)
-        targets[index[name]] = {**record, "programs": programs}
-        changed = sorted(p for p in programs if programs[p] != (record.get("programs") or {}).get(p))
-        message = f"programs from {runtime.listing.root}: " + (", ".join(changed) or "none changed")
-        if skipped:
-            message += "; skipped: " + "; ".join(skipped)
-        report.append(ReportEntry(name, "runtime-root", "applied", message))
+    def keep(name: str, result: tuple[Record, ReportEntry]) -> None:
+        targets[index[name]], entry = result
+        report.append(entry)
 
+    for name, runtime in evidence.runtimes.items():
+        keep(name, _with_runtimes(name, targets[index[name]], runtime))
     for source, answers in (("capacity", evidence.capacity), ("collect", evidence.collected)):
         for name, item in answers.items():
-            record = targets[index[name]]
-            if item.answer is None:
-                targets[index[name]] = _unreachable(record, now)
-                report.append(
-                    ReportEntry(name, source, "unreachable", f"no answer ({item.failure}): nothing free")  # type: ignore[arg-type]
-                )
-                continue
-            targets[index[name]], summary = overlay_capacity(record, item.answer, item.answered_at)
-            outcome: Outcome = "applied" if item.answer.state_root_used else "unreachable"
-            report.append(ReportEntry(name, source, outcome, summary))  # type: ignore[arg-type]
-
+            keep(name, _with_capacity(name, source, targets[index[name]], item, now))
     for lane, scheduler_target in evidence.queue_history:
-        outcome_h = queue_wait_from_history(
-            list(evidence.lane_jobs.get(lane, evidence.jobs)),
-            scheduler_target,
-            now,
-            jobs=evidence.history.jobs,
-            days=evidence.history.days,
-            minimum=evidence.history.minimum,
-        )
-        message = f"target {scheduler_target}: {outcome_h.message(evidence.history.minimum)}"
-        if outcome_h.queue_wait is None:
-            report.append(ReportEntry(lane, "queue-history", "kept", message))
-            continue
-        record = targets[index[lane]]
-        targets[index[lane]] = {**record, "queue_wait_seconds": outcome_h.queue_wait.model_dump()}
-        report.append(ReportEntry(lane, "queue-history", "applied", message))
-
+        keep(lane, _with_history(lane, scheduler_target, targets[index[lane]], evidence, now))
     for lane, shape in evidence.shapes.items():
-        record = targets[index[lane]]
-        queue = record["queue"]
-        if shape.failure is not None:
-            targets[index[lane]] = _unreachable(record, now)
-            report.append(
-                ReportEntry(lane, "scheduler-shape", "unreachable", f"{shape.scheduler}: {shape.failure}")
-            )
-            continue
-        try:
-            if shape.scheduler == "slurm":
-                targets[index[lane]], message = _apply_slurm(record, shape.sinfo or "", now)
-            else:
-                targets[index[lane]], message = _apply_pbs(record, queue, shape, now)
-        except (SlurmParseError, PbsParseError) as error:
-            targets[index[lane]] = _unreachable(record, now)
-            report.append(
-                ReportEntry(
-                    lane, "scheduler-shape", "unreachable", f"{shape.scheduler}: no parseable answer: {error}"
-                )
-            )
-            continue
-        report.append(
-            ReportEntry(lane, "scheduler-shape", "applied", f"{shape.scheduler} {queue}: {message}")
-        )
-
-    fleet = load_fleet(data)
-    return BuildResult(fleet=fleet, report=tuple(report))
+        keep(lane, _with_shape(lane, targets[index[lane]], shape, now))
+    return BuildResult(fleet=load_fleet(data), report=tuple(report))
 
 
 _BODY_FIELDS = {
