@@ -30,8 +30,9 @@ from typing import Any
 
 from app.errors import InvalidInput
 from app.fleet.documents import FleetTarget, PlacementFleet, load_request
-from app.fleet.explain import CLOCK_SKEW_SECONDS, DEFAULT_MAX_AGE_SECONDS, explain_placement
+from app.fleet.explain import explain_placement
 from app.fleet.history import JobRecord, parse_time
+from app.fleet.requirements.freshness import CLOCK_SKEW_SECONDS, DEFAULT_MAX_AGE_SECONDS
 
 COMPARE_SCHEMA = "vq.placement-compare/1"
 DEFAULT_COMPARE_JOBS = 50
