@@ -40,6 +40,23 @@ class InvalidInput(AppError):
         super().__init__(message, merged)
         self.path = path
 
+    def under(
+        self, prefix: str, *, label: str | None = None, as_type: type[InvalidInput] | None = None
+    ) -> InvalidInput:
+        """The same error one level down: ``path`` (and ``details["path"]``) become ``prefix.path``, or
+        ``prefix`` when the error named no field (``"fleet"`` + ``targets.3.node.cpus`` ->
+        ``fleet.targets.3.node.cpus``); an empty ``prefix`` keeps the path. ``label`` (a file name, an
+        option) goes before the message as ``"<label>: <message>"``. The result is ``as_type`` (default:
+        this error's own type, so a subclass stays one). The one helper for re-wrapping errors: write
+        ``raise error.under(...) from None``."""
+        path = self.path if not prefix else (f"{prefix}.{self.path}" if self.path else prefix)
+        message = self.message if label is None else f"{label}: {self.message}"
+        cls = as_type or type(self)
+        wrapped = cls.__new__(cls)
+        details = {**self.details, "path": path} if path is not None else dict(self.details)
+        InvalidInput.__init__(wrapped, message, path=path, details=details)
+        return wrapped
+
 
 class Unauthenticated(AppError):
     """No or unknown API key (HTTP 401)."""

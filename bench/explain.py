@@ -24,7 +24,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.fleet.documents import load_fleet, load_request  # noqa: E402
-from app.fleet.explain import explain_placement, render_text, to_json  # noqa: E402
+from app.fleet.explain import explain_placement  # noqa: E402
+from app.fleet.render import render_text, to_json  # noqa: E402
 
 NOW = datetime(2026, 10, 12, 12, 0, tzinfo=UTC)
 DIGEST = "a" * 64

@@ -1,9 +1,9 @@
-"""Stored job records (seed 004, "Queue history"): this service keeps the job records that the fleet
-build's queue-history rule and ``placement compare`` read, as ``vq.job-history/1`` documents.
+"""Stored job records (seed 004, "Queue history"): the rows behind ``vq.job-history/1``.
 
-Records are kept as validated JSON (``app.fleet.history.JobRecord``) keyed by ``job_id``; a newer record
-of the same job replaces the older one. Times stay text on purpose: unparsable or backwards times are
-excluded by the history rule, not refused here.
+Plain storage: a record is a JSON object keyed by its job id, with the target it ran on as a column for
+the filter; a newer record of the same job replaces the older one. What a record is (its validation, the
+document around the rows) is the fleet's: ``app.fleet.history`` (``stored_record``,
+``job_history_document``). This module imports no domain module.
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import fleet_job_records
-from app.fleet.history import JOB_HISTORY_SCHEMA, JobRecord
 
 
-async def record_job(conn: AsyncConnection, record: JobRecord) -> dict[str, Any]:
-    """Insert or replace the record of ``record.job_id``; returns the stored JSON."""
-    data = record.model_dump(mode="json", exclude_none=True)
+async def record_job(conn: AsyncConnection, job_id: str, target: str, record: dict[str, Any]) -> None:
+    """Insert or replace the record of ``job_id`` (``target``: its target, ``""`` when none)."""
     # INSERT INTO fleet_job_records (id, target, record) VALUES (...)
     #   ON CONFLICT (id) DO UPDATE SET target = excluded.target, record = excluded.record, recorded_at = now()
-    stmt = pg_insert(fleet_job_records).values(id=record.job_id, target=record.target or "", record=data)
+    stmt = pg_insert(fleet_job_records).values(id=job_id, target=target, record=record)
     await conn.execute(
         stmt.on_conflict_do_update(
             index_elements=["id"],
@@ -34,13 +32,15 @@ async def record_job(conn: AsyncConnection, record: JobRecord) -> dict[str, Any]
             },
         )
     )
-    return data
 
 
-async def job_history(
+async def job_records(
     conn: AsyncConnection, kind: str | None = None, target: str | None = None, limit: int = 10_000
-) -> dict[str, Any]:
-    """``vq.job-history/1`` of the stored records (newest recorded first), filtered by kind and target."""
+) -> list[dict[str, Any]]:
+    """The stored records (newest recorded first, then by id), filtered by the record's ``kind`` and by
+    ``target``; at most ``limit``."""
+    # SELECT record FROM fleet_job_records [WHERE record->>'kind' = :kind] [AND target = :target]
+    #   ORDER BY recorded_at DESC, id LIMIT :limit
     stmt = sa.select(fleet_job_records.c.record).order_by(
         fleet_job_records.c.recorded_at.desc(), fleet_job_records.c.id
     )
@@ -48,5 +48,4 @@ async def job_history(
         stmt = stmt.where(fleet_job_records.c.record["kind"].astext == kind)
     if target is not None:
         stmt = stmt.where(fleet_job_records.c.target == target)
-    rows = (await conn.execute(stmt.limit(limit))).scalars().all()
-    return {"schema_name": JOB_HISTORY_SCHEMA, "jobs": list(rows)}
+    return list((await conn.execute(stmt.limit(limit))).scalars().all())

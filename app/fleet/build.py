@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from app.errors import InvalidInput, quote_input
-from app.fleet.capacity import CapacityAnswer, overlay_capacity
+from app.fleet.capacity import CapacityAnswer, load_capacity_answer, overlay_capacity
 from app.fleet.documents import PlacementFleet, as_invalid_input, dump_document, load_fleet
 from app.fleet.history import (
     DEFAULT_HISTORY_DAYS,
@@ -37,7 +37,7 @@ from app.fleet.history import (
     queue_wait_from_history,
 )
 from app.fleet.pbs import PbsParseError, queue_limits, queue_node_shape
-from app.fleet.runtimes import RuntimeListing, overlay_runtimes
+from app.fleet.runtimes import RuntimeListing, load_runtime_listing, overlay_runtimes
 from app.fleet.slurm import SlurmParseError, parse_sinfo_shape
 
 Scheduler = Literal["slurm", "pbs"]
@@ -339,6 +339,71 @@ def _apply_pbs(
     return record, "; ".join(notes)
 
 
+Record = dict[str, Any]
+
+
+def _with_runtimes(name: str, record: Record, runtime: RuntimeEvidence) -> tuple[Record, ReportEntry]:
+    """A runtime root's listing over the record's programs (none: programs kept)."""
+    if runtime.listing is None:
+        return record, ReportEntry(
+            name, "runtime-root", "kept", f"no listing ({runtime.failure}): programs kept"
+        )
+    programs, skipped = overlay_runtimes(record.get("programs") or {}, runtime.listing)
+    changed = sorted(p for p in programs if programs[p] != (record.get("programs") or {}).get(p))
+    message = f"programs from {runtime.listing.root}: " + (", ".join(changed) or "none changed")
+    if skipped:
+        message += "; skipped: " + "; ".join(skipped)
+    return {**record, "programs": programs}, ReportEntry(name, "runtime-root", "applied", message)
+
+
+def _with_capacity(
+    name: str, source: str, record: Record, item: CapacityEvidence, now: datetime
+) -> tuple[Record, ReportEntry]:
+    """A capacity answer over a daemon's record (none: unreachable, observed now, nothing free)."""
+    if item.answer is None:
+        entry = ReportEntry(name, source, "unreachable", f"no answer ({item.failure}): nothing free")  # type: ignore[arg-type]
+        return _unreachable(record, now), entry
+    overlaid, summary = overlay_capacity(record, item.answer, item.answered_at)
+    outcome: Outcome = "applied" if item.answer.state_root_used else "unreachable"
+    return overlaid, ReportEntry(name, source, outcome, summary)  # type: ignore[arg-type]
+
+
+def _with_history(
+    lane: str, scheduler_target: str, record: Record, evidence: FleetEvidence, now: datetime
+) -> tuple[Record, ReportEntry]:
+    """The lane's queue wait from the recorded waits of ``scheduler_target`` (too few: record kept)."""
+    outcome = queue_wait_from_history(
+        list(evidence.lane_jobs.get(lane, evidence.jobs)),
+        scheduler_target,
+        now,
+        jobs=evidence.history.jobs,
+        days=evidence.history.days,
+        minimum=evidence.history.minimum,
+    )
+    message = f"target {scheduler_target}: {outcome.message(evidence.history.minimum)}"
+    if outcome.queue_wait is None:
+        return record, ReportEntry(lane, "queue-history", "kept", message)
+    updated = {**record, "queue_wait_seconds": outcome.queue_wait.model_dump()}
+    return updated, ReportEntry(lane, "queue-history", "applied", message)
+
+
+def _with_shape(lane: str, record: Record, shape: ShapeEvidence, now: datetime) -> tuple[Record, ReportEntry]:
+    """A Slurm or PBS answer over the lane (no answer, or none parseable: unreachable, observed now)."""
+    if shape.failure is not None:
+        entry = ReportEntry(lane, "scheduler-shape", "unreachable", f"{shape.scheduler}: {shape.failure}")
+        return _unreachable(record, now), entry
+    queue = record["queue"]
+    try:
+        if shape.scheduler == "slurm":
+            updated, message = _apply_slurm(record, shape.sinfo or "", now)
+        else:
+            updated, message = _apply_pbs(record, queue, shape, now)
+    except (SlurmParseError, PbsParseError) as error:
+        failure = f"{shape.scheduler}: no parseable answer: {error}"
+        return _unreachable(record, now), ReportEntry(lane, "scheduler-shape", "unreachable", failure)
+    return updated, ReportEntry(lane, "scheduler-shape", "applied", f"{shape.scheduler} {queue}: {message}")
+
+
 def build_fleet(base: PlacementFleet, evidence: FleetEvidence, now: datetime) -> BuildResult:
     """Apply the evidence to the base fleet (seed 004). ``now`` (timezone-aware) is this host's clock:
     failed collections and scheduler shapes are observed at ``now``.
@@ -348,83 +413,24 @@ def build_fleet(base: PlacementFleet, evidence: FleetEvidence, now: datetime) ->
     refreshed). The result is validated as ``vq.placement-fleet/1``. Call :func:`check_plan` first.
     """
     data = dump_document(base, only_given=True)
-    index = {target["name"]: i for i, target in enumerate(data["targets"])}
-    targets: list[dict[str, Any]] = data["targets"]
+    targets: list[Record] = data["targets"]
+    index = {target["name"]: i for i, target in enumerate(targets)}
     report: list[ReportEntry] = []
 
-    for name, runtime in evidence.runtimes.items():
-        record = targets[index[name]]
-        if runtime.listing is None:
-            report.append(
-                ReportEntry(name, "runtime-root", "kept", f"no listing ({runtime.failure}): programs kept")
-            )
-            continue
-        programs, skipped = overlay_runtimes(record.get("programs") or {}, runtime.listing)
-        targets[index[name]] = {**record, "programs": programs}
-        changed = sorted(p for p in programs if programs[p] != (record.get("programs") or {}).get(p))
-        message = f"programs from {runtime.listing.root}: " + (", ".join(changed) or "none changed")
-        if skipped:
-            message += "; skipped: " + "; ".join(skipped)
-        report.append(ReportEntry(name, "runtime-root", "applied", message))
+    def keep(name: str, result: tuple[Record, ReportEntry]) -> None:
+        targets[index[name]], entry = result
+        report.append(entry)
 
+    for name, runtime in evidence.runtimes.items():
+        keep(name, _with_runtimes(name, targets[index[name]], runtime))
     for source, answers in (("capacity", evidence.capacity), ("collect", evidence.collected)):
         for name, item in answers.items():
-            record = targets[index[name]]
-            if item.answer is None:
-                targets[index[name]] = _unreachable(record, now)
-                report.append(
-                    ReportEntry(name, source, "unreachable", f"no answer ({item.failure}): nothing free")  # type: ignore[arg-type]
-                )
-                continue
-            targets[index[name]], summary = overlay_capacity(record, item.answer, item.answered_at)
-            outcome: Outcome = "applied" if item.answer.state_root_used else "unreachable"
-            report.append(ReportEntry(name, source, outcome, summary))  # type: ignore[arg-type]
-
+            keep(name, _with_capacity(name, source, targets[index[name]], item, now))
     for lane, scheduler_target in evidence.queue_history:
-        outcome_h = queue_wait_from_history(
-            list(evidence.lane_jobs.get(lane, evidence.jobs)),
-            scheduler_target,
-            now,
-            jobs=evidence.history.jobs,
-            days=evidence.history.days,
-            minimum=evidence.history.minimum,
-        )
-        message = f"target {scheduler_target}: {outcome_h.message(evidence.history.minimum)}"
-        if outcome_h.queue_wait is None:
-            report.append(ReportEntry(lane, "queue-history", "kept", message))
-            continue
-        record = targets[index[lane]]
-        targets[index[lane]] = {**record, "queue_wait_seconds": outcome_h.queue_wait.model_dump()}
-        report.append(ReportEntry(lane, "queue-history", "applied", message))
-
+        keep(lane, _with_history(lane, scheduler_target, targets[index[lane]], evidence, now))
     for lane, shape in evidence.shapes.items():
-        record = targets[index[lane]]
-        queue = record["queue"]
-        if shape.failure is not None:
-            targets[index[lane]] = _unreachable(record, now)
-            report.append(
-                ReportEntry(lane, "scheduler-shape", "unreachable", f"{shape.scheduler}: {shape.failure}")
-            )
-            continue
-        try:
-            if shape.scheduler == "slurm":
-                targets[index[lane]], message = _apply_slurm(record, shape.sinfo or "", now)
-            else:
-                targets[index[lane]], message = _apply_pbs(record, queue, shape, now)
-        except (SlurmParseError, PbsParseError) as error:
-            targets[index[lane]] = _unreachable(record, now)
-            report.append(
-                ReportEntry(
-                    lane, "scheduler-shape", "unreachable", f"{shape.scheduler}: no parseable answer: {error}"
-                )
-            )
-            continue
-        report.append(
-            ReportEntry(lane, "scheduler-shape", "applied", f"{shape.scheduler} {queue}: {message}")
-        )
-
-    fleet = load_fleet(data)
-    return BuildResult(fleet=fleet, report=tuple(report))
+        keep(lane, _with_shape(lane, targets[index[lane]], shape, now))
+    return BuildResult(fleet=load_fleet(data), report=tuple(report))
 
 
 _BODY_FIELDS = {
@@ -436,8 +442,104 @@ _BODY_FIELDS = {
 
 
 def _prefixed(error: InvalidInput, prefix: str) -> InvalidInput:
-    path = f"{prefix}.{error.path}" if error.path else prefix
-    return FleetBuildRefused(f"{prefix}: {error.message}", path=path, details={**error.details, "path": path})
+    """A body document's error as a refusal naming the body field: ``capacity.workstation.free_cpus``."""
+    return error.under(prefix, label=prefix, as_type=FleetBuildRefused)
+
+
+def _capacity_documents(capacity: Mapping[str, Any]) -> dict[str, CapacityEvidence]:
+    """``{NAME: vq.broker-capacity/1}`` as evidence; errors name ``capacity.NAME.<field>``."""
+    answers: dict[str, CapacityEvidence] = {}
+    for name, data in capacity.items():
+        try:
+            answers[name] = CapacityEvidence(answer=load_capacity_answer(data))
+        except InvalidInput as error:
+            raise _prefixed(error, f"capacity.{name}") from None
+    return answers
+
+
+def _history_documents(
+    queue_history: Mapping[str, Any],
+) -> tuple[list[tuple[str, str]], dict[str, list[JobRecord]]]:
+    """``{LANE: {target?, jobs: [job record]}}`` as (lane, scheduler target) pairs and each lane's jobs;
+    errors name ``queueHistory.LANE...``."""
+    pairs: list[tuple[str, str]] = []
+    lane_jobs: dict[str, list[JobRecord]] = {}
+    for lane, entry in queue_history.items():
+        where = f"queueHistory.{lane}"
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("jobs"), list)
+            or set(entry) - {"target", "jobs"}
+        ):
+            raise FleetBuildRefused(f"{where}: want {{target?, jobs: [job record]}}", path=where)
+        scheduler_target = entry.get("target") or lane
+        if not isinstance(scheduler_target, str):
+            raise FleetBuildRefused(f"{where}.target: must be a string", path=f"{where}.target")
+        lane_jobs[lane] = []
+        for i, record in enumerate(entry["jobs"]):
+            try:
+                lane_jobs[lane].append(JobRecord.model_validate(record))
+            except ValidationError as error:
+                raise _prefixed(as_invalid_input(error, "job record"), f"{where}.jobs.{i}") from None
+        pairs.append((lane, scheduler_target))
+    return pairs, lane_jobs
+
+
+def _shape_document(lane: str, entry: Any) -> ShapeEvidence:
+    """``{sinfo: TEXT}`` (Slurm) or ``{qstat: TEXT, pbsnodes?: TEXT}`` (PBS) as evidence."""
+    if isinstance(entry, dict) and set(entry) == {"sinfo"} and isinstance(entry["sinfo"], str):
+        return ShapeEvidence("slurm", sinfo=entry["sinfo"])
+    if (
+        isinstance(entry, dict)
+        and "qstat" in entry
+        and set(entry) <= {"qstat", "pbsnodes"}
+        and all(isinstance(v, str) for v in entry.values())
+    ):
+        pbsnodes = entry.get("pbsnodes")
+        return ShapeEvidence(
+            "pbs", qstat=entry["qstat"], pbsnodes=pbsnodes, pbsnodes_failure=None if pbsnodes else "not given"
+        )
+    where = f"schedulerShape.{lane}"
+    raise FleetBuildRefused(f"{where}: want {{sinfo: TEXT}} or {{qstat: TEXT, pbsnodes: TEXT}}", path=where)
+
+
+def _runtime_documents(runtime_root: Mapping[str, Any]) -> dict[str, RuntimeEvidence]:
+    """``{NAME: vq.runtime-generations/1}`` as evidence; each listing's ``root`` must be absolute."""
+    runtimes: dict[str, RuntimeEvidence] = {}
+    for name, data in runtime_root.items():
+        try:
+            listing = load_runtime_listing(data)
+        except InvalidInput as error:
+            raise _prefixed(error, f"runtimeRoot.{name}") from None
+        if not PurePosixPath(listing.root).is_absolute():
+            raise FleetBuildRefused(
+                f"runtimeRoot.{name}.root: {quote_input(listing.root)} is not an absolute path",
+                path=f"runtimeRoot.{name}.root",
+            )
+        runtimes[name] = RuntimeEvidence(listing=listing)
+    return runtimes
+
+
+def _check_body_plan(
+    fleet: PlacementFleet,
+    answers: Mapping[str, CapacityEvidence],
+    pairs: list[tuple[str, str]],
+    shapes: Mapping[str, ShapeEvidence],
+    runtimes: Mapping[str, RuntimeEvidence],
+) -> None:
+    """The CLI's refusals (:func:`check_plan`) over the body's evidence, naming the body field."""
+    plan = BuildPlan(
+        capacity=tuple(answers),
+        queue_history=tuple((lane, lane) for lane, _ in pairs),
+        scheduler_shape=tuple((lane, "") for lane in shapes),
+        runtime_root=tuple((name, runtimes[name].listing.root) for name in runtimes),  # type: ignore[union-attr]
+    )
+    try:
+        check_plan(fleet, plan, None, {lane: shape.scheduler for lane, shape in shapes.items()})
+    except FleetBuildRefused as refusal:  # name the body field, not the CLI option
+        option, _, rest = (refusal.path or "").partition(".")
+        path = f"{_BODY_FIELDS.get(option, option)}.{rest}"
+        raise FleetBuildRefused(refusal.message, path=path) from None
 
 
 def build_fleet_documents(
@@ -459,87 +561,15 @@ def build_fleet_documents(
     ``{fleet, report}``; raises :class:`InvalidInput` whose path names the body field, e.g.
     ``capacity.workstation.free_cpus``.
     """
-    from app.fleet.capacity import load_capacity_answer
-    from app.fleet.history import JobRecord
-    from app.fleet.runtimes import load_runtime_listing
-
     try:
         fleet = load_fleet(base)
     except InvalidInput as error:
         raise _prefixed(error, "base") from None
-    answers: dict[str, CapacityEvidence] = {}
-    for name, data in (capacity or {}).items():
-        try:
-            answers[name] = CapacityEvidence(answer=load_capacity_answer(data))
-        except InvalidInput as error:
-            raise _prefixed(error, f"capacity.{name}") from None
-    pairs: list[tuple[str, str]] = []
-    lane_jobs: dict[str, list[JobRecord]] = {}
-    for lane, entry in (queue_history or {}).items():
-        where = f"queueHistory.{lane}"
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("jobs"), list)
-            or set(entry) - {"target", "jobs"}
-        ):
-            raise FleetBuildRefused(f"{where}: want {{target?, jobs: [job record]}}", path=where)
-        scheduler_target = entry.get("target") or lane
-        if not isinstance(scheduler_target, str):
-            raise FleetBuildRefused(f"{where}.target: must be a string", path=f"{where}.target")
-        for i, record in enumerate(entry["jobs"]):
-            try:
-                job = JobRecord.model_validate(record)
-            except ValidationError as error:
-                raise _prefixed(as_invalid_input(error, "job record"), f"{where}.jobs.{i}") from None
-            lane_jobs.setdefault(lane, []).append(job)
-        lane_jobs.setdefault(lane, [])
-        pairs.append((lane, scheduler_target))
-    shapes: dict[str, ShapeEvidence] = {}
-    for lane, entry in (scheduler_shape or {}).items():
-        where = f"schedulerShape.{lane}"
-        if isinstance(entry, dict) and set(entry) == {"sinfo"} and isinstance(entry["sinfo"], str):
-            shapes[lane] = ShapeEvidence("slurm", sinfo=entry["sinfo"])
-        elif (
-            isinstance(entry, dict)
-            and "qstat" in entry
-            and set(entry) <= {"qstat", "pbsnodes"}
-            and all(isinstance(v, str) for v in entry.values())
-        ):
-            pbsnodes = entry.get("pbsnodes")
-            shapes[lane] = ShapeEvidence(
-                "pbs",
-                qstat=entry["qstat"],
-                pbsnodes=pbsnodes,
-                pbsnodes_failure=None if pbsnodes else "not given",
-            )
-        else:
-            raise FleetBuildRefused(
-                f"{where}: want {{sinfo: TEXT}} or {{qstat: TEXT, pbsnodes: TEXT}}", path=where
-            )
-    runtimes: dict[str, RuntimeEvidence] = {}
-    for name, data in (runtime_root or {}).items():
-        try:
-            listing = load_runtime_listing(data)
-        except InvalidInput as error:
-            raise _prefixed(error, f"runtimeRoot.{name}") from None
-        if not PurePosixPath(listing.root).is_absolute():
-            raise FleetBuildRefused(
-                f"runtimeRoot.{name}.root: {quote_input(listing.root)} is not an absolute path",
-                path=f"runtimeRoot.{name}.root",
-            )
-        runtimes[name] = RuntimeEvidence(listing=listing)
-    plan = BuildPlan(
-        capacity=tuple(answers),
-        queue_history=tuple((lane, lane) for lane, _ in pairs),
-        scheduler_shape=tuple((lane, "") for lane in shapes),
-        runtime_root=tuple((name, runtimes[name].listing.root) for name in runtimes),  # type: ignore[union-attr]
-    )
-    try:
-        check_plan(fleet, plan, None, {lane: shape.scheduler for lane, shape in shapes.items()})
-    except FleetBuildRefused as refusal:  # name the body field, not the CLI option
-        option, _, rest = (refusal.path or "").partition(".")
-        path = f"{_BODY_FIELDS.get(option, option)}.{rest}"
-        raise FleetBuildRefused(refusal.message, path=path) from None
+    answers = _capacity_documents(capacity or {})
+    pairs, lane_jobs = _history_documents(queue_history or {})
+    shapes = {lane: _shape_document(lane, entry) for lane, entry in (scheduler_shape or {}).items()}
+    runtimes = _runtime_documents(runtime_root or {})
+    _check_body_plan(fleet, answers, pairs, shapes, runtimes)
     evidence = FleetEvidence(
         capacity=answers,
         queue_history=pairs,

@@ -8,13 +8,16 @@ Malformed documents exit with code 2 and a message naming the file and field on 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from app.errors import InvalidInput
+from app.fleet.build import BuildPlan, FleetBuildRefused, HistoryOptions, parse_assignment
 from app.fleet.documents import parse_instant
 
 placement_app = typer.Typer(
@@ -24,6 +27,7 @@ placement_app = typer.Typer(
 )
 
 EXIT_MALFORMED = 2
+T = TypeVar("T")
 
 
 @placement_app.callback()
@@ -47,6 +51,15 @@ def read_json_document(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidInput(f"{what} {path}: the document must be a JSON object", path="")
     return data
+
+
+def load_json_file(path: Path, what: str, loader: Callable[[dict[str, Any]], T]) -> T:
+    """Read ``path`` (:func:`read_json_document`) and validate it with ``loader``; an error keeps its field
+    path and names the file before its message (``fleet.json: fleet: targets.3.node.cpus: ...``)."""
+    try:
+        return loader(read_json_document(path, what))
+    except InvalidInput as error:
+        raise error.under("", label=str(path)) from None
 
 
 def parse_now(value: str | None) -> datetime:
@@ -73,7 +86,8 @@ def run_explain(
     trailing newline). Raises :class:`InvalidInput` naming the file and field."""
     from app.fleet.documents import load_fleet, load_request
     from app.fleet.estimate import check_estimate_program, load_estimate
-    from app.fleet.explain import explain_placement, render_text, to_json
+    from app.fleet.explain import explain_placement
+    from app.fleet.render import render_text, to_json
 
     now = parse_now(now_text)
     loaded: dict[str, Any] = {}
@@ -81,16 +95,12 @@ def run_explain(
     if estimate_path is not None:
         sources.append(("estimate", estimate_path, load_estimate))
     for what, path, loader in sources:
-        data = read_json_document(path, what)
-        try:
-            loaded[what] = loader(data)
-        except InvalidInput as error:
-            raise InvalidInput(f"{path}: {error.message}", path=error.path, details=error.details) from None
+        loaded[what] = load_json_file(path, what, loader)
     if estimate_path is not None:
         try:
             check_estimate_program(loaded["request"], loaded["estimate"])
         except InvalidInput as error:
-            raise InvalidInput(f"{estimate_path}: {error.message}", path=error.path) from None
+            raise error.under("", label=str(estimate_path)) from None
     explanation = explain_placement(
         loaded["fleet"], loaded["request"], now, max_age_seconds=max_age, estimate=loaded.get("estimate")
     )
@@ -138,90 +148,119 @@ def _read_job_history(path: Path | None) -> list[Any]:
 
     if path is None:
         return []
-    try:
-        return list(load_job_history(read_json_document(path, "job history")).jobs)
-    except InvalidInput as error:
-        raise InvalidInput(f"{path}: {error.message}", path=error.path, details=error.details) from None
+    return list(load_json_file(path, "job history", load_job_history).jobs)
 
 
-def run_fleet(
-    base_path: Path,
-    output: Path | None,
-    capacity: list[str],
-    collect: list[str],
-    queue_history: list[str],
-    scheduler_shape: list[str],
-    runtime_root: list[str],
-    hosts_path: Path | None,
-    timeout_seconds: float,
-    history_path: Path | None,
-    history_jobs: int,
-    history_days: int,
-    history_min: int,
-    now_text: str | None = None,
-) -> tuple[str, list[str]]:
-    """Build the fleet (seed 004): returns the ``vq.placement-fleet/1`` JSON text and the report lines.
-    Every refusal raises :class:`InvalidInput` before any host is contacted."""
-    import asyncio
+@dataclass(frozen=True)
+class FleetOptions:
+    """The options of ``vq placement fleet`` (seed 004, "Live daemon evidence" and after).
 
-    from app.fleet.build import BuildPlan, FleetBuildRefused, HistoryOptions, parse_assignment
-    from app.fleet.capacity import load_capacity_answer
-    from app.fleet.collect import build_from_hosts
-    from app.fleet.documents import dump_document, load_fleet
-    from app.fleet.ssh import load_hosts
-    from app.settings import get_settings
+    ``base_path``: the base ``vq.placement-fleet/1`` file (never overwritten); ``output``: where the
+    fleet goes (None: stdout). The evidence options as given on the command line: ``capacity``
+    (``NAME=ANSWER.json``), ``collect`` (``NAME``), ``queue_history`` (``NAME[=TARGET]``),
+    ``scheduler_shape`` (``NAME[=HOST]``), ``runtime_root`` (``NAME=ROOT``). ``hosts_path``: the hosts
+    TOML (None: ``BC_FLEET_HOSTS_FILE``); ``timeout_seconds``: per host call; ``history_path``: the
+    ``vq.job-history/1`` file and ``history`` its selection; ``now_text``: this host's clock for the
+    build (ISO 8601 with offset; None: the clock).
+    """
 
+    base_path: Path
+    output: Path | None = None
+    capacity: tuple[str, ...] = ()
+    collect: tuple[str, ...] = ()
+    queue_history: tuple[str, ...] = ()
+    scheduler_shape: tuple[str, ...] = ()
+    runtime_root: tuple[str, ...] = ()
+    hosts_path: Path | None = None
+    timeout_seconds: float = 60.0
+    history_path: Path | None = None
+    history: HistoryOptions = HistoryOptions()
+    now_text: str | None = None
+
+
+def _refuse_overwrite(options: FleetOptions) -> None:
+    output, base = options.output, options.base_path
     if output is not None and (
-        output.resolve() == base_path.resolve() or (output.exists() and output.samefile(base_path))
+        output.resolve() == base.resolve() or (output.exists() and output.samefile(base))
     ):
         raise FleetBuildRefused(f"-o {output}: refusing to write over the base file", path="output")
-    try:
-        base = load_fleet(read_json_document(base_path, "fleet"))
-    except InvalidInput as error:
-        raise InvalidInput(f"{base_path}: {error.message}", path=error.path, details=error.details) from None
 
-    capacity_pairs = [parse_assignment(item, "--capacity", value_required=True) for item in capacity]
+
+def _plan(options: FleetOptions, capacity_names: tuple[str, ...]) -> BuildPlan:
+    """The build plan the options name (refused later by :func:`app.fleet.build.check_plan`)."""
     history_pairs = [
-        parse_assignment(item, "--queue-history", value_required=False) for item in queue_history
+        parse_assignment(item, "--queue-history", value_required=False) for item in options.queue_history
     ]
     shape_pairs = [
-        parse_assignment(item, "--scheduler-shape", value_required=False) for item in scheduler_shape
+        parse_assignment(item, "--scheduler-shape", value_required=False) for item in options.scheduler_shape
     ]
-    root_pairs = [parse_assignment(item, "--runtime-root", value_required=True) for item in runtime_root]
-    plan = BuildPlan(
-        capacity=tuple(name for name, _ in capacity_pairs),
-        collect=tuple(collect),
+    root_pairs = [
+        parse_assignment(item, "--runtime-root", value_required=True) for item in options.runtime_root
+    ]
+    return BuildPlan(
+        capacity=capacity_names,
+        collect=tuple(options.collect),
         queue_history=tuple((name, value or name) for name, value in history_pairs),
         scheduler_shape=tuple((name, value or name) for name, value in shape_pairs),
         runtime_root=tuple((name, value or "") for name, value in root_pairs),
     )
-    needs_ssh = bool(plan.collect or plan.scheduler_shape or plan.runtime_root)
-    hosts_file = hosts_path or get_settings().fleet_hosts_file
-    if needs_ssh and hosts_file is None:
+
+
+def _hosts(plan: BuildPlan, options: FleetOptions) -> dict[str, Any]:
+    """The configured hosts when the plan contacts any (``--hosts`` or ``BC_FLEET_HOSTS_FILE``)."""
+    from app.fleet.ssh import load_hosts
+    from app.settings import get_settings
+
+    if not (plan.collect or plan.scheduler_shape or plan.runtime_root):
+        return {}
+    hosts_file = options.hosts_path or get_settings().fleet_hosts_file
+    if hosts_file is None:
         raise FleetBuildRefused("no hosts file: give --hosts FILE or set BC_FLEET_HOSTS_FILE", path="hosts")
-    hosts = load_hosts(hosts_file) if needs_ssh and hosts_file is not None else {}
-    if plan.queue_history and history_path is None:
-        raise FleetBuildRefused("--queue-history needs --history FILE (vq.job-history/1)", path="history")
-    jobs = _read_job_history(history_path)
-    fixed_now = parse_now(now_text) if now_text is not None else None
+    return load_hosts(hosts_file)
+
+
+def _capacity_answers(pairs: list[tuple[str, str | None]]) -> dict[str, Any]:
+    """``--capacity NAME=ANSWER.json``: each file's validated answer; errors name the option."""
+    from app.fleet.capacity import load_capacity_answer
+
     answers = {}
-    for name, file_name in capacity_pairs:
+    for name, file_name in pairs:
         path = Path(file_name or "")
         try:
             answers[name] = load_capacity_answer(read_json_document(path, "capacity answer"))
         except InvalidInput as error:
-            raise FleetBuildRefused(
-                f"--capacity {name}={path}: {error.message}", path=f"capacity.{name}", details=error.details
+            raise error.under(
+                f"capacity.{name}", label=f"--capacity {name}={path}", as_type=FleetBuildRefused
             ) from None
+    return answers
+
+
+def run_fleet(options: FleetOptions) -> tuple[str, list[str]]:
+    """Build the fleet (seed 004): returns the ``vq.placement-fleet/1`` JSON text and the report lines.
+    Every refusal raises :class:`InvalidInput` before any host is contacted."""
+    import asyncio
+
+    from app.fleet.collect import build_from_hosts
+    from app.fleet.documents import dump_document, load_fleet
+
+    _refuse_overwrite(options)
+    base = load_json_file(options.base_path, "fleet", load_fleet)
+    capacity_pairs = [parse_assignment(item, "--capacity", value_required=True) for item in options.capacity]
+    plan = _plan(options, tuple(name for name, _ in capacity_pairs))
+    hosts = _hosts(plan, options)
+    if plan.queue_history and options.history_path is None:
+        raise FleetBuildRefused("--queue-history needs --history FILE (vq.job-history/1)", path="history")
+    jobs = _read_job_history(options.history_path)
+    fixed_now = parse_now(options.now_text) if options.now_text is not None else None
     result = asyncio.run(
         build_from_hosts(
             base,
             plan,
             hosts,
-            capacity=answers,
+            capacity=_capacity_answers(capacity_pairs),
             jobs=jobs,
-            history=HistoryOptions(jobs=history_jobs, days=history_days, minimum=history_min),
-            timeout_seconds=timeout_seconds,
+            history=options.history,
+            timeout_seconds=options.timeout_seconds,
             **({"clock": lambda: fixed_now} if fixed_now is not None else {}),
         )
     )
@@ -275,20 +314,20 @@ def fleet_command(
     every refusal happens before any contact (exit code 2). Each target's outcome goes to stderr."""
     try:
         text, lines = run_fleet(
-            base,
-            output,
-            capacity or [],
-            collect or [],
-            queue_history or [],
-            scheduler_shape or [],
-            runtime_root or [],
-            hosts,
-            timeout,
-            history,
-            history_jobs,
-            history_days,
-            history_min,
-            now,
+            FleetOptions(
+                base_path=base,
+                output=output,
+                capacity=tuple(capacity or ()),
+                collect=tuple(collect or ()),
+                queue_history=tuple(queue_history or ()),
+                scheduler_shape=tuple(scheduler_shape or ()),
+                runtime_root=tuple(runtime_root or ()),
+                hosts_path=hosts,
+                timeout_seconds=timeout,
+                history_path=history,
+                history=HistoryOptions(jobs=history_jobs, days=history_days, minimum=history_min),
+                now_text=now,
+            )
         )
     except InvalidInput as error:
         fail_malformed(error)
@@ -309,10 +348,7 @@ def run_compare(
     from app.fleet.documents import load_fleet
 
     now = parse_now(now_text)
-    try:
-        fleet = load_fleet(read_json_document(fleet_path, "fleet"))
-    except InvalidInput as error:
-        raise InvalidInput(f"{fleet_path}: {error.message}", path=error.path, details=error.details) from None
+    fleet = load_json_file(fleet_path, "fleet", load_fleet)
     records = _read_job_history(history_path)
     comparison = compare_orderings(fleet, records, now, jobs=jobs, max_age_seconds=max_age)
     if as_json:

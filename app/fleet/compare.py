@@ -30,8 +30,9 @@ from typing import Any
 
 from app.errors import InvalidInput
 from app.fleet.documents import FleetTarget, PlacementFleet, load_request
-from app.fleet.explain import CLOCK_SKEW_SECONDS, DEFAULT_MAX_AGE_SECONDS, explain_placement
+from app.fleet.explain import explain_placement
 from app.fleet.history import JobRecord, parse_time
+from app.fleet.requirements.freshness import CLOCK_SKEW_SECONDS, DEFAULT_MAX_AGE_SECONDS
 
 COMPARE_SCHEMA = "vq.placement-compare/1"
 DEFAULT_COMPARE_JOBS = 50
@@ -265,8 +266,7 @@ def compare_documents(
         try:
             loaded.append(loader(data))
         except InvalidInput as error:
-            path = f"{what}.{error.path}" if error.path else what
-            raise InvalidInput(error.message, path=path, details={**error.details, "path": path}) from None
+            raise error.under(what) from None
     fleet_doc, history_doc = loaded
     comparison = compare_orderings(
         fleet_doc, list(history_doc.jobs), now, jobs=jobs, max_age_seconds=max_age_seconds

@@ -73,6 +73,16 @@ def load_job_history(data: Any) -> JobHistory:
         raise as_invalid_input(error, "job history") from None
 
 
+def stored_record(record: JobRecord) -> dict[str, Any]:
+    """A job record as it is stored and answered: its JSON object without unknown (None) fields."""
+    return record.model_dump(mode="json", exclude_none=True)
+
+
+def job_history_document(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stored records (:func:`stored_record` objects) as ``vq.job-history/1``."""
+    return {"schema_name": JOB_HISTORY_SCHEMA, "jobs": records}
+
+
 def parse_time(text: str | None) -> datetime | None:
     """An ISO 8601 time with an offset, or ``None`` when missing, unparsable or naive."""
     if not text:

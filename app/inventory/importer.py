@@ -152,6 +152,7 @@ def build_imported_node(name: str, topo_text: str, xml_text: str | None = None) 
     name = name.strip()
     matrix = parse_topo_matrix(topo_text)
     labels: dict[str, str] = {"gpu.count": str(matrix.gpu_count)}
+    log = None
     gpus: list[GpuInfo] = []
     if xml_text is not None:
         log = parse_nvidia_smi_log(xml_text)
@@ -161,85 +162,105 @@ def build_imported_node(name: str, topo_text: str, xml_text: str | None = None) 
                 f"nvidia-smi -q -x lists {len(gpus)} GPUs but the topo matrix has {matrix.gpu_count}",
                 path=XML_PATH,
             )
-        products = {gpu_product(g.product_name) for g in gpus}
-        if len(products) == 1 and "" not in products:
-            labels["gpu.product"] = products.pop()
-        models = {gpu_model(g.product_name) for g in gpus}
-        if len(models) == 1 and "" not in models:
-            labels["gpu.model"] = models.pop()
-        labels["mig.capable"] = "true" if all(g.mig_capable for g in gpus) else "false"
-        major = _driver_major(log.driver_version)
-        if major is not None:
-            labels["cuda.driver.major"] = major
-
+        labels.update(_xml_labels(gpus, log.driver_version))
     devices: list[ImportedDevice] = []
     atom_of: dict[str, str] = {}
     for i, gpu_name in enumerate(matrix.gpus):
         topo_numa = matrix.numa_node(gpu_name)
-        if not gpus:
-            atom = f"{name}-{gpu_name}"
-            if not _ATOM_ID_RE.fullmatch(atom) or len(atom) > 128:
-                raise InvalidInput(
-                    f"node name {quote_input(name)} cannot name atoms (<name>-GPU<i>): "
-                    "use letters, digits, . _ : -",
-                    path="name",
-                )
-            attrs: dict[str, Any] = {} if topo_numa is None else {"numaNode": topo_numa}
-            devices.append(ImportedDevice(id=atom, attributes=attrs, numa_node=topo_numa))
-            atom_of[gpu_name] = atom
-            continue
-        info = gpus[i]
-        numa = info.numa_node if info.numa_node is not None else topo_numa
-        attrs = {
-            "gpuProduct": gpu_product(info.product_name),
-            "gpuModel": gpu_model(info.product_name),
-            "vramGiB": info.vram_gib,
-            "computeCapability": info.compute_capability,
-            "architecture": info.architecture,
-            "migCapable": info.mig_capable,
-            "numaNode": numa,
-        }
-        if info.mig_enabled:
-            attrs["migEnabled"] = True
-        attrs = {k: v for k, v in attrs.items() if v is not None and v != ""}
-        devices.append(
-            ImportedDevice(
-                id=info.uuid,
-                attributes=attrs,
-                numa_node=numa,
-                bookable=not info.mig_devices,
-            )
-        )
-        atom_of[gpu_name] = info.uuid
-        for mig in info.mig_devices:
-            mig_attrs: dict[str, Any] = {
-                "gpuProduct": attrs.get("gpuProduct"),
-                "gpuModel": attrs.get("gpuModel"),
-                "vramGiB": mig.vram_gib,
-                "computeCapability": info.compute_capability,
-                "architecture": info.architecture,
-                "numaNode": numa,
-                "migGpuInstanceId": mig.gpu_instance_id,
-                "migComputeInstanceId": mig.compute_instance_id,
-                "multiprocessorCount": mig.multiprocessor_count,
-            }
-            devices.append(
-                ImportedDevice(
-                    id=mig.id,
-                    device_class="mig",
-                    attributes={k: v for k, v in mig_attrs.items() if v is not None},
-                    numa_node=numa,
-                    parent=info.uuid,
-                )
-            )
-
+        gpu_devices = _xml_devices(gpus[i], topo_numa) if gpus else [_topo_device(name, gpu_name, topo_numa)]
+        devices += gpu_devices
+        atom_of[gpu_name] = gpu_devices[0].id
     ids = [d.id for d in devices]
     if len(set(ids)) != len(ids):
         raise InvalidInput("device ids are not unique", path=XML_PATH if gpus else "name")
+    return ImportedNode(
+        name=name,
+        devices=devices,
+        links=_links(matrix, atom_of),
+        labels=labels,
+        topo=matrix,
+        gpus=gpus,
+        driver_version=log.driver_version if log is not None else None,
+        warnings=matrix.warnings,
+    )
 
+
+def _xml_labels(gpus: list[GpuInfo], driver_version: str | None) -> dict[str, str]:
+    """The labels the XML establishes: ``gpu.product`` and ``gpu.model`` when every GPU shares one,
+    ``mig.capable`` and ``cuda.driver.major``."""
+    labels: dict[str, str] = {}
+    products = {gpu_product(g.product_name) for g in gpus}
+    if len(products) == 1 and "" not in products:
+        labels["gpu.product"] = products.pop()
+    models = {gpu_model(g.product_name) for g in gpus}
+    if len(models) == 1 and "" not in models:
+        labels["gpu.model"] = models.pop()
+    labels["mig.capable"] = "true" if all(g.mig_capable for g in gpus) else "false"
+    major = _driver_major(driver_version)
+    if major is not None:
+        labels["cuda.driver.major"] = major
+    return labels
+
+
+def _topo_device(name: str, gpu_name: str, topo_numa: int | None) -> ImportedDevice:
+    """A GPU known from the matrix alone: atom ``<name>-GPU<i>`` with its NUMA node when known."""
+    atom = f"{name}-{gpu_name}"
+    if not _ATOM_ID_RE.fullmatch(atom) or len(atom) > 128:
+        raise InvalidInput(
+            f"node name {quote_input(name)} cannot name atoms (<name>-GPU<i>): use letters, digits, . _ : -",
+            path="name",
+        )
+    attrs: dict[str, Any] = {} if topo_numa is None else {"numaNode": topo_numa}
+    return ImportedDevice(id=atom, attributes=attrs, numa_node=topo_numa)
+
+
+def _xml_devices(info: GpuInfo, topo_numa: int | None) -> list[ImportedDevice]:
+    """A GPU the XML describes (first, named by its UUID; not bookable when it has MIG devices), then
+    its MIG devices as ``mig`` atoms whose parent is the GPU. NUMA: the XML's, else the matrix's."""
+    numa = info.numa_node if info.numa_node is not None else topo_numa
+    attrs: dict[str, Any] = {
+        "gpuProduct": gpu_product(info.product_name),
+        "gpuModel": gpu_model(info.product_name),
+        "vramGiB": info.vram_gib,
+        "computeCapability": info.compute_capability,
+        "architecture": info.architecture,
+        "migCapable": info.mig_capable,
+        "numaNode": numa,
+    }
+    if info.mig_enabled:
+        attrs["migEnabled"] = True
+    attrs = {k: v for k, v in attrs.items() if v is not None and v != ""}
+    devices = [ImportedDevice(id=info.uuid, attributes=attrs, numa_node=numa, bookable=not info.mig_devices)]
+    for mig in info.mig_devices:
+        mig_attrs: dict[str, Any] = {
+            "gpuProduct": attrs.get("gpuProduct"),
+            "gpuModel": attrs.get("gpuModel"),
+            "vramGiB": mig.vram_gib,
+            "computeCapability": info.compute_capability,
+            "architecture": info.architecture,
+            "numaNode": numa,
+            "migGpuInstanceId": mig.gpu_instance_id,
+            "migComputeInstanceId": mig.compute_instance_id,
+            "multiprocessorCount": mig.multiprocessor_count,
+        }
+        devices.append(
+            ImportedDevice(
+                id=mig.id,
+                device_class="mig",
+                attributes={k: v for k, v in mig_attrs.items() if v is not None},
+                numa_node=numa,
+                parent=info.uuid,
+            )
+        )
+    return devices
+
+
+def _links(matrix: TopoMatrix, atom_of: dict[str, str]) -> list[tuple[str, str, str]]:
+    """The GPU-GPU links as sorted ``(atom, atom, normalized kind)``; a kind the topology scorer cannot
+    rank (e.g. ``NV9X``) is refused (``path="topo"``)."""
     links: list[tuple[str, str, str]] = []
     for (a, b), link in matrix.gpu_links.items():
-        if link_rank(link) == len(LINK_RANK):  # a kind the topology scorer cannot rank (e.g. NV9X)
+        if link_rank(link) == len(LINK_RANK):
             raise InvalidInput(
                 f"nvidia-smi topo: {a}-{b} link {link!r} is not one of NV#, PIX, PXB, PHB, NODE, SYS, SOC",
                 path="topo",
@@ -247,14 +268,4 @@ def build_imported_node(name: str, topo_text: str, xml_text: str | None = None) 
             )
         x, y = sorted((atom_of[a], atom_of[b]))
         links.append((x, y, normalize_link(link)))
-    links.sort()
-    return ImportedNode(
-        name=name,
-        devices=devices,
-        links=links,
-        labels=labels,
-        topo=matrix,
-        gpus=gpus,
-        driver_version=log.driver_version if xml_text is not None else None,
-        warnings=matrix.warnings,
-    )
+    return sorted(links)

@@ -289,157 +289,16 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
     if not isinstance(text, str):
         raise _error("expected text", 1)
     lines = [_ANSI_RE.sub("", ln).rstrip("\r\n").rstrip() for ln in text.split("\n")]
-    idx = 0
-    while idx < len(lines) and not lines[idx].strip():
-        idx += 1
-    if idx == len(lines):
-        raise _error("empty input (expected the output of nvidia-smi topo -m)", 1)
-    header_no = idx + 1
-    devices, labels = _parse_header(lines[idx], header_no)
-    n = len(devices)
-    col = {name: i for i, name in enumerate(devices)}
-    gpus = [d for d in devices if _GPU_RE.fullmatch(d)]
-    nics = [d for d in devices if d not in gpus]
-
-    matrix: dict[str, list[str]] = {}
-    trailing_by_gpu: dict[str, tuple[dict[str, str], int]] = {}
-    warnings: list[str] = []
-    bad_cells: set[tuple[str, str]] = set()  # (row, column) cells left out
-    tab_rows = 0
-    idx += 1
-    while (
-        idx < len(lines)
-        and lines[idx].strip()
-        and not lines[idx].lstrip().startswith(("Legend", "NIC Legend"))
-    ):
-        lineno = idx + 1
-        cells, was_tab = _split_row(lines[idx])
-        tab_rows += was_tab
-        label = cells[0]
-        if label not in col:
-            raise _error(f"row {quote_input(label)} is not a column of the header", lineno)
-        if label in matrix:
-            raise _error(f"row {label} appears twice", lineno)
-        links = cells[1 : 1 + n]
-        if len(links) < n:
-            raise _error(f"row {label} has {len(links)} link cells, expected {n}", lineno)
-        trailing = cells[1 + n :]
-        for j, cell in enumerate(links):
-            strict = label in gpus and devices[j] in gpus
-            if j == col[label]:
-                if cell == "X":
-                    continue
-                if strict:
-                    raise _error(f"row {label}: diagonal cell is {quote_input(cell)}, expected X", lineno)
-                _warn(warnings, f"row {label}: diagonal cell is {quote_input(cell)}, expected X", lineno)
-            elif cell != "X" and _LINK_RE.fullmatch(cell):
-                continue
-            elif strict:
-                raise _error(
-                    f"row {label}, column {devices[j]}: {quote_input(cell)} is not a link kind", lineno
-                )
-            else:
-                merged = _MERGED_AFFINITY_RE.fullmatch(cell)
-                if merged and label in gpus and j == n - 1 and CPU_AFFINITY in labels:
-                    trailing = [merged.group(2), *trailing]
-                    _warn(
-                        warnings,
-                        f"row {label}, column {devices[j]}: {quote_input(cell)} is a link merged with the "
-                        "CPU affinity "
-                        f"{merged.group(2)}; the {label}-{devices[j]} link is left out",
-                        lineno,
-                    )
-                else:
-                    _warn(
-                        warnings,
-                        f"row {label}, column {devices[j]}: {quote_input(cell)} is not a link kind; left out",
-                        lineno,
-                    )
-            bad_cells.add((label, devices[j]))
-        matrix[label] = links
-        if label in gpus:
-            trailing_by_gpu[label] = (_trailing_values(trailing, labels, label, lineno, warnings), lineno)
-        elif any(trailing):
-            _warn(
-                warnings,
-                f"NIC row {label} has values beyond the matrix: {[c for c in trailing if c]}; left out",
-                lineno,
-            )
-        idx += 1
-    missing = [d for d in devices if d not in matrix]
-    if missing:
-        raise _error(f"no row for {', '.join(missing)}", idx + 1 if idx < len(lines) else len(lines))
-
-    legend, nic_legend = _parse_legends(lines, idx, set(nics))
-
-    gpu_links: dict[tuple[str, str], str] = {}
-    gpu_nic_links: dict[tuple[str, str], str] = {}
-    nic_nic_links: dict[tuple[str, str], str] = {}
-    asymmetric: list[tuple[str, str]] = []
-    for i, a in enumerate(devices):
-        for b in devices[i + 1 :]:
-            ab, ba = matrix[a][col[b]], matrix[b][col[a]]
-            a_bad, b_bad = (a, b) in bad_cells, (b, a) in bad_cells
-            if ab != ba and not (a_bad or b_bad):
-                asymmetric.append((a, b))
-            if a in gpus and b in gpus:
-                gpu_links[(a, b)] = ab
-            elif a in gpus or b in gpus:
-                g, nic = (a, b) if a in gpus else (b, a)
-                if (g, nic) not in bad_cells:
-                    gpu_nic_links[(g, nic)] = matrix[g][col[nic]]
-            elif not a_bad:
-                nic_nic_links[(a, b)] = ab
-            elif not b_bad:
-                nic_nic_links[(a, b)] = ba
-    # Keep gpu->nic pairs in GPU order, then NIC column order.
-    gpu_nic_links = {
-        (g, nic): gpu_nic_links[(g, nic)] for g in gpus for nic in nics if (g, nic) in gpu_nic_links
-    }
-
-    cpu_affinity: dict[str, str | None] = {}
-    numa_affinity: dict[str, list[int] | None] = {}
-    gpu_numa: dict[str, int | None] | None = {} if GPU_NUMA_ID in labels else None
-    for g in gpus:
-        values, lineno = trailing_by_gpu[g]
-        cpu = values.get(CPU_AFFINITY) if CPU_AFFINITY in labels else None
-        if cpu is not None and cpu.upper() == "N/A":
-            cpu = None
-        if cpu:
-            try:
-                parse_cpu_list(cpu)
-            except ValueError:
-                _warn(
-                    warnings, f"row {g}: CPU Affinity {quote_input(cpu)} is not a CPU list; left out", lineno
-                )
-                cpu = None
-        cpu_affinity[g] = cpu
-        numa_text = values.get(NUMA_AFFINITY, "")
-        if not numa_text or numa_text.upper() == "N/A":
-            numa_affinity[g] = None
-        else:
-            try:
-                numa_affinity[g] = parse_cpu_list(numa_text)
-            except ValueError:
-                _warn(
-                    warnings,
-                    f"row {g}: NUMA Affinity {quote_input(numa_text)} is not a NUMA node list; left out",
-                    lineno,
-                )
-                numa_affinity[g] = None
-        if gpu_numa is not None:
-            gid = values.get(GPU_NUMA_ID, "")
-            if not gid or gid.upper() == "N/A":
-                gpu_numa[g] = None
-            elif gid.isdigit():
-                gpu_numa[g] = int(gid)
-            else:
-                _warn(warnings, f"row {g}: GPU NUMA ID {quote_input(gid)} is not a number; left out", lineno)
-                gpu_numa[g] = None
-
+    idx = _header_index(lines)
+    devices, labels = _parse_header(lines[idx], idx + 1)
+    grid = _Grid(devices=devices, labels=labels)
+    end = _parse_rows(lines, idx + 1, grid)
+    legend, nic_legend = _parse_legends(lines, end, set(grid.nics))
+    gpu_links, gpu_nic_links, nic_nic_links, asymmetric = _pair_links(grid)
+    cpu_affinity, numa_affinity, gpu_numa = _affinities(grid)
     return TopoMatrix(
-        gpus=tuple(gpus),
-        nics=tuple(nics),
+        gpus=tuple(grid.gpus),
+        nics=tuple(grid.nics),
         nic_legend=nic_legend,
         gpu_links=gpu_links,
         gpu_nic_links=gpu_nic_links,
@@ -448,10 +307,211 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
         numa_affinity=numa_affinity,
         gpu_numa_id=gpu_numa,
         legend=legend,
-        layout="tab" if tab_rows else "space",
+        layout="tab" if grid.tab_rows else "space",
         asymmetric_pairs=tuple(asymmetric),
-        warnings=tuple(warnings),
+        warnings=tuple(grid.warnings),
     )
+
+
+@dataclass
+class _Grid:
+    """The matrix as it is read: the header's ``devices`` (columns, GPUs and NICs) and trailing
+    ``labels``; then, row by row, ``matrix`` (row -> its link cells), each GPU row's trailing values and
+    line, the cells left out (``bad_cells``, (row, column)), the warnings and how many rows were TAB-split."""
+
+    devices: list[str]
+    labels: list[str]
+    matrix: dict[str, list[str]] = field(default_factory=dict)
+    trailing_by_gpu: dict[str, tuple[dict[str, str], int]] = field(default_factory=dict)
+    bad_cells: set[tuple[str, str]] = field(default_factory=set)
+    warnings: list[str] = field(default_factory=list)
+    tab_rows: int = 0
+    col: dict[str, int] = field(init=False)
+    gpus: list[str] = field(init=False)
+    nics: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.col = {name: i for i, name in enumerate(self.devices)}
+        self.gpus = [d for d in self.devices if _GPU_RE.fullmatch(d)]
+        self.nics = [d for d in self.devices if d not in self.gpus]
+
+
+def _header_index(lines: list[str]) -> int:
+    """The index of the header: the first non-blank line."""
+    idx = 0
+    while idx < len(lines) and not lines[idx].strip():
+        idx += 1
+    if idx == len(lines):
+        raise _error("empty input (expected the output of nvidia-smi topo -m)", 1)
+    return idx
+
+
+def _parse_rows(lines: list[str], idx: int, grid: _Grid) -> int:
+    """Read the device rows from ``lines[idx]`` into ``grid`` up to a blank or legend line; returns the
+    index after the last row. Raises for an unknown, repeated, short or missing row."""
+    n = len(grid.devices)
+    while (
+        idx < len(lines)
+        and lines[idx].strip()
+        and not lines[idx].lstrip().startswith(("Legend", "NIC Legend"))
+    ):
+        lineno = idx + 1
+        cells, was_tab = _split_row(lines[idx])
+        grid.tab_rows += was_tab
+        label = cells[0]
+        if label not in grid.col:
+            raise _error(f"row {quote_input(label)} is not a column of the header", lineno)
+        if label in grid.matrix:
+            raise _error(f"row {label} appears twice", lineno)
+        links = cells[1 : 1 + n]
+        if len(links) < n:
+            raise _error(f"row {label} has {len(links)} link cells, expected {n}", lineno)
+        trailing = _check_cells(grid, label, links, cells[1 + n :], lineno)
+        grid.matrix[label] = links
+        if label in grid.gpus:
+            grid.trailing_by_gpu[label] = (
+                _trailing_values(trailing, grid.labels, label, lineno, grid.warnings),
+                lineno,
+            )
+        elif any(trailing):
+            _warn(
+                grid.warnings,
+                f"NIC row {label} has values beyond the matrix: {[c for c in trailing if c]}; left out",
+                lineno,
+            )
+        idx += 1
+    missing = [d for d in grid.devices if d not in grid.matrix]
+    if missing:
+        raise _error(f"no row for {', '.join(missing)}", idx + 1 if idx < len(lines) else len(lines))
+    return idx
+
+
+def _check_cells(grid: _Grid, label: str, links: list[str], trailing: list[str], lineno: int) -> list[str]:
+    """Check row ``label``'s link cells: a GPU x GPU cell must be a link kind (``X`` on the diagonal) or
+    the parse fails; any other bad cell is a warning and left out (``grid.bad_cells``). A last cell that
+    merged a link with the CPU affinity gives the affinity back: returns the row's trailing values."""
+    devices, n = grid.devices, len(grid.devices)
+    for j, cell in enumerate(links):
+        strict = label in grid.gpus and devices[j] in grid.gpus
+        if j == grid.col[label]:
+            if cell == "X":
+                continue
+            if strict:
+                raise _error(f"row {label}: diagonal cell is {quote_input(cell)}, expected X", lineno)
+            _warn(grid.warnings, f"row {label}: diagonal cell is {quote_input(cell)}, expected X", lineno)
+        elif cell != "X" and _LINK_RE.fullmatch(cell):
+            continue
+        elif strict:
+            raise _error(f"row {label}, column {devices[j]}: {quote_input(cell)} is not a link kind", lineno)
+        else:
+            merged = _MERGED_AFFINITY_RE.fullmatch(cell)
+            if merged and label in grid.gpus and j == n - 1 and CPU_AFFINITY in grid.labels:
+                trailing = [merged.group(2), *trailing]
+                _warn(
+                    grid.warnings,
+                    f"row {label}, column {devices[j]}: {quote_input(cell)} is a link merged with the "
+                    "CPU affinity "
+                    f"{merged.group(2)}; the {label}-{devices[j]} link is left out",
+                    lineno,
+                )
+            else:
+                _warn(
+                    grid.warnings,
+                    f"row {label}, column {devices[j]}: {quote_input(cell)} is not a link kind; left out",
+                    lineno,
+                )
+        grid.bad_cells.add((label, devices[j]))
+    return trailing
+
+
+Links = dict[tuple[str, str], str]
+
+
+def _pair_links(grid: _Grid) -> tuple[Links, Links, Links, list[tuple[str, str]]]:
+    """Each device pair once (header order): GPU-GPU, GPU-NIC (GPU order, then NIC column order) and
+    NIC-NIC links, without the cells left out, and the pairs whose two cells differ."""
+    devices, matrix, col, gpus, nics = grid.devices, grid.matrix, grid.col, grid.gpus, grid.nics
+    gpu_links: Links = {}
+    gpu_nic_links: Links = {}
+    nic_nic_links: Links = {}
+    asymmetric: list[tuple[str, str]] = []
+    for i, a in enumerate(devices):
+        for b in devices[i + 1 :]:
+            ab, ba = matrix[a][col[b]], matrix[b][col[a]]
+            a_bad, b_bad = (a, b) in grid.bad_cells, (b, a) in grid.bad_cells
+            if ab != ba and not (a_bad or b_bad):
+                asymmetric.append((a, b))
+            if a in gpus and b in gpus:
+                gpu_links[(a, b)] = ab
+            elif a in gpus or b in gpus:
+                g, nic = (a, b) if a in gpus else (b, a)
+                if (g, nic) not in grid.bad_cells:
+                    gpu_nic_links[(g, nic)] = matrix[g][col[nic]]
+            elif not a_bad:
+                nic_nic_links[(a, b)] = ab
+            elif not b_bad:
+                nic_nic_links[(a, b)] = ba
+    gpu_nic_links = {
+        (g, nic): gpu_nic_links[(g, nic)] for g in gpus for nic in nics if (g, nic) in gpu_nic_links
+    }
+    return gpu_links, gpu_nic_links, nic_nic_links, asymmetric
+
+
+def _affinities(
+    grid: _Grid,
+) -> tuple[dict[str, str | None], dict[str, list[int] | None], dict[str, int | None] | None]:
+    """Each GPU's CPU affinity (text), NUMA affinity (node list) and GPU NUMA ID (None: no such column);
+    unparsable values are warnings and left out (None)."""
+    cpu_affinity: dict[str, str | None] = {}
+    numa_affinity: dict[str, list[int] | None] = {}
+    gpu_numa: dict[str, int | None] | None = {} if GPU_NUMA_ID in grid.labels else None
+    for g in grid.gpus:
+        values, lineno = grid.trailing_by_gpu[g]
+        cpu_affinity[g] = _cpu_affinity(grid, g, values, lineno)
+        numa_affinity[g] = _numa_affinity(grid, g, values, lineno)
+        if gpu_numa is not None:
+            gpu_numa[g] = _gpu_numa_id(grid, g, values, lineno)
+    return cpu_affinity, numa_affinity, gpu_numa
+
+
+def _cpu_affinity(grid: _Grid, g: str, values: dict[str, str], lineno: int) -> str | None:
+    cpu = values.get(CPU_AFFINITY) if CPU_AFFINITY in grid.labels else None
+    if cpu is not None and cpu.upper() == "N/A":
+        return None
+    if cpu:
+        try:
+            parse_cpu_list(cpu)
+        except ValueError:
+            _warn(
+                grid.warnings, f"row {g}: CPU Affinity {quote_input(cpu)} is not a CPU list; left out", lineno
+            )
+            return None
+    return cpu
+
+
+def _numa_affinity(grid: _Grid, g: str, values: dict[str, str], lineno: int) -> list[int] | None:
+    numa_text = values.get(NUMA_AFFINITY, "")
+    if not numa_text or numa_text.upper() == "N/A":
+        return None
+    try:
+        return parse_cpu_list(numa_text)
+    except ValueError:
+        _warn(
+            grid.warnings,
+            f"row {g}: NUMA Affinity {quote_input(numa_text)} is not a NUMA node list; left out",
+            lineno,
+        )
+        return None
+
+
+def _gpu_numa_id(grid: _Grid, g: str, values: dict[str, str], lineno: int) -> int | None:
+    gid = values.get(GPU_NUMA_ID, "")
+    if not gid or gid.upper() == "N/A":
+        return None
+    if gid.isdigit():
+        return int(gid)
+    _warn(grid.warnings, f"row {g}: GPU NUMA ID {quote_input(gid)} is not a number; left out", lineno)
+    return None
 
 
 def _parse_legends(lines: list[str], idx: int, nics: set[str]) -> tuple[dict[str, str], dict[str, str]]:

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from app.fleet.cli import placement_app
 from app.fleet.documents import load_fleet, load_request
-from app.fleet.explain import explain_placement, to_json
+from app.fleet.explain import explain_placement
+from app.fleet.render import to_json
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "explain"
@@ -78,7 +79,7 @@ def test_seed_example_json() -> None:
                 "isa: supported ISA levels unknown, want x86-64-v4",
                 "account: permitted accounts unknown, want chem",
                 "queue: a daemon host has no queue, want compute",
-                "data access: unknown, want shared-inputs, results",
+                "data_access: unknown, want shared-inputs, results",
             ],
         }
     ]

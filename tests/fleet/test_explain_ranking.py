@@ -15,7 +15,9 @@ import pytest
 from app.errors import InvalidInput
 from app.fleet.documents import load_fleet, load_request
 from app.fleet.estimate import load_estimate
-from app.fleet.explain import Explanation, explain_placement, render_text, to_json
+from app.fleet.explain import explain_placement
+from app.fleet.prediction import Explanation
+from app.fleet.render import render_text, to_json
 
 NOW = datetime(2026, 10, 12, 12, 0, 0, tzinfo=UTC)
 DIGEST = "c" * 64

@@ -1,0 +1,57 @@
+"""The hard requirements of seed 004 ("Hard requirements first"), one module each, in the seed's order.
+
+Every module declares ``NAME`` (the prefix of each of its reasons: ``<NAME>: <detail>``), ``SEED_RULE``
+(the seed's bullet, verbatim) and ``check(target, request, ctx) -> list[str]`` (see
+:mod:`app.fleet.requirements.context`). :data:`REQUIREMENTS` is the registry: the explanation runs every
+check in this order and keeps every reason. Adding a requirement: a module here, its place in the tuple,
+its table test in ``tests/fleet/requirements/`` (docs/explain.md lists the reasons). Pure: no clock, no
+I/O.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from app.fleet.documents import FleetTarget, PlacementRequestDoc
+from app.fleet.requirements import (
+    account,
+    availability,
+    data_access,
+    execution_bound,
+    freshness,
+    gpus,
+    isa,
+    licenses,
+    node_shape,
+    nodes,
+    os,
+    program,
+    queue,
+    scratch,
+    walltime_limit,
+)
+from app.fleet.requirements.context import Context
+
+REQUIREMENTS: tuple[ModuleType, ...] = (
+    availability,
+    freshness,
+    program,
+    os,
+    isa,
+    account,
+    queue,
+    data_access,
+    licenses,
+    nodes,
+    node_shape,
+    scratch,
+    gpus,
+    walltime_limit,
+    execution_bound,
+)
+"""The hard requirements in the seed's order; every one runs, and every reason is kept."""
+
+
+def reasons_for(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:
+    """Every reason ``target`` fails ``request`` for, requirement by requirement in the seed's order."""
+    return [text for requirement in REQUIREMENTS for text in requirement.check(target, request, ctx)]

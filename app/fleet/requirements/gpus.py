@@ -1,0 +1,23 @@
+"""Hard requirement 13 (seed 004): a target is rejected when it "has too few GPUs per node, or an unknown
+GPU count, when gpus_per_node is requested"."""
+
+from __future__ import annotations
+
+from app.fleet.documents import FleetTarget, PlacementRequestDoc
+from app.fleet.requirements.context import Context, reason
+
+NAME = "gpus"
+SEED_RULE = "has too few GPUs per node, or an unknown GPU count, when gpus_per_node is requested"
+
+
+def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:
+    """``request.gpus_per_node`` against ``node.gpus`` (whole GPUs; None = unknown)."""
+    need = request.gpus_per_node
+    if need is None:
+        return []
+    gpus = target.node.gpus if target.node else None
+    if gpus is None:
+        return [reason(NAME, f"needs {need} per node, node GPU count unknown")]
+    if gpus < need:
+        return [reason(NAME, f"needs {need} per node, node has {gpus}")]
+    return []

@@ -1,0 +1,25 @@
+"""Hard requirement 12 (seed 004): a target is rejected when it "has too little scratch per node, or
+unknown scratch capacity when scratch_mb_per_node is requested". Nodes never combine their scratch."""
+
+from __future__ import annotations
+
+from app.fleet.documents import FleetTarget, PlacementRequestDoc
+from app.fleet.requirements.context import Context, reason
+
+NAME = "scratch"
+SEED_RULE = (
+    "has too little scratch per node, or unknown scratch capacity when scratch_mb_per_node is requested"
+)
+
+
+def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:
+    """``request.scratch_mb_per_node`` against ``node.scratch_mb`` (MB; 0 = none, None = unknown)."""
+    need = request.scratch_mb_per_node
+    if need is None:
+        return []
+    scratch = target.node.scratch_mb if target.node else None
+    if scratch is None:
+        return [reason(NAME, f"needs {need} MB per node, node scratch unknown")]
+    if scratch < need:
+        return [reason(NAME, f"needs {need} MB per node, node has {scratch} MB")]
+    return []
