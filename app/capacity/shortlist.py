@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
@@ -223,10 +223,68 @@ INSIDE_SCALARS = (
 )
 
 
+def _exceptions_statement(request: PlacementRequest) -> Any:
+    """The parts of :func:`read_exceptions` as one ``UNION ALL`` of rows ``(kind, node_id, atom,
+    reasons, ok, resource, peak, cap)``: ``b`` booked and ``u`` unavailable atoms, ``r`` nodes with
+    NoSchedule reasons, ``s`` the scalar exceptions (with requested resources only)."""
+    assert request.start is not None and request.end is not None
+    pool_id = request.pool_id
+    pad = {
+        "atom": sa.null().label("atom"),
+        "reasons": sa.cast(sa.null(), pg.ARRAY(sa.Text)).label("reasons"),
+        "ok": sa.cast(sa.null(), sa.Boolean).label("ok"),
+        "resource": sa.cast(sa.null(), sa.Text).label("resource"),
+        "peak": sa.cast(sa.null(), sa.Numeric).label("peak"),
+        "cap": sa.cast(sa.null(), sa.Numeric).label("cap"),
+    }
+
+    def row(kind: str, node_id: Any, **given: Any) -> list[Any]:
+        return [sa.literal(kind).label("kind"), node_id.label("node_id")] + [
+            given[k].label(k) if k in given else v for k, v in pad.items()
+        ]
+
+    parts: list[Any] = [
+        sa.select(*row("b", devices.c.node_id, atom=device_bookings.c.device_id))
+        .join(devices, devices.c.pk == device_bookings.c.device_pk)
+        .where(
+            device_bookings.c.pool_id == pool_id,
+            device_bookings.c.during.op("&&")(window(request.start, request.end)),
+        ),
+        sa.select(*row("u", devices.c.node_id, atom=devices.c.id))
+        .join(nodes, nodes.c.id == devices.c.node_id)
+        .where(nodes.c.pool_id == pool_id, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable))),
+        sa.select(
+            *row(
+                "r",
+                nodes.c.id,
+                reasons=nodes.c.no_schedule_reasons,
+                ok=schedulable_sql_tolerating(request.tenant_id),
+            )
+        )
+        .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
+        .where(nodes.c.pool_id == pool_id, nodes.c.no_schedule_reasons != sa.text("'{}'::text[]")),
+    ]
+    if request.resources:
+        scalars = SCALAR_EXCEPTIONS.subquery("scalars")
+        parts.append(
+            sa.select(
+                *row(
+                    "s",
+                    scalars.c.node_id,
+                    resource=scalars.c.resource,
+                    peak=scalars.c.peak,
+                    cap=scalars.c.cap,
+                )
+            )
+        )
+    return sa.union_all(*parts)
+
+
 async def read_exceptions(
     conn: AsyncConnection, request: PlacementRequest, assumed: Mapping[str, set[str]] | None = None
 ) -> Exceptions:
-    """The narrow volatile reads of a shortlist: each touches only the rows that differ from "free".
+    """The narrow volatile reads of a shortlist, in one round trip (:func:`_exceptions_statement`):
+    each part touches only the rows that differ from "free".
 
     ::
 
@@ -241,59 +299,39 @@ async def read_exceptions(
           leaves no room (with the peak there; only these nodes are swept)
     """
     assert request.start is not None and request.end is not None
-    pool_id = request.pool_id
     booked: dict[str, set[str]] = {}
     unavailable: dict[str, set[str]] = {}
-    # both in one round trip: (kind, node id, atom id) rows
-    booked_rows = (
-        sa.select(sa.literal("b").label("kind"), devices.c.node_id, device_bookings.c.device_id.label("atom"))
-        .join(devices, devices.c.pk == device_bookings.c.device_pk)
-        .where(
-            device_bookings.c.pool_id == pool_id,
-            device_bookings.c.during.op("&&")(window(request.start, request.end)),
-        )
-    )
-    unavailable_rows = (
-        sa.select(sa.literal("u").label("kind"), devices.c.node_id, devices.c.id.label("atom"))
-        .join(nodes, nodes.c.id == devices.c.node_id)
-        .where(nodes.c.pool_id == pool_id, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable)))
-    )
-    for r in (await conn.execute(sa.union_all(booked_rows, unavailable_rows))).all():
-        (booked if r.kind == "b" else unavailable).setdefault(r.node_id, set()).add(r.atom)
-    for node_id, atoms in (assumed or {}).items():  # other plans of this process are committing these
-        booked.setdefault(node_id, set()).update(atoms)
     reasons: dict[str, tuple[str, ...]] = {}
     unschedulable: set[str] = set()
-    for r in (
-        await conn.execute(
-            sa.select(
-                nodes.c.id,
-                nodes.c.no_schedule_reasons,
-                schedulable_sql_tolerating(request.tenant_id).label("ok"),
-            )
-            .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
-            .where(nodes.c.pool_id == pool_id, nodes.c.no_schedule_reasons != sa.text("'{}'::text[]"))
-        )
-    ).all():
-        reasons[r.id] = tuple(r.no_schedule_reasons)
-        if not r.ok:
-            unschedulable.add(r.id)
     short: set[str] = set()
     peaks: dict[str, dict[str, Decimal]] = {}
+    params: dict[str, object] = {}
     if request.resources:
         params = {
-            "pool_id": pool_id,
+            "pool_id": request.pool_id,
             "names": sorted(request.resources),
             "most": max(request.resources.values()),
             "starts_at": request.start,
             "ends_at": request.end,
         }
-        for r in (await conn.execute(SCALAR_EXCEPTIONS, params)).all():
+    # every part in one round trip: (kind, node id, atom, reasons, ok, resource, peak, cap) rows
+    for r in (await conn.execute(_exceptions_statement(request), params)).all():
+        if r.kind == "b":
+            booked.setdefault(r.node_id, set()).add(r.atom)
+        elif r.kind == "u":
+            unavailable.setdefault(r.node_id, set()).add(r.atom)
+        elif r.kind == "r":
+            reasons[r.node_id] = tuple(r.reasons)
+            if not r.ok:
+                unschedulable.add(r.node_id)
+        else:
             peak = Decimal(0) if r.peak is None else r.peak
             if r.peak is not None:
                 peaks.setdefault(r.node_id, {})[r.resource] = peak
             if peak + Decimal(request.resources[r.resource]) > r.cap:
                 short.add(r.node_id)
+    for node_id, atoms in (assumed or {}).items():  # other plans of this process are committing these
+        booked.setdefault(node_id, set()).update(atoms)
     return Exceptions(booked, unavailable, reasons, frozenset(unschedulable), frozenset(short), peaks)
 
 
@@ -404,13 +442,17 @@ async def plan_request(
     options: SchedulerOptions,
     shortlist_min: int = 48,
     needed: int | None = None,
+    head: PoolHead | None = None,
 ) -> PlanOutcome:
     """Plan ``request`` on plain reads: through the shortlist when it applies and is provably the same
     as the whole pool, else on the whole pool. ``needed`` (default topN) is how many of the best
-    candidates must be exact. Raises NotFound when the pool does not exist."""
+    candidates must be exact; ``head``: the pool row when the caller read it in this transaction
+    already (else it is read here). Raises NotFound when the pool does not exist."""
     assert request.start is not None and request.end is not None
     with PLAN_DURATION.time():
-        outcome = await _plan_request(conn, cache, request, options, shortlist_min, needed or options.top_n)
+        outcome = await _plan_request(
+            conn, cache, request, options, shortlist_min, needed or options.top_n, head
+        )
     PLANS.labels(outcome.path).inc()
     return outcome
 
@@ -422,10 +464,11 @@ async def _plan_request(
     options: SchedulerOptions,
     shortlist_min: int,
     needed: int,
+    head: PoolHead | None,
 ) -> PlanOutcome:
     assert request.start is not None and request.end is not None
     if shortlist_applies(request, options):
-        head = await read_pool_head(conn, request.pool_id)
+        head = head or await read_pool_head(conn, request.pool_id)
         if not head.archived:
             k = shortlist_size(options, shortlist_min)
             inventory = await cache.inventory(conn, head)
@@ -449,7 +492,7 @@ async def _plan_request(
                 ceiling = _pick_ceiling(inventory, request, options)
                 if isinstance(plan, Plan) and _provably_complete(plan, rows, k, needed, ceiling):
                     return PlanOutcome(head, plan, "shortlist")
-    head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end)
+    head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end, head=head)
     planner = plan_gang if request.gang is not None and request.gang.members > 1 else plan_placement
     return PlanOutcome(head, planner(request, snapshot, options), "full")
 
