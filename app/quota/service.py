@@ -3,12 +3,15 @@
 
 A reservation holds its amounts over its window (``quota_holdings``); the tenant's usage at an instant is
 the sum of the holdings whose window contains it, and a charge is accepted only if the limit holds at
-every instant of the window (a guarded INSERT, before placement). A reservation that ends stops counting
+every instant of the window (a guarded INSERT, :data:`HOLD_QUOTA`, run by the guarded commit of the
+placement itself, app/capacity/commit.py). A reservation that ends stops counting
 by itself; a release cuts its holdings at the release instant.
 
 A resource without a limit row is not limited (its usage is still counted), as a Kubernetes namespace
-without a ResourceQuota is not. ``quota_usage`` rows are locked first in every capacity transaction
-(seed 000, "Commit and lock order"), always in sorted resource order so two charges never deadlock.
+without a ResourceQuota is not. ``quota_usage`` rows are locked last in every capacity transaction
+(pools -> nodes -> devices -> node_resources -> quota_usage: issue 15 moved them from first to last so a
+tenant's row is held from the commit's lock statement to COMMIT only), always in sorted resource order
+so two charges never deadlock.
 """
 
 from __future__ import annotations
@@ -141,7 +144,8 @@ async def charge(
     """Hold ``amounts`` for the reservation over ``[start, end)``, each only if the tenant's usage stays
     within its limit at every instant of the window, in sorted resource order.
 
-    The tenant's ``quota_usage`` rows are locked first (``FOR UPDATE``, the head of the lock order), so
+    The tenant's ``quota_usage`` rows are locked (``FOR UPDATE``, last in the lock order: the caller
+    holds the pool row and node locks, if any, already), so
     charges of one tenant, pool and resource are serialized and each guard reads, with a snapshot taken
     after the lock, every holding committed before it. Raises :class:`~app.errors.QuotaExceeded` (409)
     naming the resource, the instant of the peak, what is used there, the limit and what was requested;
