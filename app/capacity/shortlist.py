@@ -56,6 +56,7 @@ from app.db.tables import TS, device_bookings, devices, node_resources, nodes, p
 from app.db.windows import overlapping
 from app.observability.metrics import PLAN_DURATION, PLANS
 from app.placement.bounds import pick_score_ceiling
+from app.placement.context import selector_token
 from app.placement.gang import plan_gang
 from app.placement.model import (
     NodeInventory,
@@ -66,10 +67,12 @@ from app.placement.model import (
     PoolSnapshot,
     Rejections,
     ScalarResource,
+    Selector,
 )
 from app.placement.options import DEFAULT_WEIGHTS, SchedulerOptions
 from app.placement.pipeline import plan_placement
 from app.placement.scorers import count_score_many
+from app.placement.selectors import selector_matches as matches_selector
 
 TIE_MARGIN = 1e-9  # float noise between SQL and Python arithmetic: never trust a bound closer than this
 PlanPath = Literal["shortlist", "full"]
@@ -85,10 +88,12 @@ class PlanOutcome:
 
 
 def shortlist_applies(request: PlacementRequest, options: SchedulerOptions) -> bool:
-    """The seed's condition: no selectors, no gang and no plugin scorers (and a device-binding request)."""
+    """No gang and no plugin scorers (and a device-binding request). A device selector no longer keeps a
+    request off the shortlist (issue 15): which atoms match is static, memoized in the pool cache per
+    (selector, node signature) (:func:`selector_matches`), and a selector changes no count score (binpack
+    and spread count the class's free atoms, selector aside), only which nodes are viable."""
     return (
-        not request.has_selectors
-        and request.gang is None
+        request.gang is None
         and request.binding != "node"
         and not any(getattr(p, "scorers", ()) for p in options.plugins)
     )
@@ -349,20 +354,66 @@ def _class_atoms(inventory: PoolInventory) -> dict[str, dict[str, frozenset[str]
     return found
 
 
+def selector_matches(
+    inventory: PoolInventory, device_class: str, selector: Selector
+) -> dict[str, frozenset[str]]:
+    """node id -> the node's atoms of ``device_class`` that ``selector`` matches (the pipeline's rule,
+    :func:`app.placement.selectors.selector_matches`). Memoized per inventory version and selector, and
+    computed once per (selector, static node signature): the signature is the node's values and sources
+    of the label keys the selector reads and its atoms' attribute objects (nodes of one model share
+    them: the pool load parses each distinct attribute text once), so a pool of alike hosts matches
+    once per kind of host, as the pick memo picks once per link signature."""
+    key = ("selector-matches", device_class, selector_token(selector))
+    found = inventory.memo.get(key)
+    if found is None:
+        keys = sorted({e.key for e in selector.match_expressions})
+        by_signature: dict[tuple[Any, ...], tuple[int, ...]] = {}
+        found = {}
+        for node_id, node in inventory.nodes.items():
+            atoms = [a for a in node.atoms if a.device_class == device_class]
+            signature = (
+                tuple((k, node.labels.get(k), node.label_sources.get(k)) for k in keys),
+                tuple(id(a.attributes) for a in atoms),
+            )
+            positions = by_signature.get(signature)
+            if positions is None:
+                positions = by_signature[signature] = tuple(
+                    i for i, a in enumerate(atoms) if matches_selector(selector, a, node)
+                )
+            found[node_id] = frozenset(atoms[i].id for i in positions)
+        inventory.memo[key] = found
+    return found
+
+
+def _matching(inventory: PoolInventory, request: PlacementRequest) -> list[dict[str, frozenset[str]] | None]:
+    """Per device request: node id -> its matching atoms, or None when the request has no selector."""
+    return [
+        selector_matches(inventory, d.device_class, d.selector)
+        if d.selector is not None and d.selector.match_expressions
+        else None
+        for d in request.devices
+    ]
+
+
 def _groups(inventory: PoolInventory, request: PlacementRequest) -> dict[tuple[int, ...], tuple[str, ...]]:
     """The nodes that could hold the request when entirely free, grouped by their atom count of each
-    requested class (node ids in order); nodes lacking a requested scalar resource are left out.
-    Memoized per inventory version and request shape: a free node's count score depends on nothing else."""
+    requested class (node ids in order); nodes lacking a requested scalar resource, or with fewer atoms
+    matching a device request's selector than its count, are left out. Memoized per inventory version
+    and request shape: a free node's count score depends on nothing else."""
     classes = tuple(d.device_class for d in request.devices)
     counts = tuple(d.count for d in request.devices)
     resources = frozenset(request.resources)
-    key = ("groups", classes, counts, resources)
+    selectors = tuple(selector_token(d.selector) for d in request.devices)
+    key = ("groups", classes, counts, resources, selectors)
     found = inventory.memo.get(key)
     if found is None:
         atoms = _class_atoms(inventory)
+        matching = _matching(inventory, request)
         grouped: dict[tuple[int, ...], list[str]] = {}
         for node_id in inventory.order:
             if not resources <= inventory.resource_names.get(node_id, frozenset()):
+                continue
+            if any(m is not None and len(m[node_id]) < n for m, n in zip(matching, counts, strict=True)):
                 continue
             have = atoms[node_id]
             totals = tuple(len(have.get(c, ())) for c in classes)
@@ -388,13 +439,15 @@ def shortlist_rows(
     """The best ``limit`` viable nodes as ``(node id, count score)``, best first, ties on node id.
 
     Viable: schedulable for the tenant (the SQL predicate), not excluded, carrying the request's
-    nodeLabels, with room for every scalar and enough free atoms of every class. Score: the count-only
+    nodeLabels, with room for every scalar and enough free atoms of every class (matching the device
+    request's selector, if any). Score: the count-only
     part (:func:`app.placement.scorers.count_score_many`). Nodes with no exception are ranked per group
     of alike nodes (one score per group, ids in order), so the cost is the exceptions plus groups x
     ``limit``, not the pool's size."""
     weights = {k: options.weight(k, v) for k, v in DEFAULT_WEIGHTS.items()}
     counts = [(d.device_class, d.count) for d in request.devices]
     atoms = _class_atoms(inventory)
+    matching = _matching(inventory, request)
     skip = exceptions.unschedulable | exceptions.short | options.excluded_nodes
     touched = set(exceptions.booked) | set(exceptions.unavailable)
     wanted_labels = request.node_labels
@@ -423,11 +476,13 @@ def shortlist_rows(
             continue
         busy = exceptions.busy(node_id)
         parts = []
-        for device_class, count in counts:
+        for (device_class, count), matches in zip(counts, matching, strict=True):
             class_atoms = node_atoms.get(device_class, frozenset())
             taken_atoms = len(class_atoms & busy)
             if len(class_atoms) - taken_atoms < count:
                 break
+            if matches is not None and len(matches[node_id] - busy) < count:
+                break  # fewer free atoms match the selector than the count: the pipeline's fits
             parts.append((len(class_atoms), taken_atoms, count))
         else:
             ranked.append((-count_score_many(parts, weights) if parts else 0.0, node_id))
