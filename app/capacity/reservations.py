@@ -1,8 +1,9 @@
 """Reservations service: create (idempotent), get, list, release, and preview (seed 000).
 
 create: one transaction; the whole POST takes at most 10 round trips to PostgreSQL, pool pre-pings
-included (issue 15, tests/api/test_round_trips.py). The reservation row is inserted first with ``ON CONFLICT (tenant_id,
-idempotency_key) DO NOTHING``, in the statement that reads the pool head under ``FOR SHARE``:
+included (issue 15, tests/api/test_round_trips.py). The reservation row is inserted first with ``ON
+CONFLICT (tenant_id, idempotency_key) DO NOTHING``, in the statement that reads the pool head under
+``FOR SHARE``:
 concurrent creates with one key queue on that index entry, and the losers read the winner's row (same
 body -> the same reservation; another body -> 409 IDEMPOTENCY_KEY_REUSED). Then the inline placer plans
 on plain reads and commits the plan with the guarded statements, which also charge quota (409
