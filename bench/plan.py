@@ -4,6 +4,12 @@ Prints the median time per plan (cold: first plan of freshly built inventories; 
 inventory objects again, as the I/O half's per-pool cache hands them out), with and without a selector,
 and the ratios between sizes. Targets (issue 3): 48 nodes under 5 ms, 10,000 nodes under 200 ms.
 
+Then the plan of a preview as the service makes it (issue 15): the shortlist on the cached inventory
+(selector matches memoized per (selector, node signature) in the pool cache) and the pipeline on the
+shortlisted nodes, p50 / p99 over ``--preview-repeat`` plans of a free pool, with and without a
+selector, at 1,000 and 10,000 nodes. Targets: preview p99 with a selector at most 30 ms at 1,000 nodes
+and 60 ms at 10,000 (the HTTP preview of bench/reserve.py adds the pool-head and exceptions reads).
+
     python bench/plan.py [--repeat 5]
 """
 
@@ -106,9 +112,51 @@ def timed(req: PlacementRequest, snapshot: PoolSnapshot, repeat: int) -> tuple[f
     return cold, statistics.median(warm)
 
 
+def preview_plan(req: PlacementRequest, snapshot: PoolSnapshot, repeat: int) -> tuple[float, float, str]:
+    """(p50 ms, p99 ms, path) of the preview's plan: shortlist rows on the cached inventory, then the
+    pipeline on the shortlisted nodes (falling back to the whole pool when not provably complete)."""
+    from app.capacity.shortlist import (
+        Exceptions,
+        _pick_ceiling,
+        _provably_complete,
+        shortlist_applies,
+        shortlist_rows,
+        shortlist_size,
+    )
+    from app.capacity.snapshot import PoolInventory
+
+    options = SchedulerOptions(seed=7)
+    inventory = PoolInventory(
+        version=1,
+        nodes={n.id: n.inventory for n in snapshot.nodes},
+        order=tuple(n.id for n in snapshot.nodes),
+        resource_names={n.id: frozenset(n.state.resources) for n in snapshot.nodes},
+    )
+    states = {n.id: n for n in snapshot.nodes}
+    free = Exceptions({}, {}, {}, frozenset(), frozenset())
+    needed = max(options.top_n, 10)
+    k = shortlist_size(options, 48)
+    took, path = [], "full"
+    for _ in range(repeat + 1):
+        t0 = time.perf_counter()
+        path = "full"
+        if shortlist_applies(req, options):
+            rows = shortlist_rows(inventory, req, options, free, k + 1)
+            inside = PoolSnapshot(id=snapshot.id, nodes=tuple(states[node_id] for node_id, _ in rows[:k]))
+            plan = plan_placement(req, inside, options)
+            if _provably_complete(plan, rows, k, needed, _pick_ceiling(inventory, req, options)):
+                path = "shortlist"
+        if path == "full":
+            plan_placement(req, snapshot, options)
+        took.append((time.perf_counter() - t0) * 1000)
+    warm = sorted(took[1:])  # the first plan fills the memos (once per inventory version)
+    return warm[len(warm) // 2], warm[min(len(warm) - 1, round(0.99 * (len(warm) - 1)))], path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--preview-repeat", type=int, default=100)
     args = parser.parse_args()
     sizes = (48, 1_000, 10_000)
     for selector in (False, True):
@@ -125,6 +173,16 @@ def main() -> None:
                 f"{label:14} ratio {b}/{a} nodes ({b / a:.1f}x size): "
                 f"cold {results[b][0] / results[a][0]:.1f}x  warm {results[b][1] / results[a][1]:.1f}x"
             )
+    print()
+    print("Preview plan through the shortlist (free pool; targets with a selector: p99 <= 30 ms at 1,000")
+    print("nodes, <= 60 ms at 10,000)")
+    for n, target in ((1_000, 30.0), (10_000, 60.0)):
+        snapshot = pool(n)
+        for selector in (False, True):
+            p50, p99, path = preview_plan(request(selector), snapshot, args.preview_repeat)
+            label = "with selector" if selector else "no selector"
+            verdict = ("ok" if p99 <= target else "MISSED") if selector else ""
+            print(f"  {n:>6} nodes {label:14} p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  ({path}) {verdict}")
 
 
 if __name__ == "__main__":

@@ -75,14 +75,17 @@ DGX1_NV |= {(4, 5), (4, 6), (4, 7), (5, 6), (5, 7), (6, 7)}
 
 @dataclass(frozen=True)
 class Shape:
-    """A request shape: GPUs and cpu per reservation."""
+    """A request shape: GPUs and cpu per reservation, and an optional device selector."""
 
     name: str
     gpus: int
     cpu: int
+    selector: str | None = None
 
 
 SHAPES = (Shape("1 GPU + 4 cpu", 1, 4), Shape("8 GPU + 32 cpu", 8, 32))
+# the preview-with-selector case of issue 15 (targets: p99 <= 30 ms at 1,000 nodes, <= 60 ms at 10,000)
+SELECTOR_SHAPE = Shape("1 GPU selector", 1, 4, "gpuProduct in (V100-SXM2-32GB, A100), vramGiB >= 32")
 
 
 @dataclass
@@ -229,7 +232,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn_service(url: str, admin_key: str, workers: int, log_dir: Path) -> Service:
+def spawn_service(url: str, admin_key: str, workers: int, log_dir: Path, placer: str = "inline") -> Service:
     """Start ``better-compute serve --workers <n>`` on a free port of 127.0.0.1 (not yet healthy).
 
     Runs ``python -m app.cli`` from this checkout, so the code beside the script is what is measured.
@@ -248,8 +251,9 @@ def spawn_service(url: str, admin_key: str, workers: int, log_dir: Path) -> Serv
         str(workers),
     ]
     env = {**os.environ, "DATABASE_URL": url, "BC_BOOTSTRAP_ADMIN_KEY": admin_key}
+    env["BC_CAPACITY_PLACER"] = placer
     env.setdefault("BC_RATE_LIMIT", "1000000/second")  # measure the service, not the per-key limit
-    log = log_dir / f"serve-w{workers}-{port}.log"
+    log = log_dir / f"serve-{placer}-w{workers}-{port}.log"
     with log.open("wb") as handle:
         process = subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
@@ -257,9 +261,11 @@ def spawn_service(url: str, admin_key: str, workers: int, log_dir: Path) -> Serv
     return Service(process, f"http://127.0.0.1:{port}", log)
 
 
-async def start_service(url: str, admin_key: str, workers: int, log_dir: Path) -> Service:
+async def start_service(
+    url: str, admin_key: str, workers: int, log_dir: Path, placer: str = "inline"
+) -> Service:
     """Start the service and wait for ``/healthz``; raises RuntimeError with its log if it fails."""
-    service = spawn_service(url, admin_key, workers, log_dir)
+    service = spawn_service(url, admin_key, workers, log_dir, placer)
     process, log = service.process, service.log
     deadline = time.monotonic() + 60
     async with httpx.AsyncClient(timeout=2) as client:
@@ -278,10 +284,13 @@ async def start_service(url: str, admin_key: str, workers: int, log_dir: Path) -
 
 def reservation_body(pool_id: str, tenant: str, shape: Shape) -> dict[str, Any]:
     """A reservation (or preview) body for ``shape``, one day from now."""
+    device: dict[str, Any] = {"class": "gpu", "count": shape.gpus}
+    if shape.selector:
+        device["selector"] = shape.selector
     return {
         "tenantId": tenant,
         "poolId": pool_id,
-        "devices": [{"class": "gpu", "count": shape.gpus}],
+        "devices": [device],
         "resources": {"cpu": shape.cpu},
         "duration": "1d",
         "idempotencyKey": new_id("bench"),
@@ -313,6 +322,97 @@ async def http_cell(
     t0 = time.perf_counter()
     await asyncio.gather(*(one(k) for k in range(n)))
     cell.elapsed = time.perf_counter() - t0
+    return cell
+
+
+ROUTE_MISSING = "n/a: route missing"
+DECIDED_WAIT = 30  # GET /v1/reservations/{id}?waitSeconds=N, at most 30
+
+
+@dataclass
+class Missing:
+    """A mode the service does not offer (pool-lease or bulk before issue 15 part A is merged)."""
+
+    why: str = ROUTE_MISSING
+
+
+async def lease_cell(
+    client: httpx.AsyncClient, pool_id: str, shape: Shape, n: int, seconds: float, cap: int, tenants: int
+) -> Cell | Missing:
+    """``n`` clients reserve through the pool-lease placer: POST answers 202 ``queued``, then GET
+    ``?waitSeconds=30`` until decided; the latency is POST to decided. Missing when POST answers
+    anything but 202 (the service has no pool-lease placer)."""
+    probe = await client.post("/v1/reservations", json=reservation_body(pool_id, "bench-probe", shape))
+    if probe.status_code != 202:
+        return Missing(f"{ROUTE_MISSING} (POST answered {probe.status_code}, not 202 queued)")
+    cell = Cell()
+    end = time.perf_counter() + seconds
+
+    async def one(k: int) -> None:
+        tenant = f"bench-t{k % tenants}"
+        while time.perf_counter() < end and cell.placed < cap:
+            t0 = time.perf_counter()
+            r = await client.post("/v1/reservations", json=reservation_body(pool_id, tenant, shape))
+            view = r.json()
+            while r.status_code in (200, 202) and view.get("status") == "queued":
+                r = await client.get(f"/v1/reservations/{view['id']}", params={"waitSeconds": DECIDED_WAIT})
+                view = r.json()
+            took = (time.perf_counter() - t0) * 1000
+            if view.get("status") == "placed":
+                cell.placed += 1
+                cell.latencies.append(took)
+            else:
+                cell.other[str(view.get("status") or f"http {r.status_code}")] += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(k) for k in range(n)))
+    cell.elapsed = time.perf_counter() - t0
+    return cell
+
+
+async def bulk_cell(
+    client: httpx.AsyncClient,
+    pool_id: str,
+    shape: Shape,
+    n: int,
+    seconds: float,
+    cap: int,
+    tenants: int,
+    batch: int = 64,
+) -> Cell | Missing:
+    """``n`` clients each POST ``/v1/reservations/batch {items: [64 ReservationRequest]}`` -> 200
+    ``{items: [{status, reservation | error}]}``; placements/s counts placed items, the latency is per
+    call. Missing when the route answers 404 or 405."""
+    cell = Cell()
+    end = time.perf_counter() + seconds
+    missing: list[int] = []
+
+    async def one(k: int) -> None:
+        tenant = f"bench-t{k % tenants}"
+        while time.perf_counter() < end and cell.placed < cap and not missing:
+            items = [reservation_body(pool_id, tenant, shape) for _ in range(batch)]
+            t0 = time.perf_counter()
+            r = await client.post("/v1/reservations/batch", json={"items": items})
+            took = (time.perf_counter() - t0) * 1000
+            if r.status_code in (404, 405):
+                missing.append(r.status_code)
+                return
+            if r.status_code != 200:
+                cell.other[f"http {r.status_code}"] += 1
+                continue
+            cell.latencies.append(took)
+            for item in r.json()["items"]:
+                status = (item.get("reservation") or {}).get("status")
+                if status == "placed":
+                    cell.placed += 1
+                else:
+                    cell.other[str(status or item.get("status"))] += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(k) for k in range(n)))
+    cell.elapsed = time.perf_counter() - t0
+    if missing:
+        return Missing(f"{ROUTE_MISSING} (POST /v1/reservations/batch answered {missing[0]})")
     return cell
 
 
@@ -653,74 +753,99 @@ async def run(args: argparse.Namespace) -> None:
                 for r in await conn.fetch("SELECT id FROM nodes WHERE pool_id = $1 ORDER BY id", pool_1k)
             ]
 
-        service_cells: dict[tuple[int, str, int, int], Cell] = {}
+        cells: dict[tuple[int, str, int], Cell | Missing] = {}  # (workers, mode, clients)
+        cpu: dict[tuple[int, str, int], float] = {}  # the generator's CPU, share of one core
         previews: dict[tuple[int, str], tuple[float, list[float]]] = {}
-        ceiling: dict[tuple[str, int], Cell] = {}
+        ceiling: dict[int, Cell] = {}
         single_tenant: dict[int, Cell] = {}
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-        for workers in workers_list:
-            service = await timed(
-                f"start service --workers {workers}",
-                lambda w=workers: start_service(url, admin_key, w, log_dir),
-            )
-            services.append(service)
-            headers = {"Authorization": f"Bearer {admin_key}"}
-            async with httpx.AsyncClient(
-                base_url=service.url, headers=headers, timeout=120, limits=limits
-            ) as client:
-                # warm every worker's pool cache and connections (untimed)
-                await asyncio.gather(
-                    *(
-                        client.post("/v1/capacity/preview", json=reservation_body(pool_1k, "w", SHAPES[0]))
-                        for _ in range(8 * workers)
-                    )
-                )
-                if workers == workers_list[0]:
-                    future = await timed(
-                        "future holdings case",
-                        lambda: future_case(pg, client, pool_empty, pool_busy, args.future_repeat),
-                    )
-                    async with pg.acquire() as conn:
-                        await reset(conn)
-                    for shape in SHAPES:
-                        previews[(args.nodes, shape.name)] = await preview_latency(
-                            client, pool_1k, shape, args.preview_repeat
-                        )
-                    if pool_10k is not None:
-                        for shape in SHAPES:
-                            previews[(args.big_nodes, shape.name)] = await timed(
-                                f"preview {args.big_nodes:,} nodes, {shape.name}",
-                                lambda s=shape: preview_latency(client, pool_10k, s, args.big_preview_repeat),
-                            )
-                for shape in SHAPES:
-                    cap = int(0.8 * len(node_ids) * (GPUS // shape.gpus))
-                    for n in clients_list:
-                        cell = await http_cell(client, pool_1k, shape, n, args.seconds, cap, tenants=n)
-                        service_cells[(workers, shape.name, n, n)] = cell
-                        print(
-                            f"  service w{workers} {shape.name:15} N={n:<3} {cell.rate:7.1f}/s "
-                            f"{dict(cell.other) or ''}",
-                            flush=True,
-                        )
-                        async with pg.acquire() as conn:
-                            await reset(conn)
-                if workers == workers_list[0]:
-                    n = max(clients_list)
-                    cell = await http_cell(client, pool_1k, SHAPES[0], n, args.seconds, 10**9, tenants=1)
-                    single_tenant[n] = cell
-                    async with pg.acquire() as conn:
-                        await reset(conn)
-            service.stop()
-            if workers == workers_list[0]:
-                for shape in SHAPES:
-                    for n in clients_list:
-                        cell = await ceiling_cell(pg, pool_1k, node_ids, shape, n, args.seconds)
-                        ceiling[(shape.name, n)] = cell
-                        print(f"  ceiling    {shape.name:15} N={n:<3} {cell.rate:7.1f}/s", flush=True)
-                        async with pg.acquire() as conn:
-                            await reset(conn)
+        future: dict[str, tuple[float, float]] = {}
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        shape = SHAPES[0]
+        cap = int(0.8 * len(node_ids) * (GPUS // shape.gpus))
+        headers = {"Authorization": f"Bearer {admin_key}"}
 
-        report(args, clients_list, workers_list, service_cells, ceiling, single_tenant, previews, future)
+        async def measure(key: tuple[int, str, int], make: Callable[[], Awaitable[Cell | Missing]]) -> None:
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            cell = cells[key] = await make()
+            cpu[key] = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
+            shown = cell.why if isinstance(cell, Missing) else f"{cell.rate:7.1f}/s {dict(cell.other) or ''}"
+            print(f"  w{key[0]} {key[1]:10} N={key[2]:<3} {shown}", flush=True)
+            async with pg.acquire() as conn:
+                await reset(conn)
+
+        for workers in workers_list:
+            first = workers == workers_list[0]
+            for placer in ("inline", "pool-lease"):
+                service = await timed(
+                    f"start service --workers {workers} ({placer})",
+                    lambda w=workers, p=placer: start_service(url, admin_key, w, log_dir, p),
+                )
+                services.append(service)
+                async with httpx.AsyncClient(
+                    base_url=service.url, headers=headers, timeout=120, limits=limits
+                ) as client:
+                    # warm every worker's pool cache and connections (untimed)
+                    await asyncio.gather(
+                        *(
+                            client.post("/v1/capacity/preview", json=reservation_body(pool_1k, "w", shape))
+                            for _ in range(8 * workers)
+                        )
+                    )
+                    if placer == "pool-lease":
+                        for n in clients_list:
+                            await measure(
+                                (workers, "pool-lease", n),
+                                lambda n=n: lease_cell(client, pool_1k, shape, n, args.seconds, cap, n),
+                            )
+                    else:
+                        if first:
+                            future = await timed(
+                                "future holdings case",
+                                lambda: future_case(pg, client, pool_empty, pool_busy, args.future_repeat),
+                            )
+                            async with pg.acquire() as conn:
+                                await reset(conn)
+                            for s in (*SHAPES, SELECTOR_SHAPE):
+                                previews[(args.nodes, s.name)] = await preview_latency(
+                                    client, pool_1k, s, args.preview_repeat
+                                )
+                            if pool_10k is not None:
+                                for s in (*SHAPES, SELECTOR_SHAPE):
+                                    previews[(args.big_nodes, s.name)] = await timed(
+                                        f"preview {args.big_nodes:,} nodes, {s.name}",
+                                        lambda s=s: preview_latency(
+                                            client, pool_10k, s, args.big_preview_repeat
+                                        ),
+                                    )
+                        for n in clients_list:
+                            await measure(
+                                (workers, "inline", n),
+                                lambda n=n: http_cell(
+                                    client, pool_1k, shape, n, args.seconds, cap, tenants=n
+                                ),
+                            )
+                        for n in clients_list:
+                            await measure(
+                                (workers, "bulk", n),
+                                lambda n=n: bulk_cell(client, pool_1k, shape, n, args.seconds, cap, n),
+                            )
+                        if first:
+                            n = args.one_tenant_clients
+                            single_tenant[n] = await http_cell(
+                                client, pool_1k, shape, n, args.seconds, cap, tenants=1
+                            )
+                            async with pg.acquire() as conn:
+                                await reset(conn)
+                service.stop()
+            if first:
+                for n in clients_list:
+                    cell = await ceiling_cell(pg, pool_1k, node_ids, shape, n, args.seconds)
+                    ceiling[n] = cell
+                    print(f"  ceiling    N={n:<3} {cell.rate:7.1f}/s", flush=True)
+                    async with pg.acquire() as conn:
+                        await reset(conn)
+
+        report(args, clients_list, workers_list, cells, cpu, ceiling, single_tenant, previews, future)
     finally:
         for service in services:
             service.stop()
@@ -739,52 +864,64 @@ def report(
     args: argparse.Namespace,
     clients_list: list[int],
     workers_list: list[int],
-    service_cells: dict[tuple[int, str, int, int], Cell],
-    ceiling: dict[tuple[str, int], Cell],
+    cells: dict[tuple[int, str, int], Cell | Missing],
+    cpu: dict[tuple[int, str, int], float],
+    ceiling: dict[int, Cell],
     single_tenant: dict[int, Cell],
     previews: dict[tuple[int, str], tuple[float, list[float]]],
     future: dict[str, tuple[float, float]],
 ) -> None:
-    """Print the results table."""
+    """Print the one results table (and the preview and future-holdings figures)."""
+    load = os.getloadavg()
     print()
     print(
-        f"Reserve throughput, pool of {args.nodes:,} nodes x 8 GPUs, {args.seconds:g} s per cell "
-        f"(placements/s; latency p50/p99 in ms; ratio = service / ceiling)"
+        f"Reserve throughput, {args.nodes:,} nodes x 8 GPUs, {SHAPES[0].name}, {args.seconds:g} s a cell; "
+        f"placements/s, ratio = mode / ceiling at the same clients, latency p50/p99 ms (bulk: per call "
+        f"of 64); gen cpu = the load generator's CPU, share of one core; load average "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores"
     )
-    head = f"{'shape':16} {'N':>3} | {'ceiling/s':>9} {'p50':>6} {'p99':>6}"
-    for w in workers_list:
-        head += f" | {'svc w' + str(w) + '/s':>9} {'p50':>6} {'p99':>6} {'ratio':>6}"
+    head = (
+        f"{'procs':>5} {'mode':10} {'N':>3} | {'rate/s':>8} {'ratio':>6} {'p50':>7} {'p99':>7} {'gen cpu':>7}"
+    )
     print(head)
     print("-" * len(head))
-    for shape in SHAPES:
-        for n in clients_list:
-            c = ceiling.get((shape.name, n))
-            line = f"{shape.name:16} {n:>3} | "
-            line += (
-                f"{c.rate:9.1f} {pct(c.latencies, 0.5):6.2f} {pct(c.latencies, 0.99):6.2f}" if c else " " * 23
+    for n in clients_list:
+        c = ceiling.get(n)
+        if c is not None:
+            print(
+                f"{'-':>5} {'ceiling':10} {n:>3} | {c.rate:8.1f} {1.0:6.2f} {pct(c.latencies, 0.5):7.2f} "
+                f"{pct(c.latencies, 0.99):7.2f}"
             )
-            for w in workers_list:
-                s = service_cells[(w, shape.name, n, n)]
-                ratio = s.rate / c.rate if c and c.rate else float("nan")
-                p50, p99 = pct(s.latencies, 0.5), pct(s.latencies, 0.99)
-                line += f" | {s.rate:9.1f} {p50:6.1f} {p99:6.1f} {ratio:6.3f}"
-                if s.other:
-                    line += f" {dict(s.other)}"
-            print(line)
+    for w in workers_list:
+        for mode in ("inline", "pool-lease", "bulk"):
+            for n in clients_list:
+                cell = cells.get((w, mode, n))
+                if cell is None:
+                    continue
+                if isinstance(cell, Missing):
+                    print(f"{w:>5} {mode:10} {n:>3} | {cell.why}")
+                    continue
+                c = ceiling.get(n)
+                ratio = cell.rate / c.rate if c and c.rate else float("nan")
+                line = (
+                    f"{w:>5} {mode:10} {n:>3} | {cell.rate:8.1f} {ratio:6.3f} "
+                    f"{pct(cell.latencies, 0.5):7.1f} {pct(cell.latencies, 0.99):7.1f} "
+                    f"{cpu.get((w, mode, n), 0.0):7.0%}"
+                )
+                if cell.other:
+                    line += f" {dict(cell.other)}"
+                print(line)
     for n, s in single_tenant.items():
-        c = ceiling.get((SHAPES[0].name, n))
-        ratio = s.rate / c.rate if c and c.rate else float("nan")
+        p50, p99 = pct(s.latencies, 0.5), pct(s.latencies, 0.99)
         print(
-            f"{SHAPES[0].name:16} {n:>3} one tenant (quota row serializes): svc w{workers_list[0]} "
-            f"{s.rate:.1f}/s, p50 {pct(s.latencies, 0.5):.1f} ms, p99 {pct(s.latencies, 0.99):.1f} ms, "
-            f"ratio {ratio:.3f} {dict(s.other) or ''}"
+            f"{workers_list[0]:>5} {'one tenant':10} {n:>3} | {s.rate:8.1f} {'':6} {p50:7.1f} {p99:7.1f} "
+            f"p99/p50 {p99 / p50 if p50 else float('nan'):.2f} (target <= 5) {dict(s.other) or ''}"
         )
-    print()
-    print(
-        f"A node holding {FUTURE:,} future reservations vs an empty one (1 client, median ms, busy / empty)"
-    )
-    for what, (empty_ms, busy_ms) in future.items():
-        print(f"  {what:8} empty {empty_ms:7.2f}  busy {busy_ms:7.2f}  ratio {busy_ms / empty_ms:5.2f}")
+    if future:
+        print()
+        print(f"A node holding {FUTURE:,} future reservations vs an empty one (1 client, median ms)")
+        for what, (empty_ms, busy_ms) in future.items():
+            print(f"  {what:8} empty {empty_ms:7.2f}  busy {busy_ms:7.2f}  ratio {busy_ms / empty_ms:5.2f}")
     print()
     print("Preview latency (1 client, ms): cold = first request of the process (loads the pool cache)")
     print(f"{'nodes':>7} {'shape':16} {'cold':>8} {'p50':>8} {'p99':>8} {'samples':>8}")
@@ -805,6 +942,7 @@ def main() -> None:
     parser.add_argument("--clients", default="1,4,16", help="concurrent clients, comma-separated")
     parser.add_argument("--workers", default="1,2", help="service worker counts, comma-separated")
     parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--one-tenant-clients", type=int, default=32, help="clients of the one-tenant row")
     parser.add_argument("--big-nodes", type=int, default=10_000)
     parser.add_argument("--no-10k", action="store_true", help="skip the 10,000-node preview")
     parser.add_argument("--preview-repeat", type=int, default=50)

@@ -1,25 +1,48 @@
-"""The guarded commit of one planned node (seed 000, "Commit and lock order").
+"""The guarded commit of planned nodes (seed 000, "Commit and lock order"), in two round trips a node.
 
-Inside ``SAVEPOINT capacity_place_<attempt>`` every statement re-checks what the plan assumed and
-answers with fewer rows instead of raising:
+Inside ``SAVEPOINT capacity_place_<attempt>`` every guard re-checks what the plan assumed and answers
+with fewer rows instead of raising. The guards are parts (CTEs) of two statements, in this order:
 
-1. the node is still schedulable for the tenant (``FOR SHARE OF n``) and still carries the labels the
-   request asks for (re-read under that lock: a label that went away is a lost race, seed 000
-   nodeLabels paragraph);
-2. the picked atoms are still healthy and bookable (``FOR SHARE``);
-3. the bookings insert with ``ON CONFLICT DO NOTHING RETURNING``: fewer rows = booked meanwhile;
-4. each scalar is held per instant over the window: under the ``node_resources`` row lock (``FOR
-   UPDATE``), ``INSERT INTO scalar_holdings ... SELECT ... WHERE peak + n <= floor(allocatable * ratio)
-   RETURNING``, where the peak is the most the node's holdings of that resource hold at any instant of
-   ``[start, end)`` (:mod:`app.db.windows`): no row = ran out;
-5. the allocation row (written first, as the bookings and holdings refer to it).
+the lock statement (:func:`lock_statement`), one ``SELECT`` whose parts run left to right:
 
-A short answer rolls back to the savepoint and returns a :class:`LostRace` with one of the four reasons;
-the placer excludes the node and replans. Under READ COMMITTED two conflicting booking inserts may also
-end in a deadlock (40P01) or an exclusion violation (23P01) instead of DO NOTHING: both are the same lost
-race, never a 500 (DESIGN.md, "Concurrency facts"). Lock order: nodes -> devices -> node_resources
-(quota_usage and pools are taken by the caller before); no commit writes pool_capacity_rollup, which
-holds capacity totals only (what is held is counted per instant).
+1. the node is still schedulable for the tenant (``FOR SHARE OF n``), and its labels the request asks
+   for, re-read under that lock (a label that went away is a lost race, seed 000 nodeLabels
+   paragraph): :func:`node_lost`;
+2. the picked atoms are still healthy and bookable (``FOR SHARE``): :func:`atoms_lost`;
+3. the node's ``node_resources`` rows of the requested scalars (``FOR UPDATE``): they serialize the
+   holders of one node and resource; :func:`scalars_lost`;
+4. when the commit charges quota, the tenant's ``quota_usage`` rows (``FOR UPDATE``, sorted): they
+   serialize the charges of one tenant, pool and resource, last in the lock order so the quota row is
+   held from here to ``COMMIT`` only (:func:`quota_unlocked`);
+
+the write statement (:func:`write_statement`), whose snapshot is taken after every lock above was
+granted, so each guard sees every holding committed by the transactions that held the lock before (a
+guard in the locking statement itself would not: PostgreSQL re-checks a locked row's own columns, not a
+subquery's rows):
+
+5. the allocation row (the bookings and holdings refer to it);
+6. the bookings insert with ``ON CONFLICT DO NOTHING RETURNING``: fewer rows = booked meanwhile
+   (:func:`bookings_lost`);
+7. each scalar is held per instant over the window: ``INSERT INTO scalar_holdings ... SELECT ... WHERE
+   peak + n <= floor(allocatable * ratio) RETURNING``, the peak being the most the node's holdings of
+   that resource hold at any instant of ``[start, end)`` (:mod:`app.db.windows`): a resource missing =
+   ran out (:func:`holdings_lost`);
+8. when the commit charges quota, the quota holdings (``app.quota.service.HOLD_QUOTA``): a resource
+   missing = over its limit somewhere in the window, raised as 409 QUOTA_EXCEEDED
+   (:func:`quota_refused`);
+9. when asked, the reservation row is marked ``placed`` (:class:`MarkPlaced`).
+
+A short answer rolls back to the savepoint (which also drops the locks taken in it, the quota row's
+among them) and returns a :class:`LostRace` with one of the four reasons; the placer excludes the node
+or reads it again and replans. Under READ COMMITTED two conflicting booking inserts may also end in a
+deadlock (40P01) or an exclusion violation (23P01) instead of DO NOTHING: both are the same lost race,
+never a 500 (DESIGN.md, "Concurrency facts"). The savepoint is not released: ``COMMIT`` keeps it, one
+round trip fewer.
+
+Lock order (every capacity path, docs/lifecycle.md): the reservation's own row -> pools (``FOR SHARE``,
+taken by the caller) -> nodes -> devices -> node_resources -> quota_usage. No commit writes
+pool_capacity_rollup, which holds capacity totals only (what is held is counted per instant). A gang
+locks its members in node id order and charges quota with its last member.
 """
 
 from __future__ import annotations
@@ -28,15 +51,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from functools import cache
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.predicates import leasable_sql_for, schedulable_sql_tolerating
+from app.capacity.races import (  # noqa: F401  (LOST_RACE_KINDS: re-exported)
+    ATOM_BOOKED,
+    ATOM_UNHEALTHY,
+    LOST_RACE_KINDS,
+    NOT_SCHEDULABLE,
+    SCALAR_RAN_OUT,
+)
 from app.capacity.snapshot import window
+from app.db.prepared import Prepared
 from app.db.tables import (
+    TS,
     allocations,
     device_bookings,
     devices,
@@ -44,20 +79,16 @@ from app.db.tables import (
     node_resources,
     nodes,
     pools,
+    reservations,
     scalar_holdings,
 )
-from app.db.windows import hold_if, holding_params, room_for
+from app.db.windows import room_for
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
 from app.placement.system_labels import ANY_LABEL_VALUE, label_counts
+from app.quota import service as quota
 
 LOST_RACE_SQLSTATES = frozenset({"40P01", "23P01"})  # deadlock detected, exclusion violation
-# the kinds of seed 000's four lost-race reasons, in the reasons' order
-NOT_SCHEDULABLE = "not_schedulable"
-ATOM_UNHEALTHY = "atom_unhealthy"
-ATOM_BOOKED = "atom_booked"
-SCALAR_RAN_OUT = "scalar_ran_out"
-LOST_RACE_KINDS = (NOT_SCHEDULABLE, ATOM_UNHEALTHY, ATOM_BOOKED, SCALAR_RAN_OUT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +112,43 @@ class LostRace:
     kind: str
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaCharge:
+    """What the commit charges to the tenant's quota with its last node: ``amounts`` (resource ->
+    amount > 0) over ``[start, end)`` for ``reservation_id``. A refused charge raises 409."""
+
+    tenant_id: str
+    pool_id: str
+    reservation_id: str
+    amounts: Mapping[str, Decimal]
+    start: datetime
+    end: datetime
+
+    @property
+    def wanted(self) -> dict[str, Decimal]:
+        return {r: Decimal(n) for r, n in self.amounts.items() if Decimal(n) > 0}
+
+
+@dataclass(frozen=True, slots=True)
+class MarkPlaced:
+    """Mark the reservation ``placed`` (conditions ``[]``, ``ends_at`` = ``end``) with the last node's
+    writes, so the caller needs no statement of its own."""
+
+    reservation_id: str
+    end: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CommitExtras:
+    """What rides along with the last node's statements: the quota charge and the placed mark."""
+
+    charge: QuotaCharge | None = None
+    mark: MarkPlaced | None = None
+
+
+NO_EXTRAS = CommitExtras()
+
+
 def sqlstate(exc: DBAPIError) -> str | None:
     """The PostgreSQL SQLSTATE of a driver error (``40P01``, ``23P01``, ``23503``, ...), if any."""
     orig = exc.orig
@@ -99,24 +167,6 @@ def labels_hold(wanted: Mapping[str, str], have: Mapping[str, tuple[str, str]]) 
     return True
 
 
-async def commit_candidate(
-    conn: AsyncConnection,
-    request: PlacementRequest,
-    candidate: Candidate,
-    reservation_id: str,
-    attempt: int,
-    start: datetime,
-    end: datetime,
-) -> Committed | LostRace:
-    """Write ``candidate`` for ``request`` inside ``SAVEPOINT capacity_place_<attempt>``.
-
-    Returns :class:`Committed` (savepoint released) or :class:`LostRace` (rolled back to the savepoint,
-    nothing written). Raises only for errors that are not lost races.
-    """
-    outcome = await commit_placements(conn, request, (candidate,), reservation_id, attempt, start, end)
-    return outcome if isinstance(outcome, LostRace) else outcome[0]
-
-
 async def commit_placements(
     conn: AsyncConnection,
     request: PlacementRequest,
@@ -125,18 +175,25 @@ async def commit_placements(
     attempt: int,
     start: datetime,
     end: datetime,
+    extras: CommitExtras = NO_EXTRAS,
 ) -> tuple[Committed, ...] | LostRace:
     """Write every candidate (a gang's members, on distinct nodes) in one
     ``SAVEPOINT capacity_place_<attempt>``: all of them, or, on the first lost race, none (rolled back
     to the savepoint). Members are written in node id order, so two gangs lock shared nodes in the same
-    order. Returns the allocations in the candidates' order."""
+    order; ``extras`` (quota charge, placed mark) ride with the last. Returns the allocations in the
+    candidates' order. Raises QuotaExceeded (the caller's transaction must roll back, or its own
+    savepoint) and errors that are not lost races."""
     savepoint = f"capacity_place_{int(attempt)}"
     await conn.exec_driver_sql(f"SAVEPOINT {savepoint}")
+    ordered = sorted(candidates, key=lambda c: c.node_id)
     written: dict[str, Committed] = {}
     outcome: LostRace | None = None
-    for candidate in sorted(candidates, key=lambda c: c.node_id):
+    for i, candidate in enumerate(ordered):
+        last = i == len(ordered) - 1
         try:
-            result = await _guarded_writes(conn, request, candidate, reservation_id, start, end)
+            result = await _commit_node(
+                conn, request, candidate, reservation_id, start, end, extras if last else NO_EXTRAS
+            )
         except DBAPIError as exc:
             if sqlstate(exc) not in LOST_RACE_SQLSTATES:
                 raise
@@ -149,177 +206,377 @@ async def commit_placements(
         written[candidate.node_id] = result
     if outcome is not None:
         await conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {savepoint}")
-    await conn.exec_driver_sql(f"RELEASE SAVEPOINT {savepoint}")
-    if outcome is not None:
         return outcome
     return tuple(written[c.node_id] for c in candidates)
 
 
-async def _guarded_writes(
+async def _commit_node(
     conn: AsyncConnection,
     request: PlacementRequest,
     candidate: Candidate,
     reservation_id: str,
     start: datetime,
     end: datetime,
+    extras: CommitExtras,
 ) -> Committed | LostRace:
-    node, name = candidate.node_id, candidate.node_name
-    # SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
-    #  WHERE n.id = :node AND n.pool_id = :pool AND <schedulable for tenant> FOR SHARE OF n
-    still = (
-        await conn.execute(
-            sa.select(nodes.c.id)
-            .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
-            .where(
-                nodes.c.id == node,
-                nodes.c.pool_id == request.pool_id,
-                # a whole-node lease ignores NoSchedule reasons but dedications (seed 000, leasableSqlFor)
-                leasable_sql_for(request.tenant_id)
-                if request.binding == "node"
-                else schedulable_sql_tolerating(request.tenant_id),
-            )
-            .with_for_update(read=True, of=nodes)
-        )
-    ).first()
-    if still is None:
-        return LostRace(node, f"{name} is no longer schedulable", NOT_SCHEDULABLE)
-    if request.node_labels:
-        # the locked node's labels again: one that went away since the plan is a lost race
-        have = {
-            r.key: (r.value, r.source)
-            for r in (
-                await conn.execute(
-                    sa.select(node_labels.c.key, node_labels.c.value, node_labels.c.source).where(
-                        node_labels.c.node_id == node, node_labels.c.key.in_(list(request.node_labels))
-                    )
-                )
-            ).all()
-        }
-        if not labels_hold(request.node_labels, have):
-            return LostRace(node, f"{name} is no longer schedulable", NOT_SCHEDULABLE)
-
-    atoms = list(candidate.atoms)
-    classes: dict[str, Decimal] = {}
-    if atoms:
-        # SELECT id, class FROM devices WHERE id = ANY(:atoms) AND node_id = :node
-        #   AND healthy AND bookable ORDER BY id FOR SHARE
-        healthy = (
-            await conn.execute(
-                sa.select(devices.c.id, devices.c["class"])
-                .where(
-                    devices.c.id.in_(atoms), devices.c.node_id == node, devices.c.healthy, devices.c.bookable
-                )
-                .order_by(devices.c.id)
-                .with_for_update(read=True)
-            )
-        ).all()
-        if len(healthy) != len(atoms):
-            return LostRace(node, f"an atom on {name} turned unhealthy or unbookable", ATOM_UNHEALTHY)
-        for r in healthy:
-            classes[r[1]] = classes.get(r[1], Decimal(0)) + 1
-
-    allocation_id = new_id("alloc")
-    during = window(start, end)
-    await conn.execute(
-        sa.insert(allocations).values(
-            id=allocation_id,
-            reservation_id=reservation_id,
-            pool_id=request.pool_id,
-            node_id=node,
-            atoms=atoms,
-            resources={k: str(v) for k, v in candidate.resources.items()},
-            during=during,
-        )
+    """The two statements of one node: lock and check, then write and check."""
+    charge = extras.charge
+    wanted = charge.wanted if charge is not None else {}
+    locked = await run_lock_statement(conn, request, candidate, sorted(wanted) if wanted else None)
+    lost = (
+        node_lost(locked, request, candidate)
+        or atoms_lost(locked, candidate)
+        or scalars_lost(locked, candidate)
     )
-    if atoms:
-        # INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
-        #   SELECT pk, id, :pool, :alloc, tstzrange(:start, :end, '[)') FROM devices WHERE id = ANY(:atoms)
-        #   ON CONFLICT DO NOTHING RETURNING device_id                  -- fewer rows: booked meanwhile
-        source = sa.select(
-            devices.c.pk,
-            devices.c.id,
-            sa.literal(request.pool_id, sa.Text),
-            sa.literal(allocation_id, sa.Text),
-            sa.literal(during, device_bookings.c.during.type),
-        ).where(devices.c.id.in_(atoms))
-        booked = (
-            await conn.execute(
-                pg_insert(device_bookings)
-                .from_select(["device_pk", "device_id", "pool_id", "allocation_id", "during"], source)
-                .on_conflict_do_nothing()
-                .returning(device_bookings.c.device_id)
+    if lost is not None:
+        return lost
+    if charge is not None and wanted and quota_unlocked(locked, wanted):
+        await quota.lock_first_usage_rows(conn, charge.tenant_id, charge.pool_id, sorted(wanted))
+    allocation_id = new_id("alloc")
+    written = await run_write_statement(
+        conn, request, candidate, reservation_id, allocation_id, start, end, extras
+    )
+    lost = bookings_lost(written, candidate) or holdings_lost(written, candidate)
+    if lost is not None:
+        return lost
+    if charge is not None:
+        await quota_refused(conn, written, charge)
+    classes: dict[str, Decimal] = {}
+    for device_class in locked.atom_classes or ():
+        classes[device_class] = classes.get(device_class, Decimal(0)) + 1
+    return Committed(
+        allocation_id, candidate.node_id, tuple(candidate.atoms), dict(candidate.resources), classes
+    )
+
+
+# --- the lock statement -------------------------------------------------------------------------------
+
+_NODE = sa.bindparam("node_id", type_=sa.Text)
+_POOL = sa.bindparam("pool_id", type_=sa.Text)
+_ATOMS = sa.bindparam("atoms", type_=pg.ARRAY(sa.Text))
+_SCALARS = sa.bindparam("scalars", type_=pg.ARRAY(sa.Text))
+_KEYS = sa.bindparam("label_keys", type_=pg.ARRAY(sa.Text))
+
+
+def _raw_array(expr: Any) -> Any:
+    return sa.func.array_agg(expr, type_=sa.types.NullType())
+
+
+def _count(cte: Any) -> Any:
+    return sa.select(sa.func.count()).select_from(cte).scalar_subquery()
+
+
+def lock_statement(request: PlacementRequest, with_quota: bool) -> Any:
+    """The guards 1-4 as one ``SELECT`` (parts left to right, so locks are taken in the lock order)::
+
+        SELECT (SELECT count(*) FROM (SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
+                  WHERE n.id = :node_id AND n.pool_id = :pool_id AND <schedulable for tenant>
+                  FOR SHARE OF n) node) AS node,                   -- 0: no longer schedulable
+               (SELECT array_agg(ARRAY[key, value, source]) FROM node_labels
+                 WHERE node_id = :node_id AND key = ANY(:label_keys)) AS labels,   -- with nodeLabels only
+               (SELECT array_agg(class) FROM (SELECT id, class FROM devices WHERE id = ANY(:atoms)
+                  AND node_id = :node_id AND healthy AND bookable ORDER BY id FOR SHARE) atoms)
+                 AS atom_classes,                                 -- fewer: unhealthy or unbookable
+               (SELECT count(*) FROM (SELECT resource FROM node_resources WHERE node_id = :node_id
+                  AND resource = ANY(:scalars) ORDER BY resource FOR UPDATE) scalars) AS scalars,
+               (SELECT count(*) FROM (<app.quota.service.LOCK_USAGE>) usage) AS usage
+                                                      -- with a quota charge only; fewer: a first charge
+
+    Built per request shape (the tenant's dedication is a bound value); SQLAlchemy's compiled cache
+    keeps one compiled form per shape."""
+    node = (
+        sa.select(nodes.c.id)
+        .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
+        .where(
+            nodes.c.id == _NODE,
+            nodes.c.pool_id == _POOL,
+            # a whole-node lease ignores NoSchedule reasons but dedications (seed 000, leasableSqlFor)
+            leasable_sql_for(request.tenant_id)
+            if request.binding == "node"
+            else schedulable_sql_tolerating(request.tenant_id),
+        )
+        .with_for_update(read=True, of=nodes)
+        .subquery("node")
+    )
+    atoms = (
+        sa.select(devices.c.id, devices.c["class"].label("device_class"))
+        .where(
+            devices.c.id == sa.any_(_ATOMS), devices.c.node_id == _NODE, devices.c.healthy, devices.c.bookable
+        )
+        .order_by(devices.c.id)
+        .with_for_update(read=True)
+        .subquery("atoms")
+    )
+    scalars = (
+        sa.select(node_resources.c.resource)
+        .where(node_resources.c.node_id == _NODE, node_resources.c.resource == sa.any_(_SCALARS))
+        .order_by(node_resources.c.resource)
+        .with_for_update()
+        .subquery("scalars")
+    )
+    columns: list[Any] = [_count(node).label("node")]
+    if request.node_labels:
+        triple = pg.array([node_labels.c.key, node_labels.c.value, node_labels.c.source])
+        columns.append(
+            sa.select(_raw_array(triple))
+            .where(node_labels.c.node_id == _NODE, node_labels.c.key == sa.any_(_KEYS))
+            .scalar_subquery()
+            .label("labels")
+        )
+    columns.append(sa.select(_raw_array(atoms.c.device_class)).scalar_subquery().label("atom_classes"))
+    columns.append(_count(scalars).label("scalars"))
+    if with_quota:
+        columns.append(_count(quota.LOCK_USAGE.subquery("usage")).label("usage"))
+    return sa.select(*columns)
+
+
+async def run_lock_statement(
+    conn: AsyncConnection, request: PlacementRequest, candidate: Candidate, charged: list[str] | None
+) -> Any:
+    """Run :func:`lock_statement` for ``candidate`` (``charged``: the quota resources to lock, sorted);
+    its one row."""
+    params: dict[str, Any] = {
+        "node_id": candidate.node_id,
+        "pool_id": request.pool_id,
+        "atoms": list(candidate.atoms),
+        "scalars": sorted(candidate.resources),
+    }
+    if request.node_labels:
+        params["label_keys"] = list(request.node_labels)
+    if charged:
+        params.update(tenant_id=request.tenant_id, resources=charged)
+    return (await conn.execute(lock_statement(request, bool(charged)), params)).one()
+
+
+def node_lost(locked: Any, request: PlacementRequest, candidate: Candidate) -> LostRace | None:
+    """Guard 1: ``SELECT n.id FROM nodes n JOIN pools p ... WHERE n.id = :node AND <schedulable> FOR
+    SHARE OF n`` found no row, or the node's labels (re-read under that lock) no longer satisfy the
+    request's nodeLabels: ``<node> is no longer schedulable``."""
+    still = locked.node == 1
+    if still and request.node_labels:
+        have = {k: (v, s) for k, v, s in (locked.labels or ())}
+        still = labels_hold(request.node_labels, have)
+    if still:
+        return None
+    return LostRace(candidate.node_id, f"{candidate.node_name} is no longer schedulable", NOT_SCHEDULABLE)
+
+
+def atoms_lost(locked: Any, candidate: Candidate) -> LostRace | None:
+    """Guard 2: ``SELECT id, class FROM devices WHERE id = ANY(:atoms) AND node_id = :node AND healthy
+    AND bookable ORDER BY id FOR SHARE`` found fewer rows than atoms: ``an atom on <node> turned
+    unhealthy or unbookable``."""
+    if len(locked.atom_classes or ()) == len(candidate.atoms):
+        return None
+    reason = f"an atom on {candidate.node_name} turned unhealthy or unbookable"
+    return LostRace(candidate.node_id, reason, ATOM_UNHEALTHY)
+
+
+def scalars_lost(locked: Any, candidate: Candidate) -> LostRace | None:
+    """Guard 3: ``SELECT resource FROM node_resources WHERE node_id = :node AND resource = ANY(:scalars)
+    ORDER BY resource FOR UPDATE`` found fewer rows than requested resources (the node has no such
+    resource any more): ``<resource> on <node> ran out``, naming the first in sorted order."""
+    if locked.scalars == len(candidate.resources):
+        return None
+    first = sorted(candidate.resources)[0]
+    return LostRace(candidate.node_id, f"{first} on {candidate.node_name} ran out", SCALAR_RAN_OUT)
+
+
+def quota_unlocked(locked: Any, wanted: Mapping[str, Decimal]) -> bool:
+    """Guard 4: ``<LOCK_USAGE>`` locked fewer ``quota_usage`` rows than charged resources: a first
+    charge, whose rows the caller inserts and locks (:func:`app.quota.service.lock_first_usage_rows`)."""
+    return bool(locked.usage < len(wanted))
+
+
+# --- the write statement ------------------------------------------------------------------------------
+
+_ALLOC = sa.bindparam("allocation_id", type_=sa.Text)
+_RESERVATION = sa.bindparam("reservation_id", type_=sa.Text)
+_DURING = sa.bindparam("during", type_=device_bookings.c.during.type)
+_STARTS = sa.bindparam("starts_at", type_=TS)
+_ENDS = sa.bindparam("ends_at", type_=TS)
+_WANTED = (
+    sa.func.unnest(
+        sa.bindparam("scalar_names", type_=pg.ARRAY(sa.Text)),
+        sa.bindparam("scalar_amounts", type_=pg.ARRAY(sa.Numeric)),
+    )
+    .table_valued(sa.column("resource", sa.Text), sa.column("amount", sa.Numeric))
+    .render_derived(name="wanted")
+)
+
+
+@cache
+def write_statement(with_quota: bool, with_mark: bool) -> Prepared:
+    """The writes 5-9 as one statement, built and compiled once per shape (bind parameters only) and
+    run prepared (:class:`app.db.prepared.Prepared`)::
+
+    WITH alloc AS (INSERT INTO allocations (id, reservation_id, pool_id, node_id, atoms, resources,
+                   during) VALUES (:allocation_id, :reservation_id, :pool_id, :node_id, :atoms,
+                   :resources, :during) RETURNING id),
+         booked AS (INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
+                    SELECT pk, id, :pool_id, :allocation_id, :during FROM devices WHERE id = ANY(:atoms)
+                    ON CONFLICT DO NOTHING RETURNING device_id),     -- fewer rows: booked meanwhile
+         held AS (INSERT INTO scalar_holdings (allocation_id, resource, node_id, pool_id, amount,
+                  starts_at, ends_at)
+                  SELECT :allocation_id, w.resource, :node_id, :pool_id, w.amount, :starts_at, :ends_at
+                    FROM unnest(:scalar_names, :scalar_amounts) AS wanted(resource, amount)
+                    JOIN node_resources nr ON nr.node_id = :node_id AND nr.resource = w.resource
+                   WHERE (<peak of the node's w.resource holdings over [:starts_at, :ends_at),
+                          app/db/windows.py>) + w.amount <= floor(nr.allocatable * nr.ratio)
+                  RETURNING resource),                               -- one missing: ran out
+         quota AS (<app.quota.service.HOLD_QUOTA>),                  -- one missing: over quota
+         marked AS (UPDATE reservations SET status = 'placed', conditions = '[]', ends_at = :ends_at,
+                    updated_at = now() WHERE id = :reservation_id RETURNING id)
+    SELECT (SELECT count(*) FROM booked) AS booked,
+           (SELECT array_agg(resource) FROM held) AS held,
+           (SELECT array_agg(resource) FROM quota) AS quota          -- with a quota charge only
+    """
+    alloc = (
+        sa.insert(allocations)
+        .values(
+            id=_ALLOC,
+            reservation_id=_RESERVATION,
+            pool_id=_POOL,
+            node_id=_NODE,
+            atoms=_ATOMS,
+            resources=sa.bindparam("resources_json", type_=allocations.c.resources.type),
+            during=_DURING,
+        )
+        .returning(allocations.c.id)
+        .cte("alloc")
+    )
+    booked = (
+        pg_insert(device_bookings)
+        .from_select(
+            ["device_pk", "device_id", "pool_id", "allocation_id", "during"],
+            sa.select(devices.c.pk, devices.c.id, _POOL, _ALLOC, _DURING).where(
+                devices.c.id == sa.any_(_ATOMS)
+            ),
+        )
+        .on_conflict_do_nothing()
+        .returning(device_bookings.c.device_id)
+        .cte("booked")
+    )
+    cap = sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio)
+    held = (
+        sa.insert(scalar_holdings)
+        .from_select(
+            ["allocation_id", "resource", "node_id", "pool_id", "amount", "starts_at", "ends_at"],
+            sa.select(_ALLOC, _WANTED.c.resource, _NODE, _POOL, _WANTED.c.amount, _STARTS, _ENDS)
+            .select_from(
+                _WANTED.join(
+                    node_resources,
+                    sa.and_(
+                        node_resources.c.node_id == _NODE, node_resources.c.resource == _WANTED.c.resource
+                    ),
+                )
             )
-        ).all()
-        if len(booked) != len(atoms):
-            return LostRace(node, f"an atom on {name} was booked concurrently", ATOM_BOOKED)
-
-    for resource, n in sorted(candidate.resources.items()):
-        if not await _hold_scalar(
-            conn, request.pool_id, node, allocation_id, resource, Decimal(n), start, end
-        ):
-            return LostRace(node, f"{resource} on {name} ran out", SCALAR_RAN_OUT)
-
-    return Committed(allocation_id, node, tuple(atoms), dict(candidate.resources), classes)
-
-
-_H = holding_params(scalar_holdings)
-# SELECT 1 FROM node_resources WHERE node_id = :node_id AND resource = :resource FOR UPDATE
-LOCK_SCALAR = (
-    sa.select(sa.literal(1))
-    .select_from(node_resources)
-    .where(node_resources.c.node_id == _H["node_id"], node_resources.c.resource == _H["resource"])
-    .with_for_update()
-)
-# INSERT INTO scalar_holdings (allocation_id, resource, node_id, pool_id, amount, starts_at, ends_at)
-# SELECT :allocation_id, :resource, :node_id, :pool_id, :amount, :starts_at, :ends_at FROM node_resources nr
-#  WHERE nr.node_id = :node_id AND nr.resource = :resource
-#    AND (<peak of the node's :resource holdings over [:starts_at, :ends_at), app/db/windows.py>) + :amount
-#        <= floor(nr.allocatable * nr.ratio)              -- windows.room_for: the sweep only if needed
-# RETURNING allocation_id                                  -- no row: ran out
-HOLD_SCALAR = hold_if(
-    scalar_holdings,
-    _H,
-    node_resources.c.node_id == _H["node_id"],
-    node_resources.c.resource == _H["resource"],
-    room_for(
-        scalar_holdings,
-        [scalar_holdings.c.node_id == _H["node_id"], scalar_holdings.c.resource == _H["resource"]],
-        _H["starts_at"],
-        _H["ends_at"],
-        _H["amount"],
-        sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
-    ),
-)
+            .where(
+                room_for(
+                    scalar_holdings,
+                    [scalar_holdings.c.node_id == _NODE, scalar_holdings.c.resource == _WANTED.c.resource],
+                    _STARTS,
+                    _ENDS,
+                    _WANTED.c.amount,
+                    cap,
+                    (_WANTED, node_resources),
+                )
+            ),
+        )
+        .returning(scalar_holdings.c.resource)
+        .cte("held")
+    )
+    columns: list[Any] = [
+        _count(booked).label("booked"),
+        sa.select(_raw_array(held.c.resource)).scalar_subquery().label("held"),
+    ]
+    ctes: list[Any] = [alloc]
+    if with_quota:
+        charged = quota.HOLD_QUOTA.cte("quota")
+        columns.append(sa.select(_raw_array(charged.c.resource)).scalar_subquery().label("quota"))
+    if with_mark:
+        ctes.append(
+            sa.update(reservations)
+            .where(reservations.c.id == _RESERVATION)
+            .values(
+                status=sa.literal_column("'placed'"),
+                conditions=sa.text("'[]'::jsonb"),
+                ends_at=_ENDS,
+                updated_at=sa.func.now(),
+            )
+            .returning(reservations.c.id)
+            .cte("marked")
+        )
+    return Prepared(sa.select(*columns).add_cte(*ctes))
 
 
-async def _hold_scalar(
+async def run_write_statement(
     conn: AsyncConnection,
-    pool_id: str,
-    node_id: str,
+    request: PlacementRequest,
+    candidate: Candidate,
+    reservation_id: str,
     allocation_id: str,
-    resource: str,
-    n: Decimal,
     start: datetime,
     end: datetime,
-) -> bool:
-    """Hold ``n`` of ``resource`` on the node over ``[start, end)`` if the peak held there leaves room;
-    False when it does not (or the node has no such resource): the node "ran out".
-
-    The ``node_resources`` row lock serializes the holders of one node and resource (lock order: after
-    nodes and devices). The guard is a second statement because under READ COMMITTED it then reads with
-    a snapshot taken after the lock was granted, so it sees every holding committed by the transactions
-    that held the lock before; a subquery in the locking statement itself would not (PostgreSQL
-    re-checks a locked row's own columns, not a subquery's rows)."""
-    params = {
+    extras: CommitExtras,
+) -> Any:
+    """Run :func:`write_statement` for ``candidate``; its one row."""
+    names = sorted(candidate.resources)
+    params: dict[str, Any] = {
         "allocation_id": allocation_id,
-        "resource": resource,
-        "node_id": node_id,
-        "pool_id": pool_id,
-        "amount": n,
+        "reservation_id": reservation_id,
+        "pool_id": request.pool_id,
+        "node_id": candidate.node_id,
+        "atoms": list(candidate.atoms),
+        "resources_json": {k: str(v) for k, v in candidate.resources.items()},
+        "during": window(start, end),
         "starts_at": start,
         "ends_at": end,
+        "scalar_names": names,
+        "scalar_amounts": [Decimal(candidate.resources[n]) for n in names],
     }
-    if (await conn.execute(LOCK_SCALAR, params)).first() is None:
-        return False
-    row = (await conn.execute(HOLD_SCALAR, params)).first()
-    return row is not None
+    charge = extras.charge
+    with_quota = charge is not None and bool(charge.wanted)
+    if charge is not None and with_quota:
+        held = quota.hold_params(
+            charge.tenant_id, charge.pool_id, charge.reservation_id, charge.wanted, charge.start, charge.end
+        )
+        # the quota window may differ from the node's (never today): HOLD_QUOTA has its own names
+        assert held["starts_at"] == start and held["ends_at"] == end
+        params.update(tenant_id=held["tenant_id"], resources=held["resources"], amounts=held["amounts"])
+    if extras.mark is not None:
+        assert extras.mark.reservation_id == reservation_id and extras.mark.end == end
+    statement = write_statement(with_quota, extras.mark is not None)
+    return (await statement.run(conn, params)).one()
+
+
+def bookings_lost(written: Any, candidate: Candidate) -> LostRace | None:
+    """Write 6: ``INSERT INTO device_bookings ... ON CONFLICT DO NOTHING RETURNING device_id`` returned
+    fewer rows than atoms: ``an atom on <node> was booked concurrently``."""
+    if written.booked == len(candidate.atoms):
+        return None
+    return LostRace(
+        candidate.node_id, f"an atom on {candidate.node_name} was booked concurrently", ATOM_BOOKED
+    )
+
+
+def holdings_lost(written: Any, candidate: Candidate) -> LostRace | None:
+    """Write 7: ``INSERT INTO scalar_holdings ... WHERE peak + n <= floor(allocatable * ratio)
+    RETURNING resource`` left a resource out: ``<resource> on <node> ran out`` (the first in sorted
+    order)."""
+    held = set(written.held or ())
+    missing = [r for r in sorted(candidate.resources) if r not in held]
+    if not missing:
+        return None
+    return LostRace(candidate.node_id, f"{missing[0]} on {candidate.node_name} ran out", SCALAR_RAN_OUT)
+
+
+async def quota_refused(conn: AsyncConnection, written: Any, charge: QuotaCharge) -> None:
+    """Write 8: ``<HOLD_QUOTA> RETURNING resource`` left a charged resource out: raise 409
+    QUOTA_EXCEEDED for the first in sorted order (:func:`app.quota.service.refusal`)."""
+    wanted = charge.wanted
+    held = set(getattr(written, "quota", None) or ())
+    refused = next((r for r in sorted(wanted) if r not in held), None)
+    if refused is not None:
+        raise await quota.refusal(
+            conn, charge.tenant_id, charge.pool_id, refused, wanted[refused], charge.start, charge.end
+        )

@@ -16,7 +16,10 @@ cannot lose a second race there; without the lock, two processes reaching for th
 turn could each lose every attempt while atoms were still free. The lock is taken only after a lost
 race (contention), in the lock order pools -> nodes; a deadlock on it (40P01) is one more lost race.
 The critical section is
-the commit alone. The caller has charged quota already (lock order: quota_usage -> pools -> ...).
+the commit alone. Quota is charged by the commit itself, last (``extras``: lock order pools -> nodes
+-> devices -> node_resources -> quota_usage), so a tenant's quota row is held from the commit's lock
+statement to COMMIT only, not over the plan. A caller that inserted the reservation may have read and
+locked the pool already (``head``): the first plan then reads neither the pool row nor its lock again.
 """
 
 from __future__ import annotations
@@ -33,14 +36,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.capacity.commit import (
     ATOM_UNHEALTHY,
     LOST_RACE_SQLSTATES,
+    NO_EXTRAS,
     NOT_SCHEDULABLE,
+    CommitExtras,
     Committed,
     LostRace,
     commit_placements,
     sqlstate,
 )
 from app.capacity.shortlist import plan_request
-from app.capacity.snapshot import PoolCache
+from app.capacity.snapshot import PoolCache, PoolHead
 from app.db.tables import nodes
 from app.inventory.service import lock_pool
 from app.observability.metrics import LOST_RACES, record_placement
@@ -100,7 +105,8 @@ async def _place_inline(
     max_attempts: int,
     shortlist_min: int = 48,
     before_commit: Callable[[int, Candidate], Awaitable[None]] | None = None,
-    before_lock: Callable[[], Awaitable[None]] | None = None,
+    extras: CommitExtras = NO_EXTRAS,
+    head: PoolHead | None = None,
 ) -> Placed | Pending:
     """Place ``request`` now, inside the caller's open transaction.
 
@@ -108,13 +114,13 @@ async def _place_inline(
     pending summary of the last plan, ``the pool is archived``, or ``Unschedulable after <n>
     conflicting attempts: <reason>; ...`` when every attempt lost a race. ``before_commit(attempt,
     candidate)`` runs between the plan and its commit (tests use it to lose races on purpose).
-    ``before_lock()`` runs once, after the first plan found a node and before the pool row lock: the
-    reservations service charges quota there, so the quota row is held for the commit only, not the
-    plan, and the lock order quota_usage -> pools holds.
+    ``extras`` ride with the commit: the quota charge (a refusal raises QuotaExceeded) and the placed
+    mark. ``head``: the pool row the caller read under ``FOR SHARE`` in this transaction (the first
+    plan uses it; the pool lock is then held already).
     """
     assert request.start is not None and request.end is not None
     lost: list[LostRace] = []
-    pool_locked = False
+    pool_locked = head is not None
     for attempt in range(1, max_attempts + 1):
         excluded = [r for r in lost if r.kind in EXCLUDING_KINDS]
         attempt_options = replace(
@@ -124,7 +130,9 @@ async def _place_inline(
             excluded_nodes=options.excluded_nodes | frozenset(r.node_id for r in excluded),
             exclusion_reasons={**options.exclusion_reasons, **{r.node_id: r.reason for r in excluded}},
         )
-        outcome_plan = await plan_request(conn, cache, request, attempt_options, shortlist_min)
+        outcome_plan = await plan_request(
+            conn, cache, request, attempt_options, shortlist_min, head=head if attempt == 1 else None
+        )
         if outcome_plan.head.archived:
             return Pending(POOL_ARCHIVED_REASON)
         plan = outcome_plan.plan
@@ -132,8 +140,6 @@ async def _place_inline(
             return Pending(plan.summary)
         assert isinstance(plan, Plan)
         if not pool_locked:
-            if before_lock is not None:
-                await before_lock()
             # SELECT ... FROM pools WHERE id = :pool FOR SHARE  -- archive (FOR UPDATE) waits for us
             pool = await lock_pool(conn, request.pool_id, for_update=False)
             pool_locked = True
@@ -147,7 +153,7 @@ async def _place_inline(
             if before_commit is not None:
                 await before_commit(attempt, plan.chosen)
             outcome = await commit_placements(
-                conn, request, placements, reservation_id, attempt, request.start, request.end
+                conn, request, placements, reservation_id, attempt, request.start, request.end, extras
             )
         except BaseException:
             for token in tokens:

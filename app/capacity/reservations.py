@@ -1,22 +1,28 @@
 """Reservations service: create (idempotent), get, list, release, and preview (seed 000).
 
-create: one transaction. The reservation row is inserted first with ``ON CONFLICT (tenant_id,
-idempotency_key) DO NOTHING``: concurrent creates with one key queue on that index entry, and the
-losers read the winner's row (same body -> the same reservation; another body -> 409
-IDEMPOTENCY_KEY_REUSED). Then the inline placer plans on plain reads, quota is charged (guarded UPDATE,
-409 QUOTA_EXCEEDED rolls everything back) right before the pool lock, and the plan is committed; the
-quota row is held for the commit, not for the plan. A request that cannot be placed is stored ``pending``
-with its Unschedulable condition (reason ``NoFit``) and its quota is refunded in the same transaction:
-quota holdings always equal the tenant's placed reservations, each over its window.
+create: one transaction; the whole POST takes at most 10 round trips to PostgreSQL, pool pre-pings
+included (issue 15, tests/api/test_round_trips.py). The reservation row is inserted first with ``ON
+CONFLICT (tenant_id, idempotency_key) DO NOTHING``, in the statement that reads the pool head under
+``FOR SHARE``:
+concurrent creates with one key queue on that index entry, and the losers read the winner's row (same
+body -> the same reservation; another body -> 409 IDEMPOTENCY_KEY_REUSED). Then the inline placer plans
+on plain reads and commits the plan with the guarded statements, which also charge quota (409
+QUOTA_EXCEEDED rolls everything back) and mark the row placed: the tenant's quota row is locked last,
+by the commit's lock statement, and held to COMMIT only, not over the plan. A request that cannot be
+placed is stored ``pending`` with its Unschedulable condition (reason ``NoFit``); its charge is checked
+and refunded in the same transaction: quota holdings always equal the tenant's placed reservations,
+each over its window.
 
 Time (DESIGN.md, "Reservation lifecycle"): bookings, scalar holdings and quota are held over the
 reservation's window only, so a placed reservation stops counting at its end by itself; the lifecycle
 controller then moves it to ``ended`` (:func:`end_reservations`). ``start`` is at most ``max_lead``
 ahead of the database clock.
 
-release: locks the reservation row, cuts its quota holdings first, then its bookings and scalar holdings,
-at the release instant: what had not started is removed, what had is kept as history up to that instant
-(lock order quota_usage -> pools -> nodes -> devices -> node_resources -> pool_capacity_rollup).
+release: locks the reservation row, cuts its quota holdings, then its bookings and scalar holdings, at
+the release instant: what had not started is removed, what had is kept as history up to that instant.
+A cut only shrinks what is held, so it takes no ``quota_usage`` or ``node_resources`` lock (lock order
+of every capacity path: the reservation's own row -> pools -> nodes -> devices -> node_resources ->
+quota_usage; docs/lifecycle.md).
 """
 
 from __future__ import annotations
@@ -35,12 +41,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.commit import Committed, sqlstate
+from app.capacity.commit import CommitExtras, Committed, MarkPlaced, QuotaCharge, sqlstate
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
-from app.capacity.snapshot import PoolCache
-from app.db.tables import TS, allocations, device_bookings, reservations, scalar_holdings
+from app.capacity.snapshot import PoolCache, PoolHead
+from app.db.tables import TS, allocations, device_bookings, pools, reservations, scalar_holdings
 from app.db.windows import cut
 from app.errors import IdempotencyKeyReused, InvalidInput, NotFound, quote_input
 from app.ids import new_id
@@ -157,63 +163,19 @@ async def _create(
     digest: str,
     assumptions: list[int],
 ) -> tuple[dict[str, Any], bool]:
+    """The create transaction in named steps: insert the row (and lock the pool), answer a retry, place
+    inline with the quota charge and the placed mark riding on the guarded commit, or store pending."""
     async with engine.begin() as conn:
         reservation_id = new_id("res")
-        try:
-            # INSERT INTO reservations (...) VALUES (...) ON CONFLICT (tenant_id, idempotency_key)
-            #   DO NOTHING RETURNING created_at          -- no row: the key was used (or is being used)
-            inserted = (
-                await conn.execute(
-                    pg_insert(reservations)
-                    .values(
-                        id=reservation_id,
-                        tenant_id=body.tenantId,
-                        pool_id=body.poolId,
-                        status="pending",
-                        spec=spec,
-                        spec_hash=digest,
-                        idempotency_key=body.idempotencyKey,
-                    )
-                    .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-                    .returning(reservations.c.created_at)
-                )
-            ).first()
-        except IntegrityError as exc:  # the pool foreign key: no such pool, and nothing was written
-            if sqlstate(exc) == FOREIGN_KEY_VIOLATION:
-                raise NotFound(f"pool {quote_input(body.poolId)} not found") from None
-            raise
-        if inserted is None:
-            existing = (
-                await conn.execute(
-                    sa.select(reservations).where(
-                        reservations.c.tenant_id == body.tenantId,
-                        reservations.c.idempotency_key == body.idempotencyKey,
-                    )
-                )
-            ).first()
-            assert existing is not None
-            if existing.spec_hash != digest:
-                raise IdempotencyKeyReused(
-                    f"idempotency key {body.idempotencyKey} was used with another body",
-                    {"idempotencyKey": body.idempotencyKey, "reservationId": existing.id},
-                )
-            return await _view(conn, existing), False
-
-        now = inserted.created_at  # the database's now()
-        check_start(body, now, config.max_lead)  # raising rolls the reservation row back: nothing is written
-        request = placement_request(config, body, now)
+        created_at, head = await _insert_reservation(conn, body, reservation_id, spec, digest)
+        if created_at is None:
+            return await _idempotent_answer(conn, body, digest), False
+        check_start(body, created_at, config.max_lead)  # raising rolls the row back: nothing is written
+        request = placement_request(config, body, created_at)
         assert request.start is not None and request.end is not None
-        amounts = quota_amounts(request)
-        charged = False
-
-        async def charge() -> None:
-            nonlocal charged
-            assert request.start is not None and request.end is not None
-            await quota.charge(
-                conn, body.tenantId, body.poolId, reservation_id, amounts, request.start, request.end
-            )
-            charged = True
-
+        charge = QuotaCharge(
+            body.tenantId, body.poolId, reservation_id, quota_amounts(request), request.start, request.end
+        )
         outcome = await place_inline(
             conn,
             cache,
@@ -222,34 +184,123 @@ async def _create(
             config.options,
             config.max_attempts,
             config.shortlist_min,
-            before_lock=charge,
+            extras=CommitExtras(charge, MarkPlaced(reservation_id, request.end)),
+            head=head,
         )
         if isinstance(outcome, Placed):
             assumptions.extend(outcome.assumptions)
-            status, conditions = "placed", []
-        else:
-            assert isinstance(outcome, Pending)
-            if not charged:  # over quota is 409 even when nothing fits; a pending request holds nothing
-                await charge()
-            await quota.refund(conn, reservation_id)
-            status, conditions = "pending", _condition(outcome.reason)
-        row = (
-            await conn.execute(
-                sa.update(reservations)
-                .where(reservations.c.id == reservation_id)
-                .values(
-                    status=status,
-                    conditions=conditions,
-                    updated_at=sa.func.now(),
-                    ends_at=request.end if status == "placed" else None,
-                )
-                .returning(*reservations.c)
-            )
-        ).one()
-        allocs = (
-            [_committed_view(a, request) for a in outcome.allocations] if isinstance(outcome, Placed) else []
+            allocs = [_committed_view(a, request) for a in outcome.allocations]
+            return _placed_view(body, reservation_id, spec, created_at, allocs), True
+        assert isinstance(outcome, Pending)
+        return await _store_pending(conn, charge, outcome.reason), True
+
+
+# WITH inserted AS (INSERT INTO reservations (...) VALUES (...) ON CONFLICT (tenant_id, idempotency_key)
+#                   DO NOTHING RETURNING created_at)       -- no row: the key was used (or is being used)
+# SELECT inserted.created_at, p.id, p.archived_at, p.inventory_version
+#   FROM pools p LEFT JOIN inserted ON true WHERE p.id = :pool FOR SHARE OF p
+#                                                    -- lock order: the own row, then pools (FOR SHARE)
+async def _insert_reservation(
+    conn: AsyncConnection, body: ReservationRequest, reservation_id: str, spec: dict[str, Any], digest: str
+) -> tuple[datetime | None, PoolHead]:
+    """Insert the ``pending`` row and read the pool head under ``FOR SHARE`` in one round trip: the
+    database's ``now()`` (None for a used key) and the head. NotFound (nothing written) for no pool."""
+    inserted = (
+        pg_insert(reservations)
+        .values(
+            id=reservation_id,
+            tenant_id=body.tenantId,
+            pool_id=body.poolId,
+            status="pending",
+            spec=spec,
+            spec_hash=digest,
+            idempotency_key=body.idempotencyKey,
         )
-        return _shape(row, allocs), True
+        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+        .returning(reservations.c.created_at)
+        .cte("inserted")
+    )
+    stmt = (
+        sa.select(inserted.c.created_at, pools.c.id, pools.c.archived_at, pools.c.inventory_version)
+        .select_from(pools.outerjoin(inserted, sa.true()))
+        .where(pools.c.id == body.poolId)
+        .with_for_update(read=True, of=pools)
+    )
+    try:
+        row = (await conn.execute(stmt)).first()
+    except IntegrityError as exc:  # the pool foreign key: no such pool, and nothing was written
+        if sqlstate(exc) == FOREIGN_KEY_VIOLATION:
+            raise NotFound(f"pool {quote_input(body.poolId)} not found") from None
+        raise
+    if row is None:  # no pool row (the insert's foreign key raised first when it ran)
+        raise NotFound(f"pool {quote_input(body.poolId)} not found")
+    return row.created_at, PoolHead(row.id, row.archived_at is not None, row.inventory_version)
+
+
+async def _idempotent_answer(conn: AsyncConnection, body: ReservationRequest, digest: str) -> dict[str, Any]:
+    """The reservation an earlier create with this key made (same body), or 409 IDEMPOTENCY_KEY_REUSED."""
+    existing = (
+        await conn.execute(
+            sa.select(reservations).where(
+                reservations.c.tenant_id == body.tenantId,
+                reservations.c.idempotency_key == body.idempotencyKey,
+            )
+        )
+    ).first()
+    assert existing is not None
+    if existing.spec_hash != digest:
+        raise IdempotencyKeyReused(
+            f"idempotency key {body.idempotencyKey} was used with another body",
+            {"idempotencyKey": body.idempotencyKey, "reservationId": existing.id},
+        )
+    return await _view(conn, existing)
+
+
+async def _store_pending(conn: AsyncConnection, charge: QuotaCharge, reason: str) -> dict[str, Any]:
+    """Nothing fit: the charge is still checked (over quota is 409 even when nothing fits) and refunded
+    (a pending request holds nothing), and the row keeps ``pending`` with its Unschedulable condition."""
+    await quota.charge(
+        conn,
+        charge.tenant_id,
+        charge.pool_id,
+        charge.reservation_id,
+        charge.amounts,
+        charge.start,
+        charge.end,
+    )
+    await quota.refund(conn, charge.reservation_id)
+    row = (
+        await conn.execute(
+            sa.update(reservations)
+            .where(reservations.c.id == charge.reservation_id)
+            .values(conditions=_condition(reason), updated_at=sa.func.now())
+            .returning(*reservations.c)
+        )
+    ).one()
+    return _shape(row, [])
+
+
+def _placed_view(
+    body: ReservationRequest,
+    reservation_id: str,
+    spec: dict[str, Any],
+    created_at: datetime,
+    allocs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The view of a reservation just placed, from what the create wrote (what :func:`_shape` would read
+    back: the commit marked the row ``placed`` with no conditions)."""
+    return {
+        "id": reservation_id,
+        "tenantId": body.tenantId,
+        "poolId": body.poolId,
+        "status": "placed",
+        "idempotencyKey": body.idempotencyKey,
+        "spec": spec,
+        "allocations": allocs,
+        "conditions": [],
+        "createdAt": created_at.isoformat(),
+        "releasedAt": None,
+    }
 
 
 def _committed_view(a: Committed, request: PlacementRequest) -> dict[str, Any]:
@@ -383,7 +434,7 @@ async def release_reservation(
             return await _view(conn, row)
         at = now if now is not None else await db_now(conn)
         if row.status == "placed":
-            await quota.cut_holdings(conn, row.id, at)  # quota first (lock order)
+            await quota.cut_holdings(conn, row.id, at)  # shrinks only: no quota_usage lock
             await free_allocations(conn, await _live_allocations(conn, row.id), row.pool_id, at)
             await notify_pool(conn, row.pool_id)  # wake edge: a release
         await conn.execute(

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
@@ -56,6 +56,7 @@ from app.db.tables import TS, device_bookings, devices, node_resources, nodes, p
 from app.db.windows import overlapping
 from app.observability.metrics import PLAN_DURATION, PLANS
 from app.placement.bounds import pick_score_ceiling
+from app.placement.context import selector_token
 from app.placement.gang import plan_gang
 from app.placement.model import (
     NodeInventory,
@@ -66,10 +67,12 @@ from app.placement.model import (
     PoolSnapshot,
     Rejections,
     ScalarResource,
+    Selector,
 )
 from app.placement.options import DEFAULT_WEIGHTS, SchedulerOptions
 from app.placement.pipeline import plan_placement
 from app.placement.scorers import count_score_many
+from app.placement.selectors import selector_matches as matches_selector
 
 TIE_MARGIN = 1e-9  # float noise between SQL and Python arithmetic: never trust a bound closer than this
 PlanPath = Literal["shortlist", "full"]
@@ -85,10 +88,12 @@ class PlanOutcome:
 
 
 def shortlist_applies(request: PlacementRequest, options: SchedulerOptions) -> bool:
-    """The seed's condition: no selectors, no gang and no plugin scorers (and a device-binding request)."""
+    """No gang and no plugin scorers (and a device-binding request). A device selector no longer keeps a
+    request off the shortlist (issue 15): which atoms match is static, memoized in the pool cache per
+    (selector, node signature) (:func:`selector_matches`), and a selector changes no count score (binpack
+    and spread count the class's free atoms, selector aside), only which nodes are viable."""
     return (
-        not request.has_selectors
-        and request.gang is None
+        request.gang is None
         and request.binding != "node"
         and not any(getattr(p, "scorers", ()) for p in options.plugins)
     )
@@ -223,10 +228,68 @@ INSIDE_SCALARS = (
 )
 
 
+def _exceptions_statement(request: PlacementRequest) -> Any:
+    """The parts of :func:`read_exceptions` as one ``UNION ALL`` of rows ``(kind, node_id, atom,
+    reasons, ok, resource, peak, cap)``: ``b`` booked and ``u`` unavailable atoms, ``r`` nodes with
+    NoSchedule reasons, ``s`` the scalar exceptions (with requested resources only)."""
+    assert request.start is not None and request.end is not None
+    pool_id = request.pool_id
+    pad = {
+        "atom": sa.null().label("atom"),
+        "reasons": sa.cast(sa.null(), pg.ARRAY(sa.Text)).label("reasons"),
+        "ok": sa.cast(sa.null(), sa.Boolean).label("ok"),
+        "resource": sa.cast(sa.null(), sa.Text).label("resource"),
+        "peak": sa.cast(sa.null(), sa.Numeric).label("peak"),
+        "cap": sa.cast(sa.null(), sa.Numeric).label("cap"),
+    }
+
+    def row(kind: str, node_id: Any, **given: Any) -> list[Any]:
+        return [sa.literal(kind).label("kind"), node_id.label("node_id")] + [
+            given[k].label(k) if k in given else v for k, v in pad.items()
+        ]
+
+    parts: list[Any] = [
+        sa.select(*row("b", devices.c.node_id, atom=device_bookings.c.device_id))
+        .join(devices, devices.c.pk == device_bookings.c.device_pk)
+        .where(
+            device_bookings.c.pool_id == pool_id,
+            device_bookings.c.during.op("&&")(window(request.start, request.end)),
+        ),
+        sa.select(*row("u", devices.c.node_id, atom=devices.c.id))
+        .join(nodes, nodes.c.id == devices.c.node_id)
+        .where(nodes.c.pool_id == pool_id, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable))),
+        sa.select(
+            *row(
+                "r",
+                nodes.c.id,
+                reasons=nodes.c.no_schedule_reasons,
+                ok=schedulable_sql_tolerating(request.tenant_id),
+            )
+        )
+        .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
+        .where(nodes.c.pool_id == pool_id, nodes.c.no_schedule_reasons != sa.text("'{}'::text[]")),
+    ]
+    if request.resources:
+        scalars = SCALAR_EXCEPTIONS.subquery("scalars")
+        parts.append(
+            sa.select(
+                *row(
+                    "s",
+                    scalars.c.node_id,
+                    resource=scalars.c.resource,
+                    peak=scalars.c.peak,
+                    cap=scalars.c.cap,
+                )
+            )
+        )
+    return sa.union_all(*parts)
+
+
 async def read_exceptions(
     conn: AsyncConnection, request: PlacementRequest, assumed: Mapping[str, set[str]] | None = None
 ) -> Exceptions:
-    """The narrow volatile reads of a shortlist: each touches only the rows that differ from "free".
+    """The narrow volatile reads of a shortlist, in one round trip (:func:`_exceptions_statement`):
+    each part touches only the rows that differ from "free".
 
     ::
 
@@ -241,59 +304,39 @@ async def read_exceptions(
           leaves no room (with the peak there; only these nodes are swept)
     """
     assert request.start is not None and request.end is not None
-    pool_id = request.pool_id
     booked: dict[str, set[str]] = {}
     unavailable: dict[str, set[str]] = {}
-    # both in one round trip: (kind, node id, atom id) rows
-    booked_rows = (
-        sa.select(sa.literal("b").label("kind"), devices.c.node_id, device_bookings.c.device_id.label("atom"))
-        .join(devices, devices.c.pk == device_bookings.c.device_pk)
-        .where(
-            device_bookings.c.pool_id == pool_id,
-            device_bookings.c.during.op("&&")(window(request.start, request.end)),
-        )
-    )
-    unavailable_rows = (
-        sa.select(sa.literal("u").label("kind"), devices.c.node_id, devices.c.id.label("atom"))
-        .join(nodes, nodes.c.id == devices.c.node_id)
-        .where(nodes.c.pool_id == pool_id, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable)))
-    )
-    for r in (await conn.execute(sa.union_all(booked_rows, unavailable_rows))).all():
-        (booked if r.kind == "b" else unavailable).setdefault(r.node_id, set()).add(r.atom)
-    for node_id, atoms in (assumed or {}).items():  # other plans of this process are committing these
-        booked.setdefault(node_id, set()).update(atoms)
     reasons: dict[str, tuple[str, ...]] = {}
     unschedulable: set[str] = set()
-    for r in (
-        await conn.execute(
-            sa.select(
-                nodes.c.id,
-                nodes.c.no_schedule_reasons,
-                schedulable_sql_tolerating(request.tenant_id).label("ok"),
-            )
-            .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
-            .where(nodes.c.pool_id == pool_id, nodes.c.no_schedule_reasons != sa.text("'{}'::text[]"))
-        )
-    ).all():
-        reasons[r.id] = tuple(r.no_schedule_reasons)
-        if not r.ok:
-            unschedulable.add(r.id)
     short: set[str] = set()
     peaks: dict[str, dict[str, Decimal]] = {}
+    params: dict[str, object] = {}
     if request.resources:
         params = {
-            "pool_id": pool_id,
+            "pool_id": request.pool_id,
             "names": sorted(request.resources),
             "most": max(request.resources.values()),
             "starts_at": request.start,
             "ends_at": request.end,
         }
-        for r in (await conn.execute(SCALAR_EXCEPTIONS, params)).all():
+    # every part in one round trip: (kind, node id, atom, reasons, ok, resource, peak, cap) rows
+    for r in (await conn.execute(_exceptions_statement(request), params)).all():
+        if r.kind == "b":
+            booked.setdefault(r.node_id, set()).add(r.atom)
+        elif r.kind == "u":
+            unavailable.setdefault(r.node_id, set()).add(r.atom)
+        elif r.kind == "r":
+            reasons[r.node_id] = tuple(r.reasons)
+            if not r.ok:
+                unschedulable.add(r.node_id)
+        else:
             peak = Decimal(0) if r.peak is None else r.peak
             if r.peak is not None:
                 peaks.setdefault(r.node_id, {})[r.resource] = peak
             if peak + Decimal(request.resources[r.resource]) > r.cap:
                 short.add(r.node_id)
+    for node_id, atoms in (assumed or {}).items():  # other plans of this process are committing these
+        booked.setdefault(node_id, set()).update(atoms)
     return Exceptions(booked, unavailable, reasons, frozenset(unschedulable), frozenset(short), peaks)
 
 
@@ -311,20 +354,66 @@ def _class_atoms(inventory: PoolInventory) -> dict[str, dict[str, frozenset[str]
     return found
 
 
+def selector_matches(
+    inventory: PoolInventory, device_class: str, selector: Selector
+) -> dict[str, frozenset[str]]:
+    """node id -> the node's atoms of ``device_class`` that ``selector`` matches (the pipeline's rule,
+    :func:`app.placement.selectors.selector_matches`). Memoized per inventory version and selector, and
+    computed once per (selector, static node signature): the signature is the node's values and sources
+    of the label keys the selector reads and its atoms' attribute objects (nodes of one model share
+    them: the pool load parses each distinct attribute text once), so a pool of alike hosts matches
+    once per kind of host, as the pick memo picks once per link signature."""
+    key = ("selector-matches", device_class, selector_token(selector))
+    found = inventory.memo.get(key)
+    if found is None:
+        keys = sorted({e.key for e in selector.match_expressions})
+        by_signature: dict[tuple[Any, ...], tuple[int, ...]] = {}
+        found = {}
+        for node_id, node in inventory.nodes.items():
+            atoms = [a for a in node.atoms if a.device_class == device_class]
+            signature = (
+                tuple((k, node.labels.get(k), node.label_sources.get(k)) for k in keys),
+                tuple(id(a.attributes) for a in atoms),
+            )
+            positions = by_signature.get(signature)
+            if positions is None:
+                positions = by_signature[signature] = tuple(
+                    i for i, a in enumerate(atoms) if matches_selector(selector, a, node)
+                )
+            found[node_id] = frozenset(atoms[i].id for i in positions)
+        inventory.memo[key] = found
+    return found
+
+
+def _matching(inventory: PoolInventory, request: PlacementRequest) -> list[dict[str, frozenset[str]] | None]:
+    """Per device request: node id -> its matching atoms, or None when the request has no selector."""
+    return [
+        selector_matches(inventory, d.device_class, d.selector)
+        if d.selector is not None and d.selector.match_expressions
+        else None
+        for d in request.devices
+    ]
+
+
 def _groups(inventory: PoolInventory, request: PlacementRequest) -> dict[tuple[int, ...], tuple[str, ...]]:
     """The nodes that could hold the request when entirely free, grouped by their atom count of each
-    requested class (node ids in order); nodes lacking a requested scalar resource are left out.
-    Memoized per inventory version and request shape: a free node's count score depends on nothing else."""
+    requested class (node ids in order); nodes lacking a requested scalar resource, or with fewer atoms
+    matching a device request's selector than its count, are left out. Memoized per inventory version
+    and request shape: a free node's count score depends on nothing else."""
     classes = tuple(d.device_class for d in request.devices)
     counts = tuple(d.count for d in request.devices)
     resources = frozenset(request.resources)
-    key = ("groups", classes, counts, resources)
+    selectors = tuple(selector_token(d.selector) for d in request.devices)
+    key = ("groups", classes, counts, resources, selectors)
     found = inventory.memo.get(key)
     if found is None:
         atoms = _class_atoms(inventory)
+        matching = _matching(inventory, request)
         grouped: dict[tuple[int, ...], list[str]] = {}
         for node_id in inventory.order:
             if not resources <= inventory.resource_names.get(node_id, frozenset()):
+                continue
+            if any(m is not None and len(m[node_id]) < n for m, n in zip(matching, counts, strict=True)):
                 continue
             have = atoms[node_id]
             totals = tuple(len(have.get(c, ())) for c in classes)
@@ -350,13 +439,15 @@ def shortlist_rows(
     """The best ``limit`` viable nodes as ``(node id, count score)``, best first, ties on node id.
 
     Viable: schedulable for the tenant (the SQL predicate), not excluded, carrying the request's
-    nodeLabels, with room for every scalar and enough free atoms of every class. Score: the count-only
+    nodeLabels, with room for every scalar and enough free atoms of every class (matching the device
+    request's selector, if any). Score: the count-only
     part (:func:`app.placement.scorers.count_score_many`). Nodes with no exception are ranked per group
     of alike nodes (one score per group, ids in order), so the cost is the exceptions plus groups x
     ``limit``, not the pool's size."""
     weights = {k: options.weight(k, v) for k, v in DEFAULT_WEIGHTS.items()}
     counts = [(d.device_class, d.count) for d in request.devices]
     atoms = _class_atoms(inventory)
+    matching = _matching(inventory, request)
     skip = exceptions.unschedulable | exceptions.short | options.excluded_nodes
     touched = set(exceptions.booked) | set(exceptions.unavailable)
     wanted_labels = request.node_labels
@@ -385,11 +476,13 @@ def shortlist_rows(
             continue
         busy = exceptions.busy(node_id)
         parts = []
-        for device_class, count in counts:
+        for (device_class, count), matches in zip(counts, matching, strict=True):
             class_atoms = node_atoms.get(device_class, frozenset())
             taken_atoms = len(class_atoms & busy)
             if len(class_atoms) - taken_atoms < count:
                 break
+            if matches is not None and len(matches[node_id] - busy) < count:
+                break  # fewer free atoms match the selector than the count: the pipeline's fits
             parts.append((len(class_atoms), taken_atoms, count))
         else:
             ranked.append((-count_score_many(parts, weights) if parts else 0.0, node_id))
@@ -404,13 +497,17 @@ async def plan_request(
     options: SchedulerOptions,
     shortlist_min: int = 48,
     needed: int | None = None,
+    head: PoolHead | None = None,
 ) -> PlanOutcome:
     """Plan ``request`` on plain reads: through the shortlist when it applies and is provably the same
     as the whole pool, else on the whole pool. ``needed`` (default topN) is how many of the best
-    candidates must be exact. Raises NotFound when the pool does not exist."""
+    candidates must be exact; ``head``: the pool row when the caller read it in this transaction
+    already (else it is read here). Raises NotFound when the pool does not exist."""
     assert request.start is not None and request.end is not None
     with PLAN_DURATION.time():
-        outcome = await _plan_request(conn, cache, request, options, shortlist_min, needed or options.top_n)
+        outcome = await _plan_request(
+            conn, cache, request, options, shortlist_min, needed or options.top_n, head
+        )
     PLANS.labels(outcome.path).inc()
     return outcome
 
@@ -422,10 +519,11 @@ async def _plan_request(
     options: SchedulerOptions,
     shortlist_min: int,
     needed: int,
+    head: PoolHead | None,
 ) -> PlanOutcome:
     assert request.start is not None and request.end is not None
     if shortlist_applies(request, options):
-        head = await read_pool_head(conn, request.pool_id)
+        head = head or await read_pool_head(conn, request.pool_id)
         if not head.archived:
             k = shortlist_size(options, shortlist_min)
             inventory = await cache.inventory(conn, head)
@@ -449,7 +547,7 @@ async def _plan_request(
                 ceiling = _pick_ceiling(inventory, request, options)
                 if isinstance(plan, Plan) and _provably_complete(plan, rows, k, needed, ceiling):
                     return PlanOutcome(head, plan, "shortlist")
-    head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end)
+    head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end, head=head)
     planner = plan_gang if request.gang is not None and request.gang.members > 1 else plan_placement
     return PlanOutcome(head, planner(request, snapshot, options), "full")
 

@@ -378,9 +378,11 @@ async def read_snapshot(
     start: datetime,
     end: datetime,
     node_ids: Iterable[str] | None = None,
+    head: PoolHead | None = None,
 ) -> tuple[PoolHead, PoolSnapshot]:
-    """The pool head and a :class:`PoolSnapshot` (whole pool, or ``node_ids``) for ``[start, end)``."""
-    head = await read_pool_head(conn, pool_id)
+    """The pool head (read unless given) and a :class:`PoolSnapshot` (whole pool, or ``node_ids``) for
+    ``[start, end)``."""
+    head = head or await read_pool_head(conn, pool_id)
     inventory = await cache.inventory(conn, head)
     states = await read_node_states(conn, pool_id, start, end, node_ids, cache.assumed(pool_id, start, end))
     order = inventory.order if node_ids is None else tuple(n for n in inventory.order if n in states)

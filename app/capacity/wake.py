@@ -14,15 +14,15 @@ on the locked row (PostgreSQL re-evaluates the WHERE of a locked row), so a rese
 released meanwhile is skipped. One that still does not fit is skipped and the next one is tried, so a
 large request does not block the small ones behind it (it can then wait long: docs/lifecycle.md).
 
-Placing a woken reservation is creation's path: quota is charged right before the pool lock (a pending
-one holds nothing), the inline placer plans and commits with the guarded statements. It is placed at
+Placing a woken reservation is creation's path: the inline placer plans and commits with the guarded
+statements, which charge quota last (a pending one holds nothing). It is placed at
 ``[now, now + duration)`` when it has no explicit ``start``, else for its own window; one whose explicit
 start passed is ended by the lifecycle's end task (``WindowPassed``), never placed late. A reservation
 that fits but whose tenant's quota does not hold now stays pending (condition reason ``QuotaExceeded``)
 until a quota edge of its tenant. A placed one gets the condition ``Scheduled`` with the time it waited.
 
-Lock order: the reservation row first (as create and release), then quota_usage -> pools -> nodes ->
-devices -> node_resources, as every capacity transaction.
+Lock order: the reservation row first (as create and release), then pools -> nodes -> devices ->
+node_resources -> quota_usage, as every capacity transaction.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.capacity.commit import CommitExtras, QuotaCharge
 from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
 from app.capacity.placer import Placed, db_now, place_woken
 from app.capacity.repair import REPAIR_PREFIX, repair_broken
@@ -49,7 +50,6 @@ from app.db.tables import reservations
 from app.errors import QuotaExceeded
 from app.observability.metrics import WAKE_EDGES_HEARD, WAKE_WAIT, WAKES
 from app.placement.request import ReservationRequest
-from app.quota import service as quota
 
 log = logging.getLogger("better_compute.wake")
 
@@ -130,12 +130,9 @@ async def _wake_one(
         return Woken(row.id, STILL_PENDING)  # its window passed: the end task ends it (WindowPassed)
     request = placement_request(config, body, now)
     assert request.start is not None and request.end is not None
-    amounts = quota_amounts(request)
-
-    async def charge() -> None:
-        assert request.start is not None and request.end is not None
-        await quota.charge(conn, row.tenant_id, row.pool_id, row.id, amounts, request.start, request.end)
-
+    charge = QuotaCharge(
+        row.tenant_id, row.pool_id, row.id, quota_amounts(request), request.start, request.end
+    )
     attempt = await conn.begin_nested()  # SAVEPOINT: a refused charge or no fit leaves nothing behind
     try:
         outcome = await place_woken(
@@ -146,8 +143,7 @@ async def _wake_one(
             config.options,
             config.max_attempts,
             config.shortlist_min,
-            None,
-            charge,
+            extras=CommitExtras(charge=charge),
         )
     except QuotaExceeded as exc:
         await attempt.rollback()

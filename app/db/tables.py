@@ -5,8 +5,10 @@ them. Numeric amounts are ``numeric`` (``Decimal`` in Python) so ``floor(100 * 0
 Booking windows are half-open ``tstzrange`` values ``[start, end)``; scalar and quota holdings are
 half-open ``[starts_at, ends_at)`` windows too, counted per instant (DESIGN.md, "Reservation lifecycle").
 
-Lock order in every multi-table transaction (seed 000, "Commit and lock order"):
-reservations (own row) -> quota_usage -> pools -> nodes -> devices -> node_resources -> pool_capacity_rollup.
+Lock order in every multi-table transaction (seed 000, "Commit and lock order", with issue 15's late
+quota charge): reservations (own row) -> pools -> nodes -> devices -> node_resources -> quota_usage, and
+pool_capacity_rollup (inventory only) after node_resources. Cuts, refunds and drops of holdings only
+shrink what is held and take none of these row locks.
 """
 
 from __future__ import annotations
@@ -239,7 +241,7 @@ quota_limits = sa.Table(
     sa.CheckConstraint('"limit" >= 0', name="limit"),
 )
 
-# One row per tenant, pool and resource: the row the quota guard locks (first in the lock order) before
+# One row per tenant, pool and resource: the row the quota guard locks (last in the lock order) before
 # it checks the peak of the tenant's holdings over a window. Usage itself is quota_holdings.
 quota_usage = sa.Table(
     "quota_usage",

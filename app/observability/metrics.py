@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity import census
-from app.capacity.commit import LOST_RACE_KINDS
+from app.capacity.races import LOST_RACE_KINDS
 from app.errors import AppError
 
 prometheus_client.disable_created_metrics()  # before the first metric: no ``*_created`` series at all

@@ -3,12 +3,15 @@
 
 A reservation holds its amounts over its window (``quota_holdings``); the tenant's usage at an instant is
 the sum of the holdings whose window contains it, and a charge is accepted only if the limit holds at
-every instant of the window (a guarded INSERT, before placement). A reservation that ends stops counting
+every instant of the window (a guarded INSERT, :data:`HOLD_QUOTA`, run by the guarded commit of the
+placement itself, app/capacity/commit.py). A reservation that ends stops counting
 by itself; a release cuts its holdings at the release instant.
 
 A resource without a limit row is not limited (its usage is still counted), as a Kubernetes namespace
-without a ResourceQuota is not. ``quota_usage`` rows are locked first in every capacity transaction
-(seed 000, "Commit and lock order"), always in sorted resource order so two charges never deadlock.
+without a ResourceQuota is not. ``quota_usage`` rows are locked last in every capacity transaction
+(pools -> nodes -> devices -> node_resources -> quota_usage: issue 15 moved them from first to last so a
+tenant's row is held from the commit's lock statement to COMMIT only), always in sorted resource order
+so two charges never deadlock.
 """
 
 from __future__ import annotations
@@ -110,23 +113,23 @@ async def _ensure_usage_rows(
     )
 
 
-async def _lock_usage_rows(conn: AsyncConnection, tenant_id: str, pool_id: str, resources: list[str]) -> int:
-    # SELECT resource FROM quota_usage WHERE tenant_id = :t AND pool_id = :p AND resource = ANY(:rs)
-    #  ORDER BY resource FOR UPDATE                      -- sorted: two charges never deadlock
-    return len(
-        (
-            await conn.execute(
-                sa.select(quota_usage.c.resource)
-                .where(
-                    quota_usage.c.tenant_id == tenant_id,
-                    quota_usage.c.pool_id == pool_id,
-                    quota_usage.c.resource.in_(resources),
-                )
-                .order_by(quota_usage.c.resource)
-                .with_for_update()
-            )
-        ).all()
+# SELECT resource FROM quota_usage WHERE tenant_id = :tenant_id AND pool_id = :pool_id
+#    AND resource = ANY(:resources) ORDER BY resource FOR UPDATE   -- sorted: two charges never deadlock
+LOCK_USAGE = (
+    sa.select(quota_usage.c.resource)
+    .where(
+        quota_usage.c.tenant_id == sa.bindparam("tenant_id", type_=sa.Text),
+        quota_usage.c.pool_id == sa.bindparam("pool_id", type_=sa.Text),
+        quota_usage.c.resource == sa.any_(sa.bindparam("resources", type_=pg.ARRAY(sa.Text))),
     )
+    .order_by(quota_usage.c.resource)
+    .with_for_update()
+)
+
+
+async def _lock_usage_rows(conn: AsyncConnection, tenant_id: str, pool_id: str, resources: list[str]) -> int:
+    params = {"tenant_id": tenant_id, "pool_id": pool_id, "resources": resources}
+    return len((await conn.execute(LOCK_USAGE, params)).all())
 
 
 async def charge(
@@ -141,7 +144,8 @@ async def charge(
     """Hold ``amounts`` for the reservation over ``[start, end)``, each only if the tenant's usage stays
     within its limit at every instant of the window, in sorted resource order.
 
-    The tenant's ``quota_usage`` rows are locked first (``FOR UPDATE``, the head of the lock order), so
+    The tenant's ``quota_usage`` rows are locked (``FOR UPDATE``, last in the lock order: the caller
+    holds the pool row and node locks, if any, already), so
     charges of one tenant, pool and resource are serialized and each guard reads, with a snapshot taken
     after the lock, every holding committed before it. Raises :class:`~app.errors.QuotaExceeded` (409)
     naming the resource, the instant of the peak, what is used there, the limit and what was requested;
@@ -157,27 +161,49 @@ async def charge(
         await _ensure_usage_rows(conn, tenant_id, pool_id, resources)
         await _lock_usage_rows(conn, tenant_id, pool_id, resources)
     held = await _guarded_holds(conn, tenant_id, pool_id, reservation_id, wanted, start, end)
-    for resource in resources:
-        n = wanted[resource]
-        if resource not in held:  # the first refused resource, in sorted order
-            limit = await _limit(conn, tenant_id, pool_id, resource)
-            at, used = await peak_instant(
-                conn, quota_holdings, _tenant(tenant_id, pool_id, resource), start, end
-            )
-            QUOTA_REJECTIONS.inc()
-            raise QuotaExceeded(
-                f"quota for {resource} in pool {pool_id} exceeded at {at.isoformat()}: {num(Decimal(used))} "
-                f"used of {num(limit)}, {num(n)} requested",
-                {
-                    "tenantId": tenant_id,
-                    "poolId": pool_id,
-                    "resource": resource,
-                    "at": at.isoformat(),
-                    "limit": str(limit),
-                    "used": str(used),
-                    "requested": str(n),
-                },
-            )
+    refused = next((r for r in resources if r not in held), None)  # the first refused, in sorted order
+    if refused is not None:
+        raise await refusal(conn, tenant_id, pool_id, refused, wanted[refused], start, end)
+
+
+async def lock_first_usage_rows(
+    conn: AsyncConnection, tenant_id: str, pool_id: str, resources: list[str]
+) -> None:
+    """A first charge of these resources (the guarded commit's lock found fewer ``quota_usage`` rows):
+    insert them (``ON CONFLICT DO NOTHING`` waits for a concurrent inserter of the same row to finish)
+    and lock them all, in sorted order."""
+    await _ensure_usage_rows(conn, tenant_id, pool_id, resources)
+    await _lock_usage_rows(conn, tenant_id, pool_id, resources)
+
+
+async def refusal(
+    conn: AsyncConnection,
+    tenant_id: str,
+    pool_id: str,
+    resource: str,
+    n: Decimal,
+    start: datetime,
+    end: datetime,
+) -> QuotaExceeded:
+    """The 409 of a refused charge of ``n`` ``resource`` over ``[start, end)``: names the resource, the
+    instant of the peak, what is used there, the limit and what was requested (counted in
+    ``bc_quota_rejections_total``)."""
+    limit = await _limit(conn, tenant_id, pool_id, resource)
+    at, used = await peak_instant(conn, quota_holdings, _tenant(tenant_id, pool_id, resource), start, end)
+    QUOTA_REJECTIONS.inc()
+    return QuotaExceeded(
+        f"quota for {resource} in pool {pool_id} exceeded at {at.isoformat()}: {num(Decimal(used))} "
+        f"used of {num(limit)}, {num(n)} requested",
+        {
+            "tenantId": tenant_id,
+            "poolId": pool_id,
+            "resource": resource,
+            "at": at.isoformat(),
+            "limit": str(limit),
+            "used": str(used),
+            "requested": str(n),
+        },
+    )
 
 
 def _limit_of(tenant_id: str, pool_id: str, resource: str) -> Any:
@@ -255,6 +281,27 @@ HOLD_QUOTA = (
 )
 
 
+def hold_params(
+    tenant_id: str,
+    pool_id: str,
+    reservation_id: str,
+    wanted: Mapping[str, Decimal],
+    start: datetime,
+    end: datetime,
+) -> dict[str, Any]:
+    """The bind parameters of :data:`HOLD_QUOTA` (and :data:`LOCK_USAGE`), resources sorted."""
+    resources = sorted(wanted)
+    return {
+        "reservation_id": reservation_id,
+        "tenant_id": tenant_id,
+        "pool_id": pool_id,
+        "resources": resources,
+        "amounts": [wanted[r] for r in resources],
+        "starts_at": start,
+        "ends_at": end,
+    }
+
+
 async def _guarded_holds(
     conn: AsyncConnection,
     tenant_id: str,
@@ -266,16 +313,7 @@ async def _guarded_holds(
 ) -> set[str]:
     """Hold every amount of ``wanted`` that stays within its limit (one statement for all resources);
     returns the resources held."""
-    resources = sorted(wanted)
-    params = {
-        "reservation_id": reservation_id,
-        "tenant_id": tenant_id,
-        "pool_id": pool_id,
-        "resources": resources,
-        "amounts": [wanted[r] for r in resources],
-        "starts_at": start,
-        "ends_at": end,
-    }
+    params = hold_params(tenant_id, pool_id, reservation_id, wanted, start, end)
     return set((await conn.execute(HOLD_QUOTA, params)).scalars())
 
 

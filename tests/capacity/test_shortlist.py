@@ -1,5 +1,6 @@
 """The shortlist gives the same ranking as planning the whole pool (seed 000, "The shortlist"; issue 4,
-"Done when" 3), over many random pools on real PostgreSQL; a request with a selector skips it."""
+"Done when" 3), over many random pools on real PostgreSQL; a request with a selector takes it too (issue
+15; tests/capacity/test_shortlist_selectors.py compares those over random pools)."""
 
 from __future__ import annotations
 
@@ -125,7 +126,9 @@ async def test_shortlist_ranking_equals_the_whole_pool(clean_db: AsyncEngine) ->
     assert paths["shortlist"] >= 20, paths  # the shortlist did the work often, not just the fallback
 
 
-async def test_a_selector_request_skips_the_shortlist(clean_db: AsyncEngine) -> None:
+async def test_a_selector_request_takes_the_shortlist(clean_db: AsyncEngine) -> None:
+    # issue 15: selector matches are memoized per (selector, node signature) in the pool cache, so a
+    # selector no longer sends a request to the whole pool (it was "skips the shortlist" before)
     engine = clean_db
     pool, _ = await make_pool_with_nodes(engine, [node_body(f"s{i}", 8) for i in range(6)])
     start = await db_time(engine)
@@ -137,11 +140,13 @@ async def test_a_selector_request_skips_the_shortlist(clean_db: AsyncEngine) -> 
         devices=(DeviceRequest("gpu", 1, Selector((MatchExpression("vramGiB", "Gte", (Decimal(80),)),))),),
     )
     options = SchedulerOptions()
-    assert shortlist_applies(plain, options) and not shortlist_applies(selected, options)
+    assert shortlist_applies(plain, options) and shortlist_applies(selected, options)
     async with engine.connect() as conn:
         assert (await plan_request(conn, PoolCache(), plain, options, shortlist_min=2)).path == "shortlist"
         outcome = await plan_request(conn, PoolCache(), selected, options, shortlist_min=2)
-    assert outcome.path == "full" and isinstance(outcome.plan, Plan)
+        head, snapshot = await read_snapshot(conn, PoolCache(), pool, start, start + timedelta(hours=1))
+    assert outcome.path == "shortlist" and isinstance(outcome.plan, Plan)
+    assert _comparable(outcome.plan, 1) == _comparable(plan_placement(selected, snapshot, options), 1)
 
 
 async def test_pool_cache_reads_static_inventory_once_per_version(clean_db: AsyncEngine) -> None:
