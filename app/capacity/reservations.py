@@ -35,6 +35,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.capacity import preemption
 from app.capacity.commit import Committed, sqlstate
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Pending, Placed, db_now, place_inline
@@ -68,6 +69,8 @@ class CapacityConfig:
     # BC_CAPACITY_ENFORCE_DEVICE_LIMITS: host resources need bc.dev/cap.devices.limits (requiredCapabilities)
     enforce_device_limits: bool = False
     max_lead: timedelta = MAX_LEAD
+    # BC_CAPACITY_PREEMPTION: a regular request that does not fit may preempt spot work
+    preemption: bool = True
 
 
 def placement_request(
@@ -209,6 +212,8 @@ async def _create(
         async def charge() -> None:
             nonlocal charged
             assert request.start is not None and request.end is not None
+            if charged:  # the preempting plan after a plan that charged and lost every race
+                return
             await quota.charge(
                 conn, body.tenantId, body.poolId, reservation_id, amounts, request.start, request.end
             )
@@ -224,9 +229,15 @@ async def _create(
             config.shortlist_min,
             before_lock=charge,
         )
+        conditions: list[dict[str, Any]] = []
+        if isinstance(outcome, Pending) and preemption.applies(config.preemption, request):
+            how = preemption.PreemptOptions(config.options, config.max_attempts, charge)
+            by_preemption = await preemption.place_preempting(conn, cache, request, reservation_id, how, now)
+            if by_preemption is not None:
+                outcome, conditions = by_preemption.placed, [by_preemption.condition]
         if isinstance(outcome, Placed):
             assumptions.extend(outcome.assumptions)
-            status, conditions = "placed", []
+            status = "placed"
         else:
             assert isinstance(outcome, Pending)
             if not charged:  # over quota is 409 even when nothing fits; a pending request holds nothing
@@ -524,8 +535,10 @@ async def _mark_ended(
 async def preview(
     engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
 ) -> dict[str, Any]:
-    """The pipeline without the commit: ``{fits, candidates: [{nodeId, atoms, score, scores}], reason?}``
-    with up to 10 candidates, best first (for a gang: its members). Checks neither quota nor writes."""
+    """The pipeline without the commit: ``{fits, candidates: [{nodeId, atoms, score, scores}], reason?,
+    preemptible?}`` with up to 10 candidates, best first (for a gang: its members). ``preemptible``: a
+    regular request that fits only by preempting spot work (:func:`preemption.preemptible_view`).
+    Checks neither quota nor writes."""
     async with engine.connect() as conn:
         now = await db_now(conn)
         check_start(body, now, config.max_lead)
@@ -538,11 +551,18 @@ async def preview(
             config.shortlist_min,
             max(config.options.top_n, PREVIEW_CANDIDATES),
         )
+        preemptible = None
+        if not isinstance(outcome.plan, Plan) and not outcome.head.archived:
+            if preemption.applies(config.preemption, request):
+                preemptible = await preemption.preview_preemptible(conn, cache, request, config.options, now)
     if outcome.head.archived:
         return {"fits": False, "candidates": [], "reason": "the pool is archived"}
     plan = outcome.plan
     if not isinstance(plan, Plan):
-        return {"fits": False, "candidates": [], "reason": plan.summary}
+        answer: dict[str, Any] = {"fits": False, "candidates": [], "reason": plan.summary}
+        if preemptible is not None:
+            answer["preemptible"] = preemptible
+        return answer
     return {
         "fits": True,
         "candidates": [
