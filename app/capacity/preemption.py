@@ -29,6 +29,7 @@ The preemption is a wake edge for the pool (``NOTIFY``, delivered at commit): th
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
@@ -40,6 +41,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.commit import (
+    ATOM_BOOKED,
     ATOM_UNHEALTHY,
     LOST_RACE_SQLSTATES,
     NOT_SCHEDULABLE,
@@ -80,18 +82,20 @@ def victim_gone(node_name: str) -> str:
 
 # ------------------------------------------------------------------------------------------ reads
 
-_SPOT = sa.cast(reservations.c.spec["spot"].astext, sa.Boolean).is_(True)
+# (spec->>'spot')::boolean: the predicate of the partial index ix_reservations_placed_spot (NULL: regular)
+_SPOT = sa.cast(reservations.c.spec["spot"].astext, sa.Boolean)
 
 
 async def read_spot_work(
     conn: AsyncConnection, pool_id: str, start: datetime, end: datetime
 ) -> list[SpotWork]:
-    """The placed spot reservations with a live allocation overlapping ``[start, end)``::
+    """The placed spot reservations with a live allocation overlapping ``[start, end)`` (the partial
+    index of placed spot reservations, then their allocations by reservation id)::
 
     SELECT r.id, r.tenant_id, r.created_at, a.node_id, a.atoms, a.during
-      FROM allocations a JOIN reservations r ON r.id = a.reservation_id
-     WHERE a.pool_id = :pool AND a.released_at IS NULL AND a.during && tstzrange(:start, :end, '[)')
-       AND r.status = 'placed' AND (r.spec->>'spot')::boolean IS TRUE
+      FROM reservations r JOIN allocations a ON a.reservation_id = r.id
+     WHERE r.pool_id = :pool AND r.status = 'placed' AND (r.spec->>'spot')::boolean
+       AND a.released_at IS NULL AND a.during && tstzrange(:start, :end, '[)')
     """
     rows = (
         await conn.execute(
@@ -103,9 +107,9 @@ async def read_spot_work(
                 allocations.c.atoms,
                 allocations.c.during,
             )
-            .join(reservations, reservations.c.id == allocations.c.reservation_id)
+            .select_from(reservations.join(allocations, allocations.c.reservation_id == reservations.c.id))
             .where(
-                allocations.c.pool_id == pool_id,
+                reservations.c.pool_id == pool_id,
                 allocations.c.released_at.is_(None),
                 allocations.c.during.op("&&")(
                     sa.func.tstzrange(sa.literal(start, TS), sa.literal(end, TS), "[)")
@@ -140,7 +144,7 @@ async def read_scalar_holds(
     holding it (None for any other holder)::
 
     SELECT h.node_id, h.resource, h.amount, h.starts_at, h.ends_at,
-           CASE WHEN r.status = 'placed' AND (r.spec->>'spot')::boolean IS TRUE THEN r.id END
+           CASE WHEN r.status = 'placed' AND (r.spec->>'spot')::boolean THEN r.id END
       FROM scalar_holdings h JOIN allocations a ON a.id = h.allocation_id
       JOIN reservations r ON r.id = a.reservation_id
      WHERE h.node_id = ANY(:nodes) AND h.resource = ANY(:names) AND h.ends_at > :start AND h.starts_at < :end
@@ -183,10 +187,14 @@ async def plan_with_preemption(
     request: PlacementRequest,
     options: SchedulerOptions,
     now: datetime,
+    spot: list[SpotWork] | None = None,
 ) -> PreemptionPlan | None:
-    """Plan ``request`` by evicting overlapping spot work (plain reads; the commit re-checks)."""
+    """Plan ``request`` by evicting overlapping spot work (plain reads; the commit re-checks); ``spot``:
+    the spot work already read (else read here). The whole pool is read, so a node that fits without
+    victims (after lost races elsewhere) ranks first and nothing is evicted for nothing."""
     assert request.start is not None and request.end is not None
-    spot = await read_spot_work(conn, request.pool_id, request.start, request.end)
+    if spot is None:
+        spot = await read_spot_work(conn, request.pool_id, request.start, request.end)
     if not spot:
         return None
     head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end)
@@ -328,7 +336,7 @@ async def commit_preemption(
         if sqlstate(exc) not in LOST_RACE_SQLSTATES:
             raise
         outcome = LostRace(
-            first.node_id, f"an atom on {first.node_name} was booked concurrently", "atom_booked"
+            first.node_id, f"an atom on {first.node_name} was booked concurrently", ATOM_BOOKED
         )
     if isinstance(outcome, LostRace):
         await conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {savepoint}")
@@ -352,7 +360,7 @@ class PreemptOptions:
 
     options: SchedulerOptions
     max_attempts: int = 3
-    before_lock: Any = None  # Callable[[], Awaitable[None]] | None
+    before_lock: Callable[[], Awaitable[None]] | None = None
 
 
 async def place_preempting(
@@ -368,6 +376,9 @@ async def place_preempting(
     it fit, the pool is archived, or every attempt lost a race (the caller keeps its pending reason)."""
     assert request.start is not None and request.end is not None
     at = min(now, request.start)  # a start a little in the past (clock skew) is the preemption instant
+    spot: list[SpotWork] | None = await read_spot_work(conn, request.pool_id, request.start, request.end)
+    if not spot:
+        return None  # no spot work overlaps: not an attempt (nothing to preempt)
     excluded: dict[str, str] = {}
     pool_locked = False
     for attempt in range(1, how.max_attempts + 1):
@@ -377,7 +388,8 @@ async def place_preempting(
             excluded_nodes=how.options.excluded_nodes | frozenset(excluded),
             exclusion_reasons={**how.options.exclusion_reasons, **excluded},
         )
-        plan = await plan_with_preemption(conn, cache, request, options, at)
+        plan = await plan_with_preemption(conn, cache, request, options, at, spot)
+        spot = None  # a replan reads the spot work again
         if plan is None:
             PREEMPTION_ATTEMPTS.labels("no_fit").inc()
             return None

@@ -9,10 +9,12 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity import preemption
+from app.capacity.commit import ATOM_BOOKED, LostRace
 from app.capacity.reservations import (
     CapacityConfig,
     create_reservation,
     get_reservation,
+    placement_request,
     preview,
     release_reservation,
 )
@@ -21,7 +23,13 @@ from app.inventory import service as inventory
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
 from app.quota.service import set_limits
-from tests.capacity.helpers import held_now, make_pool_with_nodes, node_body, overlapping_bookings
+from tests.capacity.helpers import (
+    held_now,
+    make_pool_with_nodes,
+    node_body,
+    overlapping_bookings,
+    reservation_row,
+)
 
 CONFIG = CapacityConfig(SchedulerOptions())
 _keys = iter(range(1_000_000))
@@ -202,23 +210,20 @@ async def test_a_gang_member_that_loses_its_race_evicts_on_neither_node(clean_db
     gang = body(pool, 4, gang={"members": 2})
     async with engine.begin() as conn:
         now = (await conn.exec_driver_sql("SELECT now()")).scalar_one()
-        from app.capacity.reservations import placement_request
-
         request = placement_request(CONFIG, gang, now)
         plan = await preemption.plan_with_preemption(conn, cache, request, CONFIG.options, now)
         assert plan is not None and len(plan.victims) == 2
         # member b's node is cordoned (committed elsewhere) between the plan and the commit
         async with engine.begin() as other:
             await inventory.set_cordon(other, views[1]["id"], True)
-        rid = gang_row = await _reservation_row(conn, pool)
+        rid = await reservation_row(conn, pool)
         outcome = await preemption.commit_preemption(conn, request, plan, rid, 1, now)
-        assert outcome.__class__.__name__ == "LostRace"
-        assert "no longer schedulable" in outcome.reason  # type: ignore[union-attr]
+        assert isinstance(outcome, LostRace) and "no longer schedulable" in outcome.reason
         # nothing of the eviction stays: neither victim is preempted, their bookings are whole
         got = (
             await conn.execute(sa.text("SELECT count(*) FROM reservations WHERE status = 'preempted'"))
         ).scalar_one()
-        assert got == 0 and gang_row
+        assert got == 0
     async with engine.connect() as conn:
         for w in work:
             assert (await get_reservation(conn, w["id"], None))["status"] == "placed"
@@ -230,19 +235,10 @@ async def test_a_gang_member_that_loses_its_race_evicts_on_neither_node(clean_db
     )
 
 
-async def _reservation_row(conn: Any, pool: str) -> str:
-    from tests.capacity.helpers import reservation_row
-
-    return await reservation_row(conn, pool)
-
-
 async def test_a_victim_released_meanwhile_is_a_lost_race_then_a_replan(clean_db: AsyncEngine) -> None:
     engine, cache = clean_db, PoolCache()
     pool, _ = await make_pool_with_nodes(engine, [node_body("a", 8)])
     v1, v2 = [await reserve(engine, cache, body(pool, 4, spot=True)) for _ in range(2)]
-    from app.capacity.reservations import placement_request
-    from tests.capacity.helpers import reservation_row
-
     async with engine.begin() as conn:
         now = (await conn.exec_driver_sql("SELECT now()")).scalar_one()
         request = placement_request(CONFIG, body(pool, 4), now)
@@ -252,7 +248,7 @@ async def test_a_victim_released_meanwhile_is_a_lost_race_then_a_replan(clean_db
         await release_reservation(engine, victim, None)  # another transaction, committed
         rid = await reservation_row(conn, pool)
         outcome = await preemption.commit_preemption(conn, request, plan, rid, 1, now)
-        assert getattr(outcome, "kind", None) == preemption.VICTIM_GONE
+        assert isinstance(outcome, LostRace) and outcome.kind == preemption.VICTIM_GONE
     async with engine.connect() as conn:
         assert (await get_reservation(conn, victim, None))["status"] == "released"  # never preempted
     # end to end, the replan takes the released GPUs: no victim needed any more
@@ -267,9 +263,6 @@ async def test_spot_work_booked_while_the_preemption_commits_is_caught(clean_db:
     engine, cache = clean_db, PoolCache()
     pool, _ = await make_pool_with_nodes(engine, [node_body("a", 8)])
     victim = await reserve(engine, cache, body(pool, 4, spot=True, tenant="spotco"))  # 4 GPUs free beside it
-    from app.capacity.reservations import placement_request
-    from tests.capacity.helpers import reservation_row
-
     async with engine.begin() as conn:
         now = (await conn.exec_driver_sql("SELECT now()")).scalar_one()
         request = placement_request(CONFIG, body(pool, 8), now)
@@ -281,10 +274,29 @@ async def test_spot_work_booked_while_the_preemption_commits_is_caught(clean_db:
         assert late["status"] == "placed"
         rid = await reservation_row(conn, pool)
         outcome = await preemption.commit_preemption(conn, request, plan, rid, 1, now)
-        assert getattr(outcome, "kind", None) == "atom_booked"
+        assert isinstance(outcome, LostRace) and outcome.kind == ATOM_BOOKED
     async with engine.connect() as conn:
         assert (await get_reservation(conn, victim["id"], None))["status"] == "placed"  # rolled back
         assert await overlapping_bookings(conn) == 0
     # the service replans: both spot reservations go
     view = await reserve(engine, cache, body(pool, 8))
     assert view["status"] == "placed" and view["conditions"][0]["hiddenReservations"] == 2
+
+
+async def test_a_whole_node_lease_preempts_every_spot_reservation_of_its_node(clean_db: AsyncEngine) -> None:
+    engine, cache = clean_db, PoolCache()
+    pool, _ = await make_pool_with_nodes(engine, [])
+    work = await fill(engine, cache, pool, "l", [2, 2], "spotco")  # 4 GPUs free, 2 x 2 spot, cpu held
+    async with engine.begin() as conn:
+        await inventory.add_node(conn, pool, node_body("r", 8))
+    regular = await reserve(engine, cache, body(pool, 8))  # node r: regular work, never a victim
+    assert regular["status"] == "placed" and regular["conditions"] == []
+    lease = await reserve(engine, cache, body(pool, 0, binding="node", resources={"cpu": 1}))
+    assert lease["status"] == "placed", lease["conditions"]
+    assert lease["allocations"][0]["nodeId"] == work[0]["allocations"][0]["nodeId"]
+    assert len(lease["allocations"][0]["atoms"]) == 8
+    assert lease["conditions"][0]["hiddenReservations"] == 2
+    async with engine.connect() as conn:
+        assert {(await get_reservation(conn, w["id"], None))["status"] for w in work} == {"preempted"}
+        assert (await get_reservation(conn, regular["id"], None))["status"] == "placed"
+        assert await overlapping_bookings(conn) == 0
