@@ -19,6 +19,9 @@ How it is decided:
    Sets of up to :data:`EXHAUSTIVE_LIMIT` reservations per node are searched exhaustively (a quick
    count of freed atoms prunes sets that cannot hold the request); beyond that a greedy pass adds the
    cheapest victims until the node fits and then drops any that are not needed.
+   Sizes below a lower bound (the fewest reservations whose atoms could cover the deficit of each
+   requested class) are skipped, and nodes are searched in that bound's order: once it exceeds the
+   best node's victims, no later node can rank first.
 3. The node: fewest victims, then least GPU-time lost, then the newest victims, then the normal
    scorers' total (higher first), then the node id. There is no random pick: the preview of the same
    body on the same state names the node a reserve takes.
@@ -175,6 +178,27 @@ class _NodeSearch:
         plan = plan_placement(self.request, PoolSnapshot(id=self.pool_id, nodes=(freed,)), self.options)
         return plan.chosen if isinstance(plan, Plan) else None
 
+    def lower_bound(self) -> int:
+        """The fewest victims that could free enough atoms of every requested class (a lease: every
+        spot reservation of the node); no set smaller than this can fit."""
+        if self.request.binding == "node":
+            return len(self.works)
+        state, node_id = self.node.state, self.node.id
+        busy = state.booked | state.unavailable
+        needed = 0
+        for d in self.request.devices:
+            of_class = {a.id for a in self.node.inventory.atoms if a.device_class == d.device_class}
+            deficit = d.count - len(of_class - busy)
+            gains = sorted(
+                (len(w.atoms.get(node_id, frozenset()) & of_class) for w in self.works), reverse=True
+            )
+            taken = 0
+            while deficit > 0 and taken < len(gains) and gains[taken] > 0:
+                deficit -= gains[taken]
+                taken += 1
+            needed = max(needed, taken if deficit <= 0 else len(self.works) + 1)
+        return needed
+
     def enough_atoms(self, victims: Sequence[SpotWork]) -> bool:
         """A cheap necessary condition: the freed atoms plus the free ones cover every class's count."""
         if self.request.binding == "node":
@@ -212,7 +236,7 @@ def _set_key(
 
 
 def _exhaustive(search: _NodeSearch) -> Eviction | None:
-    for size in range(len(search.works) + 1):
+    for size in range(search.lower_bound(), len(search.works) + 1):
         sets = sorted(
             (c for c in combinations(search.works, size) if search.enough_atoms(c)),
             key=lambda c: _set_key(search, c),
@@ -254,6 +278,8 @@ def node_eviction(
     """The smallest set of ``works`` (spot reservations on ``node``) whose eviction makes ``request``
     (one member) fit on ``node``, with the candidate it then takes; None when even all of them do not."""
     search = _NodeSearch(request, node, tuple(works), tuple(holds), options, now, pool_id)
+    if search.lower_bound() > len(works):
+        return None
     return _exhaustive(search) if len(works) <= EXHAUSTIVE_LIMIT else _greedy(search)
 
 
@@ -297,16 +323,15 @@ def plan_preemption(
     member = replace(request, gang=None)
     nodes = {n.id: n for n in snapshot.nodes}
 
-    def evict_on(node_id: str) -> Eviction | None:
-        return node_eviction(
-            member,
-            nodes[node_id],
-            by_node.get(node_id, []),
-            holds_of.get(node_id, []),
-            options,
-            now,
-            snapshot.id,
+    def search_on(node_id: str) -> _NodeSearch:
+        works = tuple(by_node.get(node_id, []))
+        return _NodeSearch(
+            member, nodes[node_id], works, tuple(holds_of.get(node_id, [])), options, now, snapshot.id
         )
+
+    def evict_on(node_id: str) -> Eviction | None:
+        s = search_on(node_id)
+        return node_eviction(member, s.node, s.works, s.holds, options, now, snapshot.id)
 
     if gang:
         evictions: list[Eviction] = []
@@ -316,10 +341,19 @@ def plan_preemption(
                 return None  # all members or none
             evictions.append(found)
     else:
-        found_all = [e for e in (evict_on(c.node_id) for c in relaxed_plan.ranked) if e is not None]
-        if not found_all:
+        # nodes by the fewest victims they could need: once that bound exceeds the best node's victims,
+        # no later node can rank first (fewest victims leads the order)
+        bounded = sorted((search_on(c.node_id).lower_bound(), c.node_id) for c in relaxed_plan.ranked)
+        best: Eviction | None = None
+        for bound, node_id in bounded:
+            if best is not None and bound > len(best.victims):
+                break
+            found = evict_on(node_id)
+            if found is not None and (best is None or _node_key(found) < _node_key(best)):
+                best = found
+        if best is None:
             return None
-        evictions = [min(found_all, key=_node_key)]
+        evictions = [best]
     works = {w.reservation_id: w for w in spot}
     victim_ids = sorted({v for e in evictions for v in e.victims})
     return PreemptionPlan(
