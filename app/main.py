@@ -45,6 +45,7 @@ def capacity_config(settings: Settings) -> CapacityConfig:
         shortlist_min=settings.capacity_shortlist_min,
         enforce_device_limits=settings.capacity_enforce_device_limits,
         max_lead=settings.capacity_max_lead,
+        preemption=settings.capacity_preemption,
     )
 
 

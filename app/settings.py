@@ -11,6 +11,7 @@ request bounds ``BC_MAX_BODY_BYTES``, ``BC_MAX_IMPORT_BODY_BYTES``, ``BC_MAX_PLA
 notation: ``100/second``, ``5/minute``); serving ``BC_LIMIT_CONCURRENCY`` and ``BC_KEEP_ALIVE_SECONDS``
 (docs/operating.md); agents ``BC_CAPACITY_ENFORCE_DEVICE_LIMITS``, ``BC_NODE_HEARTBEAT_GRACE`` (seconds),
 ``BC_NODE_LIVENESS_SWEEP_SECONDS`` (docs/agent.md).
+``BC_CAPACITY_PREEMPTION`` (default on: regular work may preempt spot work, docs/preemption.md),
 ``BC_CAPACITY_MAX_LEAD`` (how far ahead a window may start: seconds or an ISO 8601 duration such as
 ``P366D``), ``BC_LIFECYCLE_INTERVAL`` (seconds between the lifecycle controller's sweeps),
 ``BC_LIFECYCLE_SWEEP`` (seconds between two full sweeps of the pending reservations, the safety net of
@@ -82,6 +83,8 @@ class Settings(BaseSettings):
     # requiredCapabilities: host resources ask for bc.dev/cap.devices.limits (off: nodes registered without
     # an agent have no daemon to enforce limits; see docs/agent.md)
     capacity_enforce_device_limits: bool = False
+    # BC_CAPACITY_PREEMPTION: a regular request that does not fit may preempt spot work (docs/preemption.md)
+    capacity_preemption: bool = True
     # liveness: an agent's node is "heartbeat lost" after this many seconds without a heartbeat (None: 3 x
     # the interval its Hello carried); the sweep runs every node_liveness_sweep_seconds
     node_heartbeat_grace: float | None = Field(default=None, gt=0)

@@ -41,6 +41,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.capacity import preemption
 from app.capacity.commit import CommitExtras, Committed, MarkPlaced, QuotaCharge, sqlstate
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Pending, Placed, db_now, place_inline
@@ -74,6 +75,8 @@ class CapacityConfig:
     # BC_CAPACITY_ENFORCE_DEVICE_LIMITS: host resources need bc.dev/cap.devices.limits (requiredCapabilities)
     enforce_device_limits: bool = False
     max_lead: timedelta = MAX_LEAD
+    # BC_CAPACITY_PREEMPTION: a regular request that does not fit may preempt spot work
+    preemption: bool = True
 
 
 def placement_request(
@@ -187,6 +190,17 @@ async def _create(
             extras=CommitExtras(charge, MarkPlaced(reservation_id, request.end)),
             head=head,
         )
+        if isinstance(outcome, Pending) and preemption.applies(config.preemption, request):
+            how = preemption.PreemptOptions(config.options, config.max_attempts, charge)
+            by_preemption = await preemption.place_preempting(
+                conn, cache, request, reservation_id, how, created_at
+            )
+            if by_preemption is not None:
+                assumptions.extend(by_preemption.placed.assumptions)
+                allocs = [_committed_view(a, request) for a in by_preemption.placed.allocations]
+                conditions = [by_preemption.condition]
+                await _mark_placed(conn, reservation_id, request.end, conditions)
+                return _placed_view(body, reservation_id, spec, created_at, allocs, conditions), True
         if isinstance(outcome, Placed):
             assumptions.extend(outcome.assumptions)
             allocs = [_committed_view(a, request) for a in outcome.allocations]
@@ -256,6 +270,20 @@ async def _idempotent_answer(conn: AsyncConnection, body: ReservationRequest, di
     return await _view(conn, existing)
 
 
+# UPDATE reservations SET status = 'placed', conditions = :conditions, ends_at = :end, updated_at = now()
+#  WHERE id = :reservation
+async def _mark_placed(
+    conn: AsyncConnection, reservation_id: str, end: datetime, conditions: list[dict[str, Any]]
+) -> None:
+    """Mark the reservation ``placed`` with ``conditions`` (a preemptor's, which the commit's own placed
+    mark cannot carry: it is known only once the victims are chosen)."""
+    await conn.execute(
+        sa.update(reservations)
+        .where(reservations.c.id == reservation_id)
+        .values(status="placed", conditions=conditions, ends_at=end, updated_at=sa.func.now())
+    )
+
+
 async def _store_pending(conn: AsyncConnection, charge: QuotaCharge, reason: str) -> dict[str, Any]:
     """Nothing fit: the charge is still checked (over quota is 409 even when nothing fits) and refunded
     (a pending request holds nothing), and the row keeps ``pending`` with its Unschedulable condition."""
@@ -286,9 +314,11 @@ def _placed_view(
     spec: dict[str, Any],
     created_at: datetime,
     allocs: list[dict[str, Any]],
+    conditions: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The view of a reservation just placed, from what the create wrote (what :func:`_shape` would read
-    back: the commit marked the row ``placed`` with no conditions)."""
+    back: the commit marked the row ``placed``, with no conditions or, after a preemption, the
+    preemptor's ``Preempted`` condition)."""
     return {
         "id": reservation_id,
         "tenantId": body.tenantId,
@@ -297,7 +327,7 @@ def _placed_view(
         "idempotencyKey": body.idempotencyKey,
         "spec": spec,
         "allocations": allocs,
-        "conditions": [],
+        "conditions": conditions or [],
         "createdAt": created_at.isoformat(),
         "releasedAt": None,
     }
@@ -575,8 +605,10 @@ async def _mark_ended(
 async def preview(
     engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
 ) -> dict[str, Any]:
-    """The pipeline without the commit: ``{fits, candidates: [{nodeId, atoms, score, scores}], reason?}``
-    with up to 10 candidates, best first (for a gang: its members). Checks neither quota nor writes."""
+    """The pipeline without the commit: ``{fits, candidates: [{nodeId, atoms, score, scores}], reason?,
+    preemptible?}`` with up to 10 candidates, best first (for a gang: its members). ``preemptible``: a
+    regular request that fits only by preempting spot work (:func:`preemption.preemptible_view`).
+    Checks neither quota nor writes."""
     async with engine.connect() as conn:
         now = await db_now(conn)
         check_start(body, now, config.max_lead)
@@ -589,11 +621,18 @@ async def preview(
             config.shortlist_min,
             max(config.options.top_n, PREVIEW_CANDIDATES),
         )
+        preemptible = None
+        if not isinstance(outcome.plan, Plan) and not outcome.head.archived:
+            if preemption.applies(config.preemption, request):
+                preemptible = await preemption.preview_preemptible(conn, cache, request, config.options, now)
     if outcome.head.archived:
         return {"fits": False, "candidates": [], "reason": "the pool is archived"}
     plan = outcome.plan
     if not isinstance(plan, Plan):
-        return {"fits": False, "candidates": [], "reason": plan.summary}
+        answer: dict[str, Any] = {"fits": False, "candidates": [], "reason": plan.summary}
+        if preemptible is not None:
+            answer["preemptible"] = preemptible
+        return answer
     return {
         "fits": True,
         "candidates": [

@@ -184,6 +184,12 @@ reservations = sa.Table(
     sa.Index("ix_reservations_tenant_status", "tenant_id", "status"),
     # the lifecycle controller's sweep reads only placed reservations, by their end
     sa.Index("ix_reservations_placed_ends_at", "ends_at", postgresql_where=sa.text("status = 'placed'")),
+    # spot preemption reads the placed spot work of a pool (app/capacity/preemption.py)
+    sa.Index(
+        "ix_reservations_placed_spot",
+        "pool_id",
+        postgresql_where=sa.text("status = 'placed' AND ((spec ->> 'spot'))::boolean"),
+    ),
 )
 
 allocations = sa.Table(

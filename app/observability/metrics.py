@@ -141,6 +141,18 @@ WAKE_WAIT = Histogram(
     "How long a woken reservation waited pending, from its creation to its placement (seconds).",
     buckets=WAIT_BUCKETS,
 )
+PREEMPTION_RESULTS = ("placed", "no_fit", "lost_race")
+PREEMPTION_ATTEMPTS = Counter(
+    "bc_preemption_attempts_total",
+    "Regular requests planned again with overlapping spot work counted as free, by result: placed (victims "
+    "preempted), no_fit (preempting would not help) or lost_race (every attempt lost a race).",
+    ["result"],
+)
+PREEMPTION_VICTIMS = Histogram(
+    "bc_preemption_victims",
+    "Spot reservations preempted by one placed preemptor.",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
+)
 BUILD = Info("bc_build", "The running build: bc_build_info{version} is 1.")
 
 
@@ -176,6 +188,8 @@ for _result in REPAIR_RESULTS:
     REPAIRS.labels(_result)
 for _source in WAKE_SOURCES:
     WAKE_EDGES_HEARD.labels(_source)
+for _result in PREEMPTION_RESULTS:
+    PREEMPTION_ATTEMPTS.labels(_result)
 
 
 P = ParamSpec("P")

@@ -17,7 +17,9 @@ class Condition(ApiModel):
     status: Literal["True", "False", "Unknown"]
     reason: str
     message: str
-    at: Timestamp | None = Field(default=None, description="When it happened (Scheduled, Repaired)")
+    at: Timestamp | None = Field(
+        default=None, description="When it happened (Scheduled, Repaired, Preempted)"
+    )
     waitedSeconds: float | None = Field(
         default=None, description="Scheduled: how long the reservation waited pending (seconds)"
     )
@@ -25,6 +27,12 @@ class Condition(ApiModel):
     oldAtoms: list[str] | None = Field(default=None, description="Repaired: the atoms it was booked on")
     newNodeId: str | None = Field(default=None, description="Repaired: the node it moved to (null: pending)")
     newAtoms: list[str] | None = Field(default=None, description="Repaired: the atoms it moved to")
+    reservationIds: list[str] | None = Field(
+        default=None, description="Preempted (the preemptor): the victims of its own tenant"
+    )
+    hiddenReservations: int | None = Field(
+        default=None, description="Preempted (the preemptor): victims of other tenants, counted, never named"
+    )
 
 
 class Allocation(ApiModel):
@@ -115,9 +123,32 @@ class Candidate(ApiModel):
     scores: dict[str, float]
 
 
+class PreemptibleCandidate(ApiModel):
+    """A node a regular request would take by preempting spot work there: the atoms and the victims."""
+
+    nodeId: str
+    nodeName: str
+    atoms: list[str]
+    victims: int = Field(description="Spot reservations preempted on this node")
+
+
+class Preemptible(ApiModel):
+    """A regular request that fits only by preempting spot work (docs/preemption.md)."""
+
+    reservations: int = Field(description="Spot reservations it would preempt")
+    startsAt: Timestamp = Field(description="When the preemptor's window would start")
+    candidates: list[PreemptibleCandidate] = Field(description="The node it would take (a gang: its members)")
+    reservationIds: list[str] = Field(description="The victims of the request's tenant")
+    hiddenReservations: int = Field(description="Victims of other tenants, counted, never named")
+
+
 class Preview(ApiModel):
-    """``{fits, candidates, reason?}``: up to 10 candidates best first (a gang: its members), or why not."""
+    """``{fits, candidates, reason?, preemptible?}``: up to 10 candidates best first (a gang: its
+    members), or why not, and what preempting spot work would do."""
 
     fits: bool
     candidates: list[Candidate]
     reason: str | None = Field(default=None, description="Why nothing fits; absent when it fits")
+    preemptible: Preemptible | None = Field(
+        default=None, description="A regular request that fits only by preempting spot work"
+    )
