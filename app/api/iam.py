@@ -53,6 +53,7 @@ async def create_key(
 async def revoke_key(
     key_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> None:
-    """Revoke a key: refused at once by this process, within ``BC_KEY_CACHE_SECONDS`` by the others."""
     await in_transaction(svc.engine, revoke_api_key, key_id, principal)
+    # refused at once by this process; by the others once their cached principal expires
+    # (BC_KEY_CACHE_SECONDS, app/iam/key_cache.py)
     svc.keys.forget_key(key_id)
