@@ -9,7 +9,9 @@ In one run and one database:
    (``compute:nodes:hello`` on the pool), so each request pays the real key lookup;
 3. measures preview p50 / p99 idle (sequential requests, 1 GPU + 4 cpu);
 4. floods unchanged heartbeats (all 8 devices healthy, the one-statement path) from C concurrent clients
-   for S seconds: heartbeats per second;
+   for S seconds: heartbeats per second. The heartbeat senders use the lean HTTP client of
+   ``bench/rawhttp.py`` (about 0.15 ms of CPU per request; httpx spent 2-3 ms, as much as the service,
+   on the same two cores), one keep-alive connection each, like agents;
 5. runs previews again while heartbeats are paced at ``--paced`` per second: preview p99 under load and its
    ratio to idle (the target: within 2x);
 6. registers ``--hellos`` new nodes through ``POST /v1/nodes/hello`` (the DGX A100 ``topo -m`` fixture,
