@@ -198,6 +198,7 @@ def test_agent_round_trip(database_url: str, clean_db: AsyncEngine, tmp_path: Pa
                     and all(d["healthy"] and d["bookable"] for d in n["devices"])
                     and not n["noScheduleReasons"]
                 ),
+                timeout=60,
                 log=first.log,
             )
             assert first.stop() == 0  # SIGTERM: a clean exit
@@ -239,6 +240,7 @@ def test_agent_round_trip(database_url: str, clean_db: AsyncEngine, tmp_path: Pa
                     and r["status"] == "placed"
                     and r
                 ),
+                timeout=60,
                 log=second.log,
             )
             assert {a["nodeId"] for a in woken["allocations"]} == {back["id"]}
