@@ -22,6 +22,7 @@ from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.capacity.wake import LISTENER_RETRY, WAKE_LISTENER, WAKE_PENDING, WakeController
 from app.db.engine import create_engine, migrate_async, resolve_database_url
+from app.iam.key_cache import PrincipalCache
 from app.inventory.liveness_task import HEARTBEAT_LIVENESS, sweep_once
 from app.observability.logs import configure_logging
 from app.observability.middleware import AccessLogMiddleware
@@ -81,7 +82,10 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
             await migrate_async(url)
         engine = create_engine(url, pool_size=settings.db_pool_size)
         cache = PoolCache()
-        app.state.services = Services(engine=engine, cache=cache, capacity=config, settings=settings)
+        keys = PrincipalCache(settings.key_cache_seconds)
+        app.state.services = Services(
+            engine=engine, cache=cache, capacity=config, settings=settings, keys=keys
+        )
         wake = WakeController(cache, config, settings.lifecycle_sweep)
         lifecycle = Lifecycle(engine, lifecycle_tasks(settings, wake))
         wake.poke = partial(lifecycle.poke, WAKE_PENDING)

@@ -68,11 +68,16 @@ class Settings(BaseSettings):
     # per key; per client address for failed authentication (``limits`` rate notation)
     rate_limit: str = "100/second"
     auth_failure_rate_limit: str = "10/second"
+    # per agent key (one whose grants are all compute:nodes:hello): a pool's agents share one key, and
+    # 10,000 of them heartbeating every 10 s send 1,000 requests a second (docs/agent.md)
+    agent_rate_limit: str = "5000/second"
+    # seconds a key's principal stays cached in a process after a lookup (app/iam/key_cache.py); 0: off
+    key_cache_seconds: float = Field(default=2.0, ge=0, le=60)
     # uvicorn: open connections + tasks beyond which it answers 503; idle keep-alive seconds
     limit_concurrency: int = Field(default=1000, ge=1)
     keep_alive_seconds: int = Field(default=75, ge=1, le=3600)
 
-    @field_validator("rate_limit", "auth_failure_rate_limit")
+    @field_validator("rate_limit", "auth_failure_rate_limit", "agent_rate_limit")
     @classmethod
     def _rate(cls, value: str) -> str:
         from limits import parse

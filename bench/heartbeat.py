@@ -9,7 +9,9 @@ In one run and one database:
    (``compute:nodes:hello`` on the pool), so each request pays the real key lookup;
 3. measures preview p50 / p99 idle (sequential requests, 1 GPU + 4 cpu);
 4. floods unchanged heartbeats (all 8 devices healthy, the one-statement path) from C concurrent clients
-   for S seconds: heartbeats per second;
+   for S seconds: heartbeats per second. The heartbeat senders use the lean HTTP client of
+   ``bench/rawhttp.py`` (about 0.15 ms of CPU per request; httpx spent 2-3 ms, as much as the service,
+   on the same two cores), one keep-alive connection each, like agents;
 5. runs previews again while heartbeats are paced at ``--paced`` per second: preview p99 under load and its
    ratio to idle (the target: within 2x);
 6. registers ``--hellos`` new nodes through ``POST /v1/nodes/hello`` (the DGX A100 ``topo -m`` fixture,
@@ -26,11 +28,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import secrets
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import asyncpg
@@ -41,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.db.engine import migrate  # noqa: E402
+from bench.rawhttp import RawConnection  # noqa: E402
 from bench.reserve import (  # noqa: E402
     DEFAULT_URL,
     SHAPES,
@@ -82,21 +88,36 @@ async def previews(client: httpx.AsyncClient, pool: str, count: int) -> list[flo
     return times
 
 
+def heartbeat_body(node: str) -> dict:
+    """All 8 devices of ``node`` healthy: the one-statement path."""
+    return {"devices": [{"id": d, "healthy": True} for d in devices_of(node)]}
+
+
+def outcome(status: int, answer: bytes) -> str:
+    """``unchanged`` for a 200 that only recorded the time, else ``http <status>`` or ``changed``."""
+    if status != 200:
+        return f"http {status}"
+    return "changed" if json.loads(answer)["changed"] else "unchanged"
+
+
 async def flood(
-    client: httpx.AsyncClient, node_ids: list[str], clients: int, seconds: float
+    connect: Callable[[], RawConnection], node_ids: list[str], clients: int, seconds: float
 ) -> tuple[float, dict]:
-    """Unchanged heartbeats from ``clients`` concurrent clients for ``seconds``: (per second, outcomes)."""
+    """Unchanged heartbeats from ``clients`` concurrent clients (one keep-alive connection each, lean
+    HTTP: bench/rawhttp.py) for ``seconds``: (per second, outcomes)."""
     end = time.perf_counter() + seconds
     outcomes: dict[str, int] = {}
 
     async def one(k: int) -> None:
         rng = random.Random(k)
-        while time.perf_counter() < end:
-            node = rng.choice(node_ids)
-            body = {"devices": [{"id": d, "healthy": True} for d in devices_of(node)]}
-            r = await client.post(f"/v1/nodes/{node}/heartbeat", json=body)
-            key = "unchanged" if r.status_code == 200 and not r.json()["changed"] else f"http {r.status_code}"
-            outcomes[key] = outcomes.get(key, 0) + 1
+        conn = connect()
+        try:
+            while time.perf_counter() < end:
+                node = rng.choice(node_ids)
+                key = outcome(*await conn.post(f"/v1/nodes/{node}/heartbeat", heartbeat_body(node)))
+                outcomes[key] = outcomes.get(key, 0) + 1
+        finally:
+            await conn.close()
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(k) for k in range(clients)))
@@ -104,7 +125,7 @@ async def flood(
 
 
 async def paced(
-    client: httpx.AsyncClient, node_ids: list[str], rate: float, clients: int, stop: asyncio.Event
+    connect: Callable[[], RawConnection], node_ids: list[str], rate: float, clients: int, stop: asyncio.Event
 ) -> int:
     """Heartbeats at up to ``rate`` per second (10,000 agents every 10 s send 1,000/s) from ``clients``
     senders, each keeping its share of the pace, until ``stop``; returns how many were answered 200."""
@@ -115,13 +136,16 @@ async def paced(
         nonlocal answered
         rng = random.Random(1000 + k)
         due = time.perf_counter() + rng.random() * period
-        while not stop.is_set():
-            await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            due += period
-            node = rng.choice(node_ids)
-            body = {"devices": [{"id": d, "healthy": True} for d in devices_of(node)]}
-            r = await client.post(f"/v1/nodes/{node}/heartbeat", json=body)
-            answered += r.status_code == 200
+        conn = connect()
+        try:
+            while not stop.is_set():
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                due += period
+                node = rng.choice(node_ids)
+                status, _ = await conn.post(f"/v1/nodes/{node}/heartbeat", heartbeat_body(node))
+                answered += status == 200
+        finally:
+            await conn.close()
 
     await asyncio.gather(*(sender(k) for k in range(clients)))
     return answered
@@ -198,7 +222,6 @@ async def run(args: argparse.Namespace) -> None:
         print(
             f"baseline: the quiet-heartbeat statement alone (asyncpg, {args.clients} clients): {base:,.0f}/s"
         )
-        limits = httpx.Limits(max_connections=args.clients + 8, max_keepalive_connections=args.clients + 8)
         for workers in [int(w) for w in args.workers.split(",")]:
             service = await start_service(url, admin_key, workers, log_dir)
             services.append(service)
@@ -214,12 +237,10 @@ async def run(args: argparse.Namespace) -> None:
                     )
                 ).json()["key"]
             agent_headers = {"Authorization": f"Bearer {key}"}
-            async with (
-                httpx.AsyncClient(base_url=service.url, headers=admin, timeout=120) as client,
-                httpx.AsyncClient(
-                    base_url=service.url, headers=agent_headers, timeout=120, limits=limits
-                ) as agents,
-            ):
+
+            agents = partial(RawConnection, service.url, agent_headers)
+
+            async with httpx.AsyncClient(base_url=service.url, headers=admin, timeout=120) as client:
                 await asyncio.gather(*(previews(client, pool, 2) for _ in range(2 * workers)))  # warm caches
                 idle = await previews(client, pool, args.previews)
                 rate, outcomes = await flood(agents, node_ids, args.clients, args.seconds)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -12,6 +12,7 @@ from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.errors import Unauthenticated
 from app.iam.authorize import Principal
+from app.iam.key_cache import PrincipalCache
 from app.settings import Settings
 
 bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer bck_...`")
@@ -21,12 +22,14 @@ __all__ = ["Principal", "Services", "current_principal", "services"]
 
 @dataclass(frozen=True, slots=True)
 class Services:
-    """What routes need: the engine, the pool cache, capacity options and settings."""
+    """What routes need: the engine, the pool cache, capacity options, settings, and the principals of
+    keys that authenticated a moment ago (the request guard's, app/iam/key_cache.py)."""
 
     engine: AsyncEngine
     cache: PoolCache
     capacity: CapacityConfig
     settings: Settings
+    keys: PrincipalCache = field(default_factory=lambda: PrincipalCache(0))
 
 
 async def services(request: Request) -> Services:

@@ -8,14 +8,16 @@ For every ``/v1/...`` request, in this order (DESIGN.md, "Security rules"):
    10/second); over it, 429 ``RATE_LIMITED`` without even looking the key up, except for a key that
    authenticated in this process within the last :data:`RECENT_KEY_SECONDS` (:class:`RecentKeys`): one
    guesser behind a NAT or proxy does not lock out the valid keys sharing its address. The key is
-   resolved to its :class:`~app.iam.authorize.Principal` with one query on every request (no cache of
-   principals, so a revoked key stops at once) and kept in ``scope["state"]["principal"]`` for
+   resolved to its :class:`~app.iam.authorize.Principal` with one query, whose answer the process keeps
+   for ``BC_KEY_CACHE_SECONDS`` (2 s, :mod:`app.iam.key_cache`: a key revoked through this process stops
+   at once, through another within those seconds), and kept in ``scope["state"]["principal"]`` for
    :func:`app.api.deps.current_principal`; ``scope["state"]["api_key_id"]`` is the key id
    (``"bootstrap"`` for the bootstrap admin key) for the access log. A database outage during the
    lookup answers 503 ``UNAVAILABLE`` with ``Retry-After``.
-2. **Rate limit the key** (``BC_RATE_LIMIT``, default 100/second): 429 ``RATE_LIMITED`` with
-   ``Retry-After``. Counters live in this process (``limits``' memory storage), so with N worker
-   processes a key may make up to N times the limit.
+2. **Rate limit the key** (``BC_RATE_LIMIT``, default 100/second; ``BC_AGENT_RATE_LIMIT``, default
+   5000/second, for an agent key, whose grants are all ``compute:nodes:hello``: a pool's agents share it):
+   429 ``RATE_LIMITED`` with ``Retry-After``. Counters live in this process (``limits``' memory
+   storage), so with N worker processes a key may make up to N times the limit.
 3. **Refuse unstorable path and query text.** A NUL in the path names nothing: 404 ``NOT_FOUND``. A NUL
    (or a lone surrogate) in a query parameter is 422 ``INVALID_INPUT`` naming the parameter.
 4. **Bound the body before it is parsed.** ``Content-Length`` over the route's limit answers 413
@@ -54,6 +56,7 @@ from app.errors import (
     Unavailable,
     clip_input,
 )
+from app.iam.authorize import Principal
 from app.iam.keys import hash_key
 from app.iam.service import principal_for_key
 from app.observability.metrics import GUARD_REFUSALS
@@ -105,19 +108,22 @@ def nesting_exceeds(body: bytes, limit: int) -> bool:
 class RateLimits:
     """Per-key and per-address (failed authentication) moving windows, in this process's memory."""
 
-    def __init__(self, per_key: str, auth_failures: str) -> None:
+    def __init__(self, per_key: str, auth_failures: str, per_agent_key: str | None = None) -> None:
         self._limiter = MovingWindowRateLimiter(MemoryStorage())
         self._per_key = parse_rate(per_key)
+        self._per_agent_key = parse_rate(per_agent_key or per_key)
         self._auth_failures = parse_rate(auth_failures)
 
     def _refusal(self, item: Any, what: str, *identity: str) -> RateLimited:
         reset_at, _ = self._limiter.get_window_stats(item, *identity)
         return RateLimited(f"more than {item} {what}", max(1, math.ceil(reset_at - time.time())))
 
-    def spend_key(self, key_id: str) -> None:
-        """Count one request of ``key_id``; raises :class:`~app.errors.RateLimited` over the limit."""
-        if not self._limiter.hit(self._per_key, "key", key_id):
-            raise self._refusal(self._per_key, "requests with this key", "key", key_id)
+    def spend_key(self, key_id: str, agent: bool = False) -> None:
+        """Count one request of ``key_id`` (``agent``: an agent key, with its own limit); raises
+        :class:`~app.errors.RateLimited` over the limit."""
+        limit = self._per_agent_key if agent else self._per_key
+        if not self._limiter.hit(limit, "key", key_id):
+            raise self._refusal(limit, "requests with this key", "key", key_id)
 
     def check_address(self, address: str) -> None:
         """Raise :class:`~app.errors.RateLimited` when ``address`` has used up its failed attempts."""
@@ -166,6 +172,14 @@ class RecentKeys:
         self._hashes.pop(key_hash, None)
 
 
+AGENT_ACTION = "compute:nodes:hello"  # the one action of an agent key (docs/agent.md)
+
+
+def is_agent_key(principal: Principal) -> bool:
+    """True for an agent key: it holds grants, and all of them are ``compute:nodes:hello``."""
+    return bool(principal.grants) and all(g.action == AGENT_ACTION for g in principal.grants)
+
+
 def _bearer_key(scope: Scope) -> str | None:
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
@@ -191,7 +205,9 @@ class RequestGuard:
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
         self.settings = settings
-        self.rates = RateLimits(settings.rate_limit, settings.auth_failure_rate_limit)
+        self.rates = RateLimits(
+            settings.rate_limit, settings.auth_failure_rate_limit, settings.agent_rate_limit
+        )
         self.recent = RecentKeys()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -233,11 +249,24 @@ class RequestGuard:
         if key_hash not in self.recent:  # key guessing: no lookup once the address is over its limit
             self.rates.check_address(address)
         services = scope["app"].state.services
+        principal = services.keys.get(key_hash)
+        if principal is None:
+            principal = await self._look_up(services, key, key_hash, address)
+            services.keys.put(key_hash, principal)
+        self.recent.remember(key_hash)
+        state = scope.setdefault("state", {})
+        state["principal"] = principal
+        state["api_key_id"] = principal.key_id
+        self.rates.spend_key(principal.key_id or principal.id, agent=is_agent_key(principal))
+
+    async def _look_up(self, services: Any, key: str, key_hash: str, address: str) -> Principal:
+        """The principal of ``key`` from the database (one SELECT); an unknown or revoked key counts as a
+        failed authentication of ``address``; a database outage is 503."""
         try:
             async with services.engine.connect() as conn:
                 # one SELECT: autocommit spares the BEGIN and ROLLBACK round trips on every request
                 conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                principal = await principal_for_key(conn, key, self.settings.bootstrap_admin_key)
+                return await principal_for_key(conn, key, self.settings.bootstrap_admin_key)
         except Unauthenticated as unknown:
             self.recent.forget(key_hash)
             raise self.rates.failed(address, unknown) from None
@@ -245,11 +274,6 @@ class RequestGuard:
             if is_outage(exc):
                 raise Unavailable() from exc
             raise
-        self.recent.remember(key_hash)
-        state = scope.setdefault("state", {})
-        state["principal"] = principal
-        state["api_key_id"] = principal.key_id
-        self.rates.spend_key(principal.key_id or principal.id)
 
     @staticmethod
     def _check_path_and_query(scope: Scope) -> None:

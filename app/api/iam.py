@@ -54,3 +54,6 @@ async def revoke_key(
     key_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> None:
     await in_transaction(svc.engine, revoke_api_key, key_id, principal)
+    # refused at once by this process; by the others once their cached principal expires
+    # (BC_KEY_CACHE_SECONDS, app/iam/key_cache.py)
+    svc.keys.forget_key(key_id)

@@ -185,6 +185,22 @@ def test_agent_round_trip(database_url: str, clean_db: AsyncEngine, tmp_path: Pa
             assert sick["devices"][0]["healthReason"] == "row remapping failure"
             assert sick["devices"][1]["healthReason"] == "device left"
             assert not sick["devices"][1]["healthy"]  # the agent reports the missing device unhealthy
+
+            # the host heals (both GPUs back and healthy) and the repaired reservation is released, so
+            # that below only the lost heartbeat keeps work off the node
+            release = httpx.post(f"{url}/v1/reservations/{placed['id']}/release", headers=ADMIN)
+            assert release.status_code == 200, release.text
+            write_host(tmp_path / "host", 2)
+            wait_for(
+                "the host healed",
+                lambda: (
+                    (n := node_named(url, pool))
+                    and all(d["healthy"] and d["bookable"] for d in n["devices"])
+                    and not n["noScheduleReasons"]
+                ),
+                timeout=60,
+                log=first.log,
+            )
             assert first.stop() == 0  # SIGTERM: a clean exit
 
         stopped = time.monotonic()
@@ -194,8 +210,14 @@ def test_agent_round_trip(database_url: str, clean_db: AsyncEngine, tmp_path: Pa
         assert lost["noScheduleReasons"] == ["heartbeat lost"]
         assert time.monotonic() - stopped < 3 + 3  # grace 3 s (+ sweep period and polling)
 
+        # work asked for while the node is lost waits: the node's GPUs are free, only NoSchedule refuses
+        waiting = httpx.post(
+            url + "/v1/reservations", json={**kube, "idempotencyKey": "k8s-2"}, headers=ADMIN
+        ).json()
+        assert waiting["status"] == "pending", waiting
+        assert "heartbeat lost" in str(waiting["conditions"]), waiting["conditions"]
+
         may_fit = metric(url, "bc_agent_edges_total", 'edge="node_may_fit"')
-        write_host(tmp_path / "host", 2)
         with agent(url, pool, key, tmp_path, "--capability", "binding.kubernetes") as second:
             back = wait_for(
                 "the node back",
@@ -210,6 +232,19 @@ def test_agent_round_trip(database_url: str, clean_db: AsyncEngine, tmp_path: Pa
             )
             assert back["devices"][1]["healthReason"] is None
             assert metric(url, "bc_agent_edges_total", 'edge="node_may_fit"') >= may_fit + 1  # the wake hook
+            # the restarted agent's heartbeat cleared `heartbeat lost`: a wake edge places the waiting work
+            woken = wait_for(
+                "the pending reservation placed by the wake",
+                lambda: (
+                    (r := httpx.get(f"{url}/v1/reservations/{waiting['id']}", headers=ADMIN).json())
+                    and r["status"] == "placed"
+                    and r
+                ),
+                timeout=60,
+                log=second.log,
+            )
+            assert {a["nodeId"] for a in woken["allocations"]} == {back["id"]}
+            assert [c["reason"] for c in woken["conditions"] if c["type"] == "Scheduled"] == ["Woken"]
             assert second.stop() == 0
 
 
