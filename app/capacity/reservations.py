@@ -68,6 +68,9 @@ class CapacityConfig:
     # BC_CAPACITY_ENFORCE_DEVICE_LIMITS: host resources need bc.dev/cap.devices.limits (requiredCapabilities)
     enforce_device_limits: bool = False
     max_lead: timedelta = MAX_LEAD
+    # BC_CAPACITY_PLACER / BC_CAPACITY_MAX_BATCH (seed 000, "Two placers"; app/capacity/placers.py)
+    placer: str = "inline"
+    max_batch: int = 64
 
 
 def placement_request(
