@@ -27,7 +27,7 @@ single-placement guarded commit (:func:`app.capacity.commit.commit_placements`).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
@@ -101,11 +101,14 @@ class BatchEntry:
 
 @dataclass(frozen=True, slots=True)
 class BatchOptions:
-    """The scheduler options, attempts and shortlist floor of a batch (``CapacityConfig``'s)."""
+    """The scheduler options, attempts and shortlist floor of a batch (``CapacityConfig``'s);
+    ``before_commit(attempt, candidates)`` runs between an attempt's plans and their commit (tests
+    lose races on purpose there)."""
 
     options: SchedulerOptions
     max_attempts: int = 3
     shortlist_min: int = 48
+    before_commit: Callable[[int, list[Candidate]], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -136,6 +139,8 @@ async def place_batch(
             for e in todo:
                 e.outcome = Pending(POOL_ARCHIVED_REASON)
             break
+        if opts.before_commit is not None and planned:
+            await opts.before_commit(attempt, [p.candidate for p in planned])
         results = await _commit_plans(conn, pool_id, planned, attempt)
         for p in planned:
             result = results[p.entry.reservation_id]
