@@ -164,8 +164,19 @@ async def place_batch(
 
 
 async def _charge_all(conn: AsyncConnection, entries: list[BatchEntry]) -> None:
-    """Charge each entry's quota over its window, tenants (then reservations) in sorted order so two
-    batches take one tenant's ``quota_usage`` rows in one order; a refusal refuses that entry alone."""
+    """Charge each entry's quota over its window; a refusal refuses that entry alone.
+
+    Every tenant's ``quota_usage`` rows for all the resources its entries charge are locked first,
+    tenants and resources in sorted order, as one charge locks them (:func:`app.quota.service.charge`):
+    charging entry after entry would lock one tenant's rows in the entries' order (``gpu``, then ``cpu``
+    for a later entry) and deadlock against a single charge taking ``cpu`` before ``gpu``."""
+    wanted: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for e in entries:
+        wanted[(e.request.tenant_id, e.request.pool_id)] |= {
+            r for r, n in e.amounts.items() if Decimal(n) > 0
+        }
+    for (tenant, pool_id), resources in sorted(wanted.items()):
+        await _lock_tenant_rows(conn, tenant, pool_id, sorted(resources))
     for e in sorted(entries, key=lambda e: (e.request.tenant_id, e.reservation_id)):
         assert e.request.start is not None and e.request.end is not None
         savepoint = await conn.begin_nested()
@@ -184,6 +195,18 @@ async def _charge_all(conn: AsyncConnection, entries: list[BatchEntry]) -> None:
             e.refused = exc
         else:
             await savepoint.commit()
+
+
+async def _lock_tenant_rows(conn: AsyncConnection, tenant: str, pool_id: str, resources: list[str]) -> None:
+    """Lock (creating them first when missing) the tenant's ``quota_usage`` rows of ``resources``, in
+    resource order, to the end of the transaction."""
+    if not resources:
+        return
+    # SELECT resource FROM quota_usage WHERE tenant_id = :t AND pool_id = :p AND resource = ANY(:rs)
+    #  ORDER BY resource FOR UPDATE
+    if await quota._lock_usage_rows(conn, tenant, pool_id, resources) < len(resources):
+        await quota._ensure_usage_rows(conn, tenant, pool_id, resources)
+        await quota._lock_usage_rows(conn, tenant, pool_id, resources)
 
 
 async def refund_all(conn: AsyncConnection, reservation_ids: list[str]) -> None:

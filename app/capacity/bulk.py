@@ -68,9 +68,7 @@ async def create_batch(
     """Create every ``ReservationRequest`` of ``items`` (an :class:`ItemResult` is an item the route
     already refused: kept as it is); the answers in the items' order."""
     out: dict[int, ItemResult] = {i: it for i, it in enumerate(items) if isinstance(it, ItemResult)}
-    plain = {
-        i: it for i, it in enumerate(items) if isinstance(it, ReservationRequest) and not _inline(it)
-    }
+    plain = {i: it for i, it in enumerate(items) if isinstance(it, ReservationRequest) and not _inline(it)}
     if plain:
         tokens: list[tuple[str, int]] = []
         try:

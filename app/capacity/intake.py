@@ -135,7 +135,8 @@ async def mark_decided(conn: AsyncConnection, decisions: list[Decision]) -> dict
     ).data([(d.reservation_id, d.status, d.conditions, d.ends_at) for d in decisions])
     # UPDATE reservations SET status = d.status, conditions = d.conditions, ends_at = d.ends_at,
     #        updated_at = now()
-    #   FROM (VALUES (:id, :status, :conditions::jsonb, :ends_at::timestamptz), ...) d (id, status, conditions, ends_at)
+    #   FROM (VALUES (:id, :status, :conditions::jsonb, :ends_at::timestamptz), ...)
+    #        d (id, status, conditions, ends_at)
     #  WHERE reservations.id = d.id RETURNING reservations.*
     rows = await conn.execute(
         sa.update(reservations)

@@ -18,9 +18,7 @@ COUNTED = ("reservations", "allocations", "device_bookings", "scalar_holdings", 
 
 async def _counts(engine: AsyncEngine) -> dict[str, int]:
     async with engine.connect() as conn:
-        return {
-            t: (await conn.exec_driver_sql(f"SELECT count(*) FROM {t}")).scalar_one() for t in COUNTED
-        }
+        return {t: (await conn.exec_driver_sql(f"SELECT count(*) FROM {t}")).scalar_one() for t in COUNTED}
 
 
 @pytest.fixture
@@ -38,7 +36,8 @@ async def lease_client(lease_app: Any) -> AsyncIterator[httpx.AsyncClient]:
     """An admin client of the pool-lease app."""
     transport = httpx.ASGITransport(app=lease_app)
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers, timeout=60) as c:
+    client = httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers, timeout=60)
+    async with client as c:
         yield c
 
 
