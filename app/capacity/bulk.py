@@ -38,7 +38,7 @@ from app.capacity.reservations import (
 )
 from app.capacity.snapshot import PoolCache
 from app.errors import AppError
-from app.observability.metrics import PLACEMENT_BATCH_SIZE
+from app.observability.metrics import PLACEMENT_BATCH_SIZE, count_batch_attempts
 from app.placement.request import ReservationRequest
 
 MAX_ITEMS = 256
@@ -131,7 +131,9 @@ async def _batch(
         if entry.refused is not None:
             out[i] = failed(entry.refused)
             unwritten.append(entry.reservation_id)
-    rows = await mark_decided(conn, [_decision(e) for e in new.values() if e.refused is None])
+    decisions = [_decision(e) for e in new.values() if e.refused is None]
+    count_batch_attempts(BULK, [d.status for d in decisions])
+    rows = await mark_decided(conn, decisions)
     await delete_unwritten(conn, unwritten)
     for i, entry in new.items():
         if entry.refused is None:

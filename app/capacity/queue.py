@@ -55,7 +55,12 @@ from app.capacity.reservations import (
 from app.capacity.snapshot import PoolCache
 from app.db.tables import reservations
 from app.db.tx import read_only
-from app.observability.metrics import PLACEMENT_BATCH_SIZE, QUEUED_DECIDED, QUEUED_WAIT
+from app.observability.metrics import (
+    PLACEMENT_BATCH_SIZE,
+    QUEUED_DECIDED,
+    QUEUED_WAIT,
+    count_batch_attempts,
+)
 from app.placement.request import ReservationRequest
 
 log = logging.getLogger("better_compute.queue")
@@ -175,6 +180,7 @@ async def work_batch(engine: AsyncEngine, cache: PoolCache, config: CapacityConf
 
 def _observe(rows: list[Any], decisions: list[Decision], now: Any) -> None:
     PLACEMENT_BATCH_SIZE.labels(POOL_LEASE).observe(len(rows))
+    count_batch_attempts(POOL_LEASE, [d.status for d in decisions])
     for row, d in zip(rows, decisions, strict=True):
         QUEUED_DECIDED.labels(d.status).inc()
         QUEUED_WAIT.observe(max((now - row.created_at).total_seconds(), 0.0))

@@ -235,6 +235,13 @@ def record_placement(
     return decorate
 
 
+def count_batch_attempts(placer: str, results: Iterable[str]) -> None:
+    """Count one attempt per reservation a batch decided (``placed`` or ``pending``), under ``placer``
+    (``pool-lease`` or ``bulk``); a batch is timed as a whole, not per reservation."""
+    for result in results:
+        PLACEMENT_ATTEMPTS.labels(result, placer).inc()
+
+
 def _attempt(placer: str, result: str, started: float) -> None:
     PLACEMENT_ATTEMPTS.labels(result, placer).inc()
     PLACEMENT_ATTEMPT_DURATION.labels(result).observe(time.perf_counter() - started)
