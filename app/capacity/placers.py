@@ -26,7 +26,7 @@ from typing import Protocol
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.placer import Pending, Placed, place_inline
+from app.capacity.placer import Pending, Placed, place_inline, place_woken
 from app.capacity.snapshot import PoolCache
 from app.db.tables import reservations
 from app.placement.model import Candidate, PlacementRequest
@@ -35,6 +35,7 @@ from app.placement.options import SchedulerOptions
 INLINE = "inline"
 POOL_LEASE = "pool-lease"
 PLACER_IDS = (INLINE, POOL_LEASE)
+WAKE = "wake"  # not a placer: the label of the inline placer's attempts made by the wake controller
 QUEUE_CHANNEL = "bc_queue"  # payload: the pool id whose queue has work
 DECIDED_CHANNEL = "bc_decided"  # payload: comma-separated ids of reservations no longer queued
 
@@ -74,9 +75,11 @@ class PlacementContext:
     shortlist_min: int = 48
     admission: Admission | None = None
     before_commit: Callable[[int, Candidate], Awaitable[None]] | None = None
+    # the ``placer`` label its attempts are counted under: ``inline``, or ``wake`` (the wake controller)
+    recorded_as: str = INLINE
 
     @property
-    def seed(self) -> int | None:
+    def seed(self) -> int:
         """The seed of the topN pick's random."""
         return self.options.seed
 
@@ -111,7 +114,8 @@ class InlinePlacer:
     ) -> Outcome:
         """:class:`Placed` (allocations written in ``conn``'s transaction) or :class:`Pending`."""
         charge = context.admission.charge if context.admission is not None else None
-        return await place_inline(
+        place = place_woken if context.recorded_as == WAKE else place_inline
+        return await place(
             conn,
             context.cache,
             request,
