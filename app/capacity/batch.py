@@ -56,7 +56,6 @@ from app.capacity.placer import (
     POOL_ARCHIVED_REASON,
     Pending,
     Placed,
-    _hold_node_for_retry,
     plan_seed,
 )
 from app.capacity.predicates import schedulable_sql_tolerating
@@ -147,9 +146,9 @@ async def place_batch(
             if isinstance(result, LostRace):
                 cache.forget(pool_id, p.token)
                 LOST_RACES.labels(result.kind).inc()
+                # (no FOR UPDATE of the lost node as inline does: this transaction holds the winners'
+                # bookings, and waiting for a node lock now would invert the lock order)
                 p.entry.lost.append(result)
-                if result.kind not in EXCLUDING_KINDS and attempt < opts.max_attempts:
-                    await _hold_node_for_retry(conn, result.node_id)
             else:
                 tokens.append(p.token)
                 p.entry.outcome = Placed((result,), (p.token,))
@@ -260,7 +259,7 @@ async def _commit_plans(
     savepoint = f"capacity_batch_{int(attempt)}"
     await conn.exec_driver_sql(f"SAVEPOINT {savepoint}")
     try:
-        results = await _guarded_rows(conn, pool_id, planned)
+        results = await _guarded_rows(conn, pool_id, planned, skip_locked=attempt > 1)
     except DBAPIError as exc:
         if sqlstate(exc) not in LOST_RACE_SQLSTATES:
             raise
@@ -287,17 +286,21 @@ async def _commit_one_by_one(
 
 
 async def _guarded_rows(
-    conn: AsyncConnection, pool_id: str, planned: list[_Planned]
+    conn: AsyncConnection, pool_id: str, planned: list[_Planned], skip_locked: bool
 ) -> dict[str, Committed | LostRace]:
+    """The multi-row commit. ``skip_locked`` (attempts after the first, when this transaction already
+    holds the bookings of the batch's winners): a node, atom or ``node_resources`` row another
+    transaction holds in a conflicting mode (or waits for) is not waited for but lost, so the
+    transaction never waits for a lock while it holds bookings (that would invert the lock order)."""
     lost: dict[str, LostRace] = {}
-    await _check_nodes(conn, pool_id, planned, lost)
+    await _check_nodes(conn, pool_id, planned, lost, skip_locked)
     await _check_labels(conn, planned, lost)
-    classes = await _check_atoms(conn, planned, lost)
+    classes = await _check_atoms(conn, planned, lost, skip_locked)
     alive = [p for p in planned if p.entry.reservation_id not in lost]
     ids = {p.entry.reservation_id: new_id("alloc") for p in alive}
     await _insert_allocations(conn, pool_id, alive, ids)
     await _insert_bookings(conn, pool_id, alive, ids, lost)
-    await _hold_scalars(conn, pool_id, alive, ids, lost)
+    await _hold_scalars(conn, pool_id, alive, ids, lost, skip_locked)
     await _delete_lost(conn, [ids[r] for r in lost if r in ids])
     out: dict[str, Committed | LostRace] = dict(lost)
     for p in alive:
@@ -309,7 +312,7 @@ async def _guarded_rows(
 
 
 async def _check_nodes(
-    conn: AsyncConnection, pool_id: str, planned: list[_Planned], lost: dict[str, LostRace]
+    conn: AsyncConnection, pool_id: str, planned: list[_Planned], lost: dict[str, LostRace], skip_locked: bool
 ) -> None:
     """Lock the planned nodes that are still schedulable for each tenant (one statement per tenant of
     the batch); an entry whose node is not among them lost the race."""
@@ -320,7 +323,7 @@ async def _check_nodes(
         wanted = sorted({p.candidate.node_id for p in group})
         # SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
         #  WHERE n.id = ANY(:nodes) AND n.pool_id = :pool AND <schedulable for :tenant>
-        #  ORDER BY n.id FOR SHARE OF n                        -- a missing node: no longer schedulable
+        #  ORDER BY n.id FOR SHARE OF n [SKIP LOCKED]          -- a missing node: no longer schedulable
         still = set(
             (
                 await conn.execute(
@@ -330,7 +333,7 @@ async def _check_nodes(
                         nodes.c.id.in_(wanted), nodes.c.pool_id == pool_id, schedulable_sql_tolerating(tenant)
                     )
                     .order_by(nodes.c.id)
-                    .with_for_update(read=True, of=nodes)
+                    .with_for_update(read=True, of=nodes, skip_locked=skip_locked)
                 )
             ).scalars()
         )
@@ -364,7 +367,7 @@ async def _check_labels(conn: AsyncConnection, planned: list[_Planned], lost: di
 
 
 async def _check_atoms(
-    conn: AsyncConnection, planned: list[_Planned], lost: dict[str, LostRace]
+    conn: AsyncConnection, planned: list[_Planned], lost: dict[str, LostRace], skip_locked: bool
 ) -> dict[str, dict[str, Decimal]]:
     """Lock the picked atoms that are still healthy and bookable (one statement); returns reservation
     id -> atoms per device class for the entries whose atoms all are."""
@@ -372,7 +375,7 @@ async def _check_atoms(
     if not alive:
         return {}
     # SELECT id, class, node_id FROM devices WHERE id = ANY(:atoms) AND healthy AND bookable
-    #  ORDER BY id FOR SHARE                              -- an atom missing: unhealthy or unbookable
+    #  ORDER BY id FOR SHARE [SKIP LOCKED]                -- an atom missing: unhealthy or unbookable
     rows = (
         await conn.execute(
             sa.select(devices.c.id, devices.c["class"], devices.c.node_id)
@@ -382,7 +385,7 @@ async def _check_atoms(
                 devices.c.bookable,
             )
             .order_by(devices.c.id)
-            .with_for_update(read=True)
+            .with_for_update(read=True, skip_locked=skip_locked)
         )
     ).all()
     ok = {r[0]: (r[1], r[2]) for r in rows}
@@ -478,6 +481,7 @@ async def _hold_scalars(
     alive: list[_Planned],
     ids: dict[str, str],
     lost: dict[str, LostRace],
+    skip_locked: bool = False,
 ) -> None:
     """Each scalar of the surviving entries, in (node, resource) order, with the guarded hold of
     :mod:`app.capacity.commit` (``node_resources`` row lock, then the peak guard)."""
@@ -486,6 +490,7 @@ async def _hold_scalars(
         for p in alive
         for resource, n in p.candidate.resources.items()
     )
+    lock = guarded.LOCK_SCALAR.with_for_update(skip_locked=True) if skip_locked else guarded.LOCK_SCALAR
     for node_id, resource, rid, n, p in holds:
         if rid in lost:
             continue
@@ -499,9 +504,10 @@ async def _hold_scalars(
             "starts_at": r.start,
             "ends_at": r.end,
         }
-        # SELECT 1 FROM node_resources WHERE node_id = :node_id AND resource = :resource FOR UPDATE;
+        # SELECT 1 FROM node_resources WHERE node_id = :node_id AND resource = :resource FOR UPDATE
+        #   [SKIP LOCKED];
         # INSERT INTO scalar_holdings ... WHERE <peak> + :amount <= floor(allocatable * ratio) RETURNING
-        if (await conn.execute(guarded.LOCK_SCALAR, params)).first() is None or (
+        if (await conn.execute(lock, params)).first() is None or (
             await conn.execute(guarded.HOLD_SCALAR, params)
         ).first() is None:
             lost[rid] = _lost(p, SCALAR_RAN_OUT, resource)

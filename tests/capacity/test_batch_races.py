@@ -49,11 +49,34 @@ TENANTS = [f"race-t{i}" for i in range(4)]
 QUOTA = {"gpu": 8, "cpu": 24}
 
 
+class Retrying:
+    """A client that sends a request again after 503 UNAVAILABLE (nothing was committed; every request
+    here is safe to repeat), as a real client honouring Retry-After would: the machine's PostgreSQL is
+    shared with other test runs and may briefly have no connection slot free."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        for _ in range(10):
+            r = await self.client.request(method, url, **kwargs)
+            if r.status_code != 503:
+                return r
+            await asyncio.sleep(0.5)
+        return r
+
+    async def get(self, url: str, **kwargs: Any) -> httpx.Response:
+        return await self.request("GET", url, **kwargs)
+
+    async def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        return await self.request("POST", url, **kwargs)
+
+
 class Load:
     """The clients' side: what they were answered, and what they hold."""
 
     def __init__(self, clients: list[httpx.AsyncClient], pool: str, nodes: list[str]) -> None:
-        self.clients = clients
+        self.clients = [Retrying(c) for c in clients]
         self.pool = pool
         self.nodes = nodes
         self.answered: set[str] = set()  # every reservation id a client was answered
