@@ -106,6 +106,7 @@ async def _batch(
     out: dict[int, ItemResult] = {}
     new: dict[int, BatchEntry] = {}
     unwritten: list[str] = []
+    bad_start: dict[str, AppError] = {}  # rows removed again because their start was refused
     for i in order:
         w = written[i]
         if w.error is not None:
@@ -116,6 +117,7 @@ async def _batch(
             except AppError as exc:
                 out[i] = failed(exc)
                 unwritten.append(w.row.id)
+                bad_start[w.row.id] = exc
                 continue
             request = placement_request(config, plain[i], now)
             assert not must_place_inline(request)
@@ -140,7 +142,8 @@ async def _batch(
             out[i] = ItemResult(201, _placed_view(rows[entry.reservation_id], entry))
     for i in order:  # idempotent retries (of earlier calls, or of an earlier item of this call)
         if i not in out:
-            out[i] = await _retry_answer(conn, written[i], new, rows)
+            refused = bad_start.get(written[i].row.id)
+            out[i] = failed(refused) if refused else await _retry_answer(conn, written[i], new, rows)
     return out
 
 
