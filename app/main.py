@@ -11,13 +11,14 @@ from functools import partial
 
 from fastapi import Depends, FastAPI
 
-from app.api import agents, health, iam, inventory, quota, reservations
+from app.api import agents, health, iam, inventory, quota, reservation_batch, reservations
 from app.api.cors import BrowserCors
 from app.api.deps import Services
 from app.api.errors import install_error_handlers
 from app.api.guard import RequestGuard
 from app.api.text_guard import check_json_body
 from app.capacity.lifecycle import Lifecycle, LifecycleTask, default_tasks
+from app.capacity.queue import QUEUE_LISTENER, QUEUE_WORKER, QueueWorker
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.capacity.wake import LISTENER_RETRY, WAKE_LISTENER, WAKE_PENDING, WakeController
@@ -47,10 +48,14 @@ def capacity_config(settings: Settings) -> CapacityConfig:
         enforce_device_limits=settings.capacity_enforce_device_limits,
         max_lead=settings.capacity_max_lead,
         preemption=settings.capacity_preemption,
+        placer=settings.capacity_placer,
+        max_batch=settings.capacity_max_batch,
     )
 
 
-def lifecycle_tasks(settings: Settings, wake: WakeController | None = None) -> list[LifecycleTask]:
+def lifecycle_tasks(
+    settings: Settings, wake: WakeController | None = None, queue: QueueWorker | None = None
+) -> list[LifecycleTask]:
     """The lifecycle controller's tasks (DESIGN.md, "Reservation lifecycle"): the built-in ones, the
     liveness sweep of agents' nodes (issue 14) and, given ``wake``, the wake-edge controller's listener
     and wake task (issue 12), each safe with several replicas."""
@@ -64,6 +69,11 @@ def lifecycle_tasks(settings: Settings, wake: WakeController | None = None) -> l
         tasks += [
             LifecycleTask(WAKE_PENDING, wake.sweep_seconds, wake.run),
             LifecycleTask(WAKE_LISTENER, LISTENER_RETRY, wake.listen),
+        ]
+    if queue is not None:  # the pool-lease batch worker (issue 15): idle until a queue edge
+        tasks += [
+            LifecycleTask(QUEUE_WORKER, queue.sweep_seconds, queue.run),
+            LifecycleTask(QUEUE_LISTENER, LISTENER_RETRY, queue.listen),
         ]
     return tasks
 
@@ -87,8 +97,11 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
             engine=engine, cache=cache, capacity=config, settings=settings, keys=keys
         )
         wake = WakeController(cache, config, settings.lifecycle_sweep)
-        lifecycle = Lifecycle(engine, lifecycle_tasks(settings, wake))
+        queue = QueueWorker(cache, config, settings.lifecycle_sweep)
+        lifecycle = Lifecycle(engine, lifecycle_tasks(settings, wake, queue))
         wake.poke = partial(lifecycle.poke, WAKE_PENDING)
+        queue.poke = partial(lifecycle.poke, QUEUE_WORKER)
+        app.state.queue = queue
         app.state.lifecycle = lifecycle
         app.state.wake = wake
         lifecycle.start()
@@ -116,7 +129,8 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     )
     install_error_handlers(app)
     app.add_middleware(RequestGuard, settings=settings)  # inner: authenticate and bound the body first
-    for module in (health, iam, inventory, quota, reservations, agents):
+    # the batch route first: /v1/reservations/batch is not a reservation id
+    for module in (health, iam, inventory, quota, reservation_batch, reservations, agents):
         app.include_router(module.router)
     from app.api import placement
 

@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     scheduler_plugins: list[str] = Field(default_factory=list)
     # capacity: { maxAttempts } (seed 000, "Commit and lock order")
     capacity_max_attempts: int = Field(default=3, ge=1, le=16)
+    # capacity: { placer, maxBatch } (seed 000, "Two placers"; docs/scaling.md)
+    capacity_placer: Literal["inline", "pool-lease"] = "inline"
+    capacity_max_batch: int = Field(default=64, ge=1, le=1024)
     # shortlist size floor: max(shortlist_min, 8 x topN) (seed 000, "The shortlist")
     capacity_shortlist_min: int = Field(default=48, ge=1)
     # a reservation's start is at most this far ahead of the database clock (422 naming ``start``)

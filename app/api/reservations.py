@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses
 from app.api.models.reservations import Preview, Reservation, ReservationList, ReservationStatus
 from app.api.paging import CURSOR_QUERY, cursor_key, envelope, time_then_id
+from app.capacity import queue as svc_queue
 from app.capacity import reservations as svc_reservations
 from app.db.tx import read_only
 from app.errors import quote_input
@@ -44,6 +45,11 @@ async def preview(
     response_model_exclude_unset=True,
     responses={
         200: {"model": Reservation, "description": "An idempotent retry: the reservation made before"},
+        202: {
+            "model": Reservation,
+            "description": "Queued (BC_CAPACITY_PLACER=pool-lease): a batch worker decides it; "
+            "GET /v1/reservations/{id}?waitSeconds=N waits for the decision",
+        },
         **responses(401, 403, 404, 409, 422),
         **conflicts("QUOTA_EXCEEDED", "IDEMPOTENCY_KEY_REUSED"),
     },
@@ -55,12 +61,15 @@ async def create_reservation(
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
-    """Reserve now: ``placed`` with allocations, or ``pending`` with an Unschedulable condition.
-    A retry with the same ``idempotencyKey`` and body answers the same reservation (200)."""
+    """Reserve now: ``placed`` with allocations, or ``pending`` with an Unschedulable condition; with
+    the pool-lease placer ``queued`` (202) until a batch worker decides it. A retry with the same
+    ``idempotencyKey`` and body answers the same reservation (200)."""
     authorize(principal, "compute:reservations:create", f"tenant:{body.tenantId}", f"pool:{body.poolId}")
-    view, created = await svc_reservations.create_reservation(svc.engine, svc.cache, svc.capacity, body)
+    view, created = await svc_queue.create(svc.engine, svc.cache, svc.capacity, body)
     if not created:
         response.status_code = 200
+    elif view["status"] == "queued":
+        response.status_code = 202
     return view
 
 
@@ -75,13 +84,27 @@ async def _authorized_tenant(svc: Services, principal: Principal, reservation_id
     "/v1/reservations/{reservation_id}",
     response_model=Reservation,
     response_model_exclude_unset=True,
-    responses=responses(401, 403, 404),
+    responses=responses(401, 403, 404, 422),
     operation_id="getReservation",
 )
 async def get_reservation(
-    reservation_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+    reservation_id: str,
+    request: Request,
+    waitSeconds: int = Query(
+        default=0,
+        ge=0,
+        le=svc_queue.MAX_WAIT_SECONDS,
+        description="Wait up to this many seconds (0..30) while the reservation is queued",
+    ),
+    principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
 ) -> dict[str, Any]:
+    """The reservation; with ``waitSeconds`` a queued one is answered once a batch worker decided it
+    (or when the wait is over, still queued)."""
     tenant = await _authorized_tenant(svc, principal, reservation_id, "compute:reservations:read")
+    if waitSeconds > 0:
+        worker: svc_queue.QueueWorker = request.app.state.queue
+        return await worker.wait(svc.engine, reservation_id, tenant, waitSeconds)
     return await read_only(svc.engine, svc_reservations.get_reservation, reservation_id, tenant)
 
 

@@ -31,7 +31,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.edges import notify_pool
-from app.capacity.placer import Placed, db_now, place_inline
+from app.capacity.placer import Placed, db_now
+from app.capacity.placers import INLINE, PlacementContext, placer
 from app.capacity.reservations import CapacityConfig, free_allocations, placement_request
 from app.capacity.snapshot import PoolCache
 from app.db.tables import allocations, device_bookings, devices, nodes, reservations
@@ -184,14 +185,12 @@ async def _repair(
         exclusion_reasons=dict.fromkeys(others, "repair tries the same node first"),
     )
     repair: Repair
-    outcome = await place_inline(
-        conn, cache, request, row.id, same_node_only, config.max_attempts, config.shortlist_min
-    )
+    inline = placer(INLINE)  # BookingRepair always places inline (seed 000)
+    context = PlacementContext(now, cache, same_node_only, row.id, config.max_attempts, config.shortlist_min)
+    outcome = await inline.place(conn, request, context)
     result = SAME_NODE
     if not isinstance(outcome, Placed):
-        outcome = await place_inline(
-            conn, cache, request, row.id, config.options, config.max_attempts, config.shortlist_min
-        )
+        outcome = await inline.place(conn, request, replace(context, options=config.options))
         result = OTHER_NODE
     if isinstance(outcome, Placed):
         assumptions.extend(outcome.assumptions)

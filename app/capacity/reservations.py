@@ -77,6 +77,9 @@ class CapacityConfig:
     max_lead: timedelta = MAX_LEAD
     # BC_CAPACITY_PREEMPTION: a regular request that does not fit may preempt spot work
     preemption: bool = True
+    # BC_CAPACITY_PLACER / BC_CAPACITY_MAX_BATCH (seed 000, "Two placers"; app/capacity/placers.py)
+    placer: str = "inline"
+    max_batch: int = 64
 
 
 def placement_request(

@@ -40,9 +40,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.commit import CommitExtras, QuotaCharge
+from app.capacity.commit import QuotaCharge
 from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
-from app.capacity.placer import Placed, db_now, place_woken
+from app.capacity.placer import Placed, db_now
+from app.capacity.placers import INLINE, WAKE, Admission, PlacementContext, placer
 from app.capacity.repair import REPAIR_PREFIX, repair_broken
 from app.capacity.reservations import CapacityConfig, placement_request, quota_amounts
 from app.capacity.snapshot import PoolCache
@@ -135,16 +136,17 @@ async def _wake_one(
     )
     attempt = await conn.begin_nested()  # SAVEPOINT: a refused charge or no fit leaves nothing behind
     try:
-        outcome = await place_woken(
-            conn,
+        context = PlacementContext(
+            now,
             cache,
-            request,
-            row.id,
             config.options,
+            row.id,
             config.max_attempts,
             config.shortlist_min,
-            extras=CommitExtras(charge=charge),
+            Admission(row.tenant_id, charge.amounts, charge),
+            recorded_as=WAKE,
         )
+        outcome = await placer(INLINE).place(conn, request, context)  # a wake always places inline
     except QuotaExceeded as exc:
         await attempt.rollback()
         message = f"fits, but the quota does not hold now: {exc.message}"

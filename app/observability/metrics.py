@@ -40,13 +40,33 @@ log = logging.getLogger("better_compute.metrics")
 # 1 ms .. 16.384 s, doubling (prometheus_client's exponential buckets: start 0.001, factor 2, count 15)
 DURATION_BUCKETS = tuple(0.001 * 2**i for i in range(15))
 PLACEMENT_RESULTS = ("placed", "pending", "error")
-PLACERS = ("inline", "wake")  # wake: the inline placer run by the wake-edge controller; pool-lease later
+PLACERS = ("inline", "wake", "pool-lease", "bulk")  # wake: the inline placer run by the wake-edge controller
 PLAN_PATHS = ("shortlist", "full")
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 OTHER_METHOD = "other"  # any other method a client sends (a bounded label)
 UNMATCHED_ROUTE = "unmatched"  # a path no route matches (never the raw path)
 GAUGE_READ_TIMEOUT = 5.0  # seconds: a scrape that cannot count in time serves the other metrics
 
+BATCH_SOURCES = ("pool-lease", "bulk")  # who formed a batch: the queue worker, or POST /v1/reservations/batch
+# 1, 2, 4, ... 256 reservations
+BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(9))
+PLACEMENT_BATCH_SIZE = Histogram(
+    "bc_placement_batch_size",
+    "Reservations planned and committed together in one batch transaction, by source: pool-lease (the "
+    "queue worker) or bulk (POST /v1/reservations/batch).",
+    ["source"],
+    buckets=BATCH_SIZE_BUCKETS,
+)
+QUEUED_WAIT = Histogram(
+    "bc_queued_wait_seconds",
+    "How long a queued reservation waited, from its creation to the batch that decided it (seconds).",
+    buckets=DURATION_BUCKETS,
+)
+QUEUED_DECIDED = Counter(
+    "bc_queued_decided_total",
+    "Queued reservations a batch worker decided, by result: placed or pending.",
+    ["result"],
+)
 PLACEMENT_ATTEMPTS = Counter(
     "bc_placement_attempts_total",
     "Placement attempts (plan and commit of one reservation), by result: placed, pending (nothing fits, "
@@ -174,6 +194,10 @@ for _path in PLAN_PATHS:
 for _kind in LOST_RACE_KINDS:
     LOST_RACES.labels(_kind)
 HTTP_REQUEST_DURATION.labels(UNMATCHED_ROUTE)
+for _source in BATCH_SOURCES:
+    PLACEMENT_BATCH_SIZE.labels(_source)
+for _result in ("placed", "pending"):
+    QUEUED_DECIDED.labels(_result)
 for _code in GUARD_CODES:
     GUARD_REFUSALS.labels(_code)
 for _outcome in ("created", "changed", "unchanged"):
@@ -223,6 +247,13 @@ def record_placement(
         return recorded
 
     return decorate
+
+
+def count_batch_attempts(placer: str, results: Iterable[str]) -> None:
+    """Count one attempt per reservation a batch decided (``placed`` or ``pending``), under ``placer``
+    (``pool-lease`` or ``bulk``); a batch is timed as a whole, not per reservation."""
+    for result in results:
+        PLACEMENT_ATTEMPTS.labels(result, placer).inc()
 
 
 def _attempt(placer: str, result: str, started: float) -> None:

@@ -214,6 +214,11 @@ TABLE: dict[tuple[str, str], tuple[Builder, dict[str, int]]] = {
         with_world(lambda w: ("/v1/reservations", reservation(w.pool, 1, tenant=A))),
         created(TENANT_A_ONLY),
     ),
+    # the call is answered 200 for every key; each item is authorized alone (test_batch_items_authorized)
+    ("POST", "/v1/reservations/batch"): (
+        with_world(lambda w: ("/v1/reservations/batch", {"items": [reservation(w.pool, 1, tenant=A)]})),
+        {**OPEN, "anonymous": 401},
+    ),
     ("GET", "/v1/reservations/{reservation_id}"): (fixed("/v1/reservations/{reservation_a}"), OWNED_BY_A),
     ("POST", "/v1/reservations/{reservation_id}/release"): (
         fixed("/v1/reservations/{reservation_a}/release"),
@@ -276,6 +281,22 @@ async def test_authorization_table(
         texts[who] = response.text[:300]
     wrong = {who: (answers[who], expected[who], texts[who]) for who in WHO if answers[who] != expected[who]}
     assert not wrong, f"{method} {operation[1]}: (got, expected, body) {wrong}"
+
+
+async def test_batch_items_are_authorized_one_by_one(
+    world: World, clients: dict[str, httpx.AsyncClient]
+) -> None:
+    """Each item of ``POST /v1/reservations/batch`` is authorized as ``POST /v1/reservations`` would be:
+    tenant A's item is created by tenant A's key and the admin, refused (403) for the others."""
+    expected = {"no_grant": 403, "tenant_b": 403, "tenant_a": 201, "admin": 201}
+    got = {}
+    for who in expected:
+        r = await clients[who].post(
+            "/v1/reservations/batch", json={"items": [reservation(world.pool, 1, tenant=A)]}
+        )
+        assert r.status_code == 200, r.text
+        got[who] = r.json()["items"][0]["status"]
+    assert got == expected
 
 
 async def test_pools_are_listed_only_with_a_grant(

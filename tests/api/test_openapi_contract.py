@@ -161,6 +161,11 @@ async def test_every_operation_answers_its_declared_schema(client_for: Any) -> N
         pending = {**body, "devices": [{"class": "gpu", "count": 64}], "idempotencyKey": "walk-2"}
         await call("POST", "/v1/reservations", json=pending)
         await call("GET", f"/v1/reservations/{placed['id']}")
+        await call("GET", f"/v1/reservations/{placed['id']}", params={"waitSeconds": 1})
+        await call("GET", f"/v1/reservations/{placed['id']}", params={"waitSeconds": 31})
+        bulk = [{**body, "idempotencyKey": "walk-b1"}, {**body, "devices": []}, body]
+        await call("POST", "/v1/reservations/batch", json={"items": bulk})
+        await call("POST", "/v1/reservations/batch", json={"items": []})
         await call("GET", "/v1/reservations", params={"limit": 1})
         await call("POST", f"/v1/reservations/{placed['id']}/release")
         await call("POST", "/v1/reservations", json={**body, "devices": [{"class": "gpu", "count": 0}]})

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.models.common import NEXT_CURSOR, ApiModel, Number, Timestamp
 from app.api.models.statuses import ReservationStatus
@@ -151,4 +151,41 @@ class Preview(ApiModel):
     reason: str | None = Field(default=None, description="Why nothing fits; absent when it fits")
     preemptible: Preemptible | None = Field(
         default=None, description="A regular request that fits only by preempting spot work"
+    )
+
+
+class ItemError(ApiModel):
+    """An item's error: the standard error body's ``{code, message, details}``."""
+
+    code: str
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ReservationBatchItem(ApiModel):
+    """One item's answer: its HTTP ``status`` (201, 200 for an idempotent retry, or the error's) and the
+    reservation, or the error."""
+
+    status: int = Field(description="The HTTP status this item alone would have answered")
+    reservation: Reservation | None = Field(default=None, description="Absent when the item failed")
+    error: ItemError | None = Field(default=None, description="Absent when the item succeeded")
+
+
+class ReservationBatch(ApiModel):
+    """``POST /v1/reservations/batch``: one answer per item, in the items' order."""
+
+    items: list[ReservationBatchItem]
+
+
+class ReservationBatchRequest(BaseModel):
+    """``{items: [ReservationRequest, ...]}``: 1 to 256 reservation requests, each checked on its own
+    (an item that is not a valid ReservationRequest is answered 422 alone)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[Any] = Field(
+        min_length=1,
+        max_length=256,
+        description="Each a ReservationRequest (POST /v1/reservations's body)",
+        json_schema_extra={"items": {"$ref": "#/components/schemas/ReservationRequest"}},
     )

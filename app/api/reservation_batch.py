@@ -1,0 +1,74 @@
+"""``POST /v1/reservations/batch``: bulk create (docs/api.md; :mod:`app.capacity.bulk`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from pydantic import ValidationError
+
+from app.api.deps import Principal, Services, current_principal, services
+from app.api.errors import json_path, plain_message, responses
+from app.api.models.reservations import ReservationBatch, ReservationBatchRequest
+from app.capacity import bulk
+from app.errors import AppError, InvalidInput
+from app.iam.authorize import authorize
+from app.placement.request import ReservationRequest
+
+router = APIRouter(tags=["reservations"])
+
+
+def _invalid(index: int, item: Any, exc: ValidationError) -> InvalidInput:
+    """The item's first validation error as INVALID_INPUT, its path from the body (``items.3.duration``)."""
+    errors = []
+    for e in exc.errors():
+        loc = ("body", "items", index, *e.get("loc", ()))
+        path = json_path(loc, _body_of(index, item), e.get("type", ""))
+        entry = {"path": path, "message": plain_message(e.get("msg", "")), "type": e.get("type", "")}
+        if entry not in errors:
+            errors.append(entry)
+    first = errors[0] if errors else {"path": f"items.{index}", "message": "invalid input"}
+    return InvalidInput(f"{first['path']}: {first['message']}", first["path"], {"errors": errors})
+
+
+def _body_of(index: int, item: Any) -> dict[str, Any]:
+    """A stand-in body in which ``items.<index>`` is ``item`` (for :func:`json_path`)."""
+    return {"items": [None] * index + [item]}
+
+
+def _checked(principal: Principal, index: int, item: Any) -> ReservationRequest | bulk.ItemResult:
+    """The item as a ReservationRequest the principal may create, or its error answer."""
+    try:
+        body = ReservationRequest.model_validate(item)
+        authorize(principal, "compute:reservations:create", f"tenant:{body.tenantId}", f"pool:{body.poolId}")
+    except ValidationError as exc:
+        return bulk.failed(_invalid(index, item, exc))
+    except AppError as exc:
+        return bulk.failed(exc)
+    return body
+
+
+def _answer(result: bulk.ItemResult) -> dict[str, Any]:
+    if result.error is not None:
+        return {"status": result.status, "error": result.error.to_body()["error"]}
+    return {"status": result.status, "reservation": result.reservation}
+
+
+@router.post(
+    "/v1/reservations/batch",
+    response_model=ReservationBatch,
+    response_model_exclude_unset=True,
+    responses=responses(401, 422),
+    operation_id="createReservationBatch",
+)
+async def create_reservation_batch(
+    body: ReservationBatchRequest,
+    principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    """Create 1 to 256 reservations in one call. Each item is independent (own idempotencyKey,
+    authorization, quota): the answer lists ``{status, reservation | error}`` per item, in order, and
+    an item's error changes nothing for it nor for the others."""
+    items = [_checked(principal, i, item) for i, item in enumerate(body.items)]
+    results = await bulk.create_batch(svc.engine, svc.cache, svc.capacity, items)
+    return {"items": [_answer(r) for r in results]}

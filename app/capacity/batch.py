@@ -1,0 +1,574 @@
+"""Plan and commit a batch of one pool's reservations in one transaction (seed 000, "Two placers";
+docs/scaling.md): the pool-lease queue worker (:mod:`app.capacity.queue`) and the bulk create
+(:mod:`app.capacity.bulk`) both come here.
+
+Steps, in the lock order quota_usage -> pools -> nodes -> devices -> node_resources:
+
+1. **charge** every entry's quota, tenants in sorted order, each in a SAVEPOINT: a refusal
+   (:class:`~app.errors.QuotaExceeded`) refuses that entry alone;
+2. **lock the pool row** ``FOR SHARE``: an archived pool (archived after the reservation was queued, or
+   before) leaves every entry pending with ``the pool is archived``;
+3. **plan** the entries one after another, oldest first, each seeing the earlier ones of the batch (their
+   atoms are assumed booked in the :class:`~app.capacity.snapshot.PoolCache`, which memoizes rankings
+   per label set, and what earlier attempts wrote is read back in this transaction);
+4. **commit** the plans with guarded multi-row statements (:func:`_commit_plans`): one statement locks
+   the planned nodes per tenant, one the atoms, one writes the allocations, one the bookings
+   (``ON CONFLICT DO NOTHING RETURNING``: fewer rows for an entry = it lost the race), then each
+   scalar under its ``node_resources`` lock. A losing entry's rows are deleted; the others stay;
+5. **replan** the losers without the lost node (or with it re-read, seed 000's rule in
+   :mod:`app.capacity.placer`), up to ``max_attempts``; then pending with ``Unschedulable after <n>
+   conflicting attempts: ...``. A pending entry's quota is refunded.
+
+A deadlock or exclusion violation inside a multi-row statement (40P01, 23P01: the same lost race) rolls
+that attempt's commit back to its savepoint and commits the attempt's plans one by one with the
+single-placement guarded commit (:func:`app.capacity.commit.commit_placements`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import TSTZRANGE
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.capacity.commit import (
+    ATOM_BOOKED,
+    ATOM_UNHEALTHY,
+    LOST_RACE_SQLSTATES,
+    NOT_SCHEDULABLE,
+    SCALAR_RAN_OUT,
+    Committed,
+    LostRace,
+    commit_placements,
+    labels_hold,
+    sqlstate,
+)
+from app.capacity.placer import (
+    EXCLUDING_KINDS,
+    POOL_ARCHIVED_REASON,
+    Pending,
+    Placed,
+    plan_seed,
+)
+from app.capacity.predicates import schedulable_sql_tolerating
+from app.capacity.shortlist import plan_request
+from app.capacity.snapshot import PoolCache, window
+from app.db.tables import (
+    allocations,
+    device_bookings,
+    devices,
+    node_labels,
+    node_resources,
+    nodes,
+    pools,
+    quota_holdings,
+    scalar_holdings,
+)
+from app.db.windows import hold_if, holding_params, room_for
+from app.errors import QuotaExceeded
+from app.ids import new_id
+from app.inventory.service import lock_pool
+from app.observability.metrics import LOST_RACES
+from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
+from app.placement.options import SchedulerOptions
+from app.quota import service as quota
+
+_H = holding_params(scalar_holdings)
+# SELECT 1 FROM node_resources WHERE node_id = :node_id AND resource = :resource FOR UPDATE
+LOCK_SCALAR = (
+    sa.select(sa.literal(1))
+    .select_from(node_resources)
+    .where(node_resources.c.node_id == _H["node_id"], node_resources.c.resource == _H["resource"])
+    .with_for_update()
+)
+# INSERT INTO scalar_holdings (allocation_id, resource, node_id, pool_id, amount, starts_at, ends_at)
+# SELECT :allocation_id, :resource, :node_id, :pool_id, :amount, :starts_at, :ends_at FROM node_resources nr
+#  WHERE nr.node_id = :node_id AND nr.resource = :resource
+#    AND (<peak of the node's :resource holdings over [:starts_at, :ends_at), app/db/windows.py>) + :amount
+#        <= floor(nr.allocatable * nr.ratio)              -- windows.room_for: the sweep only if needed
+# RETURNING allocation_id                                  -- no row: ran out
+HOLD_SCALAR = hold_if(
+    scalar_holdings,
+    _H,
+    node_resources.c.node_id == _H["node_id"],
+    node_resources.c.resource == _H["resource"],
+    room_for(
+        scalar_holdings,
+        [scalar_holdings.c.node_id == _H["node_id"], scalar_holdings.c.resource == _H["resource"]],
+        _H["starts_at"],
+        _H["ends_at"],
+        _H["amount"],
+        sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
+    ),
+)
+
+
+@dataclass
+class BatchEntry:
+    """One reservation of a batch (its row written and locked by the caller) and what became of it:
+    ``outcome`` :class:`Placed` / :class:`Pending`, or ``refused`` (over quota, nothing kept)."""
+
+    reservation_id: str
+    request: PlacementRequest
+    amounts: dict[str, Decimal]
+    outcome: Placed | Pending | None = None
+    refused: QuotaExceeded | None = None
+    lost: list[LostRace] = field(default_factory=list)
+
+    @property
+    def undecided(self) -> bool:
+        """Neither placed, pending nor refused yet."""
+        return self.outcome is None and self.refused is None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOptions:
+    """The scheduler options, attempts and shortlist floor of a batch (``CapacityConfig``'s);
+    ``before_commit(attempt, candidates)`` runs between an attempt's plans and their commit (tests
+    lose races on purpose there)."""
+
+    options: SchedulerOptions
+    max_attempts: int = 3
+    shortlist_min: int = 48
+    before_commit: Callable[[int, list[Candidate]], Awaitable[None]] | None = None
+
+
+@dataclass
+class _Planned:
+    entry: BatchEntry
+    candidate: Candidate
+    token: int
+
+
+async def place_batch(
+    conn: AsyncConnection, cache: PoolCache, opts: BatchOptions, pool_id: str, entries: list[BatchEntry]
+) -> list[int]:
+    """Decide every entry of ``pool_id`` in ``conn``'s transaction (steps 1-5 above); returns the cache
+    assumption tokens of the committed atoms: forget them once the transaction has ended."""
+    await _charge_all(conn, entries)
+    pool = await lock_pool(conn, pool_id, for_update=False)
+    if pool.archived_at is not None:
+        for e in entries:
+            if e.undecided:
+                e.outcome = Pending(POOL_ARCHIVED_REASON)
+    tokens: list[int] = []
+    for attempt in range(1, opts.max_attempts + 1):
+        todo = [e for e in entries if e.undecided]
+        if not todo:
+            break
+        planned = await _plan_all(conn, cache, opts, todo, attempt)
+        if planned is None:  # the pool was archived (the plan's own read)
+            for e in todo:
+                e.outcome = Pending(POOL_ARCHIVED_REASON)
+            break
+        if opts.before_commit is not None and planned:
+            await opts.before_commit(attempt, [p.candidate for p in planned])
+        results = await _commit_plans(conn, pool_id, planned, attempt)
+        for p in planned:
+            result = results[p.entry.reservation_id]
+            if isinstance(result, LostRace):
+                cache.forget(pool_id, p.token)
+                LOST_RACES.labels(result.kind).inc()
+                # (no FOR UPDATE of the lost node as inline does: this transaction holds the winners'
+                # bookings, and waiting for a node lock now would invert the lock order)
+                p.entry.lost.append(result)
+            else:
+                tokens.append(p.token)
+                p.entry.outcome = Placed((result,), (p.token,))
+    for e in entries:
+        if e.undecided:  # every attempt lost a race
+            reasons = "; ".join(r.reason for r in e.lost)
+            e.outcome = Pending(f"Unschedulable after {len(e.lost)} conflicting attempts: {reasons}")
+    pending = [e.reservation_id for e in entries if isinstance(e.outcome, Pending)]
+    if pending:
+        await refund_all(conn, pending)
+    return tokens
+
+
+async def _charge_all(conn: AsyncConnection, entries: list[BatchEntry]) -> None:
+    """Charge each entry's quota over its window; a refusal refuses that entry alone.
+
+    Every tenant's ``quota_usage`` rows for all the resources its entries charge are locked first,
+    tenants and resources in sorted order, as one charge locks them (:func:`app.quota.service.charge`):
+    charging entry after entry would lock one tenant's rows in the entries' order (``gpu``, then ``cpu``
+    for a later entry) and deadlock against a single charge taking ``cpu`` before ``gpu``."""
+    wanted: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for e in entries:
+        wanted[(e.request.tenant_id, e.request.pool_id)] |= {
+            r for r, n in e.amounts.items() if Decimal(n) > 0
+        }
+    for (tenant, pool_id), resources in sorted(wanted.items()):
+        await _lock_tenant_rows(conn, tenant, pool_id, sorted(resources))
+    for e in sorted(entries, key=lambda e: (e.request.tenant_id, e.reservation_id)):
+        assert e.request.start is not None and e.request.end is not None
+        savepoint = await conn.begin_nested()
+        try:
+            await quota.charge(
+                conn,
+                e.request.tenant_id,
+                e.request.pool_id,
+                e.reservation_id,
+                e.amounts,
+                e.request.start,
+                e.request.end,
+            )
+        except QuotaExceeded as exc:
+            await savepoint.rollback()
+            e.refused = exc
+        else:
+            await savepoint.commit()
+
+
+async def _lock_tenant_rows(conn: AsyncConnection, tenant: str, pool_id: str, resources: list[str]) -> None:
+    """Lock (creating them first when missing) the tenant's ``quota_usage`` rows of ``resources``, in
+    resource order, to the end of the transaction."""
+    if not resources:
+        return
+    # SELECT resource FROM quota_usage WHERE tenant_id = :t AND pool_id = :p AND resource = ANY(:rs)
+    #  ORDER BY resource FOR UPDATE
+    if await quota._lock_usage_rows(conn, tenant, pool_id, resources) < len(resources):
+        await quota._ensure_usage_rows(conn, tenant, pool_id, resources)
+        await quota._lock_usage_rows(conn, tenant, pool_id, resources)
+
+
+async def refund_all(conn: AsyncConnection, reservation_ids: list[str]) -> None:
+    """Drop the quota holdings of reservations that end up pending (they hold nothing)."""
+    # DELETE FROM quota_holdings WHERE reservation_id = ANY(:ids)
+    await conn.execute(sa.delete(quota_holdings).where(quota_holdings.c.reservation_id.in_(reservation_ids)))
+
+
+async def _plan_all(
+    conn: AsyncConnection, cache: PoolCache, opts: BatchOptions, todo: list[BatchEntry], attempt: int
+) -> list[_Planned] | None:
+    """Plan ``todo`` one after another; each plan's atoms are assumed booked for the plans after it.
+    An entry that does not fit becomes pending; None when the pool turned out archived."""
+    planned: list[_Planned] = []
+    for e in todo:
+        request = e.request
+        assert request.start is not None and request.end is not None
+        excluded = [r for r in e.lost if r.kind in EXCLUDING_KINDS]
+        options = replace(
+            opts.options,
+            seed=plan_seed(e.reservation_id, attempt),
+            excluded_nodes=opts.options.excluded_nodes | frozenset(r.node_id for r in excluded),
+            exclusion_reasons={**opts.options.exclusion_reasons, **{r.node_id: r.reason for r in excluded}},
+        )
+        outcome = await plan_request(conn, cache, request, options, opts.shortlist_min)
+        if outcome.head.archived:
+            for p in planned:
+                cache.forget(request.pool_id, p.token)
+            return None
+        plan = outcome.plan
+        if isinstance(plan, Rejections):
+            e.outcome = Pending(plan.summary)
+            continue
+        assert isinstance(plan, Plan) and len(plan.placements) == 1  # gangs place inline
+        chosen = plan.chosen
+        token = cache.assume(request.pool_id, chosen.node_id, chosen.atoms, request.start, request.end)
+        planned.append(_Planned(e, chosen, token))
+    return planned
+
+
+# ------------------------------------------------------------------------------- the multi-row commit
+
+
+async def _commit_plans(
+    conn: AsyncConnection, pool_id: str, planned: list[_Planned], attempt: int
+) -> dict[str, Committed | LostRace]:
+    """Commit every plan of one attempt with multi-row guarded statements inside
+    ``SAVEPOINT capacity_batch_<attempt>``; reservation id -> :class:`Committed` or :class:`LostRace`."""
+    if not planned:
+        return {}
+    savepoint = f"capacity_batch_{int(attempt)}"
+    await conn.exec_driver_sql(f"SAVEPOINT {savepoint}")
+    try:
+        results = await _guarded_rows(conn, pool_id, planned, skip_locked=attempt > 1)
+    except DBAPIError as exc:
+        if sqlstate(exc) not in LOST_RACE_SQLSTATES:
+            raise
+        await conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {savepoint}")
+        await conn.exec_driver_sql(f"RELEASE SAVEPOINT {savepoint}")
+        return await _commit_one_by_one(conn, planned, attempt)
+    await conn.exec_driver_sql(f"RELEASE SAVEPOINT {savepoint}")
+    return results
+
+
+async def _commit_one_by_one(
+    conn: AsyncConnection, planned: list[_Planned], attempt: int
+) -> dict[str, Committed | LostRace]:
+    """The fallback after a deadlock: each plan with the single-placement guarded commit."""
+    out: dict[str, Committed | LostRace] = {}
+    for p in planned:
+        r = p.entry.request
+        assert r.start is not None and r.end is not None
+        result = await commit_placements(
+            conn, r, (p.candidate,), p.entry.reservation_id, attempt, r.start, r.end
+        )
+        out[p.entry.reservation_id] = result if isinstance(result, LostRace) else result[0]
+    return out
+
+
+async def _guarded_rows(
+    conn: AsyncConnection, pool_id: str, planned: list[_Planned], skip_locked: bool
+) -> dict[str, Committed | LostRace]:
+    """The multi-row commit. ``skip_locked`` (attempts after the first, when this transaction already
+    holds the bookings of the batch's winners): a node, atom or ``node_resources`` row another
+    transaction holds in a conflicting mode (or waits for) is not waited for but lost, so the
+    transaction never waits for a lock while it holds bookings (that would invert the lock order)."""
+    lost: dict[str, LostRace] = {}
+    await _check_nodes(conn, pool_id, planned, lost, skip_locked)
+    await _check_labels(conn, planned, lost)
+    classes = await _check_atoms(conn, planned, lost, skip_locked)
+    alive = [p for p in planned if p.entry.reservation_id not in lost]
+    ids = {p.entry.reservation_id: new_id("alloc") for p in alive}
+    await _insert_allocations(conn, pool_id, alive, ids)
+    await _insert_bookings(conn, pool_id, alive, ids, lost)
+    await _hold_scalars(conn, pool_id, alive, ids, lost, skip_locked)
+    await _delete_lost(conn, [ids[r] for r in lost if r in ids])
+    out: dict[str, Committed | LostRace] = dict(lost)
+    for p in alive:
+        rid = p.entry.reservation_id
+        if rid not in lost:
+            c = p.candidate
+            out[rid] = Committed(ids[rid], c.node_id, tuple(c.atoms), dict(c.resources), classes.get(rid, {}))
+    return out
+
+
+async def _check_nodes(
+    conn: AsyncConnection, pool_id: str, planned: list[_Planned], lost: dict[str, LostRace], skip_locked: bool
+) -> None:
+    """Lock the planned nodes that are still schedulable for each tenant (one statement per tenant of
+    the batch); an entry whose node is not among them lost the race."""
+    by_tenant: dict[str, list[_Planned]] = defaultdict(list)
+    for p in planned:
+        by_tenant[p.entry.request.tenant_id].append(p)
+    for tenant, group in sorted(by_tenant.items()):
+        wanted = sorted({p.candidate.node_id for p in group})
+        # SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
+        #  WHERE n.id = ANY(:nodes) AND n.pool_id = :pool AND <schedulable for :tenant>
+        #  ORDER BY n.id FOR SHARE OF n [SKIP LOCKED]          -- a missing node: no longer schedulable
+        still = set(
+            (
+                await conn.execute(
+                    sa.select(nodes.c.id)
+                    .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
+                    .where(
+                        nodes.c.id.in_(wanted), nodes.c.pool_id == pool_id, schedulable_sql_tolerating(tenant)
+                    )
+                    .order_by(nodes.c.id)
+                    .with_for_update(read=True, of=nodes, skip_locked=skip_locked)
+                )
+            ).scalars()
+        )
+        for p in group:
+            if p.candidate.node_id not in still:
+                lost[p.entry.reservation_id] = _lost(p, NOT_SCHEDULABLE)
+
+
+async def _check_labels(conn: AsyncConnection, planned: list[_Planned], lost: dict[str, LostRace]) -> None:
+    """The locked nodes' labels again, for the entries that ask for labels (one statement)."""
+    asking = [p for p in planned if p.entry.request.node_labels and p.entry.reservation_id not in lost]
+    if not asking:
+        return
+    keys = sorted({k for p in asking for k in p.entry.request.node_labels})
+    # SELECT node_id, key, value, source FROM node_labels WHERE node_id = ANY(:nodes) AND key = ANY(:keys)
+    have: dict[str, dict[str, tuple[str, str]]] = defaultdict(dict)
+    for r in (
+        await conn.execute(
+            sa.select(
+                node_labels.c.node_id, node_labels.c.key, node_labels.c.value, node_labels.c.source
+            ).where(
+                node_labels.c.node_id.in_(sorted({p.candidate.node_id for p in asking})),
+                node_labels.c.key.in_(keys),
+            )
+        )
+    ).all():
+        have[r.node_id][r.key] = (r.value, r.source)
+    for p in asking:
+        if not labels_hold(p.entry.request.node_labels, have.get(p.candidate.node_id, {})):
+            lost[p.entry.reservation_id] = _lost(p, NOT_SCHEDULABLE)
+
+
+async def _check_atoms(
+    conn: AsyncConnection, planned: list[_Planned], lost: dict[str, LostRace], skip_locked: bool
+) -> dict[str, dict[str, Decimal]]:
+    """Lock the picked atoms that are still healthy and bookable (one statement); returns reservation
+    id -> atoms per device class for the entries whose atoms all are."""
+    alive = [p for p in planned if p.entry.reservation_id not in lost and p.candidate.atoms]
+    if not alive:
+        return {}
+    # SELECT id, class, node_id FROM devices WHERE id = ANY(:atoms) AND healthy AND bookable
+    #  ORDER BY id FOR SHARE [SKIP LOCKED]                -- an atom missing: unhealthy or unbookable
+    rows = (
+        await conn.execute(
+            sa.select(devices.c.id, devices.c["class"], devices.c.node_id)
+            .where(
+                devices.c.id.in_(sorted({a for p in alive for a in p.candidate.atoms})),
+                devices.c.healthy,
+                devices.c.bookable,
+            )
+            .order_by(devices.c.id)
+            .with_for_update(read=True, skip_locked=skip_locked)
+        )
+    ).all()
+    ok = {r[0]: (r[1], r[2]) for r in rows}
+    classes: dict[str, dict[str, Decimal]] = {}
+    for p in alive:
+        found = [ok.get(a) for a in p.candidate.atoms]
+        if any(f is None or f[1] != p.candidate.node_id for f in found):
+            lost[p.entry.reservation_id] = _lost(p, ATOM_UNHEALTHY)
+            continue
+        counts: dict[str, Decimal] = defaultdict(Decimal)
+        for f in found:
+            assert f is not None
+            counts[f[0]] += 1
+        classes[p.entry.reservation_id] = dict(counts)
+    return classes
+
+
+async def _insert_allocations(
+    conn: AsyncConnection, pool_id: str, alive: list[_Planned], ids: dict[str, str]
+) -> None:
+    """One multi-row INSERT of the allocations (the bookings and holdings refer to them)."""
+    if not alive:
+        return
+    # INSERT INTO allocations (id, reservation_id, pool_id, node_id, atoms, resources, during)
+    #   VALUES (...), (...), ...
+    await conn.execute(
+        sa.insert(allocations).values(
+            [
+                {
+                    "id": ids[p.entry.reservation_id],
+                    "reservation_id": p.entry.reservation_id,
+                    "pool_id": pool_id,
+                    "node_id": p.candidate.node_id,
+                    "atoms": list(p.candidate.atoms),
+                    "resources": {k: str(v) for k, v in p.candidate.resources.items()},
+                    "during": _during(p),
+                }
+                for p in alive
+            ]
+        )
+    )
+
+
+async def _insert_bookings(
+    conn: AsyncConnection,
+    pool_id: str,
+    alive: list[_Planned],
+    ids: dict[str, str],
+    lost: dict[str, LostRace],
+) -> None:
+    """One multi-row INSERT of every atom's booking; an entry with fewer rows back lost the race."""
+    rows = [
+        (atom, ids[p.entry.reservation_id], _during(p))
+        for p in alive
+        if p.entry.reservation_id not in lost
+        for atom in p.candidate.atoms
+    ]
+    if not rows:
+        return
+    wanted = sa.values(
+        sa.column("device_id", sa.Text),
+        sa.column("allocation_id", sa.Text),
+        sa.column("during", TSTZRANGE),
+        name="wanted",
+    ).data(rows)
+    # INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
+    #   SELECT d.pk, d.id, :pool, w.allocation_id, w.during
+    #     FROM devices d JOIN (VALUES (:atom, :alloc, :during), ...) w (device_id, allocation_id, during)
+    #       ON w.device_id = d.id
+    #   ON CONFLICT DO NOTHING RETURNING allocation_id      -- fewer rows for an allocation: booked meanwhile
+    source = sa.select(
+        devices.c.pk, devices.c.id, sa.literal(pool_id, sa.Text), wanted.c.allocation_id, wanted.c.during
+    ).select_from(devices.join(wanted, wanted.c.device_id == devices.c.id))
+    booked: dict[str, int] = defaultdict(int)
+    for (allocation_id,) in (
+        await conn.execute(
+            pg_insert(device_bookings)
+            .from_select(["device_pk", "device_id", "pool_id", "allocation_id", "during"], source)
+            .on_conflict_do_nothing()
+            .returning(device_bookings.c.allocation_id)
+        )
+    ).all():
+        booked[allocation_id] += 1
+    for p in alive:
+        rid = p.entry.reservation_id
+        if rid not in lost and booked[ids[rid]] != len(p.candidate.atoms):
+            lost[rid] = _lost(p, ATOM_BOOKED)
+
+
+async def _hold_scalars(
+    conn: AsyncConnection,
+    pool_id: str,
+    alive: list[_Planned],
+    ids: dict[str, str],
+    lost: dict[str, LostRace],
+    skip_locked: bool = False,
+) -> None:
+    """Each scalar of the surviving entries, in (node, resource) order, with the guarded hold of
+    :mod:`app.capacity.commit` (``node_resources`` row lock, then the peak guard)."""
+    holds = sorted(
+        (p.candidate.node_id, resource, p.entry.reservation_id, Decimal(n), p)
+        for p in alive
+        for resource, n in p.candidate.resources.items()
+    )
+    lock = LOCK_SCALAR.with_for_update(skip_locked=True) if skip_locked else LOCK_SCALAR
+    for node_id, resource, rid, n, p in holds:
+        if rid in lost:
+            continue
+        r = p.entry.request
+        params = {
+            "allocation_id": ids[rid],
+            "resource": resource,
+            "node_id": node_id,
+            "pool_id": pool_id,
+            "amount": n,
+            "starts_at": r.start,
+            "ends_at": r.end,
+        }
+        # SELECT 1 FROM node_resources WHERE node_id = :node_id AND resource = :resource FOR UPDATE
+        #   [SKIP LOCKED];
+        # INSERT INTO scalar_holdings ... WHERE <peak> + :amount <= floor(allocatable * ratio) RETURNING
+        if (await conn.execute(lock, params)).first() is None or (
+            await conn.execute(HOLD_SCALAR, params)
+        ).first() is None:
+            lost[rid] = _lost(p, SCALAR_RAN_OUT, resource)
+
+
+async def _delete_lost(conn: AsyncConnection, allocation_ids: Iterable[str]) -> None:
+    """Remove what the losing entries wrote (their scalar holdings, bookings and allocations)."""
+    ids = sorted(allocation_ids)
+    if not ids:
+        return
+    # DELETE FROM scalar_holdings WHERE allocation_id = ANY(:ids);
+    # DELETE FROM device_bookings WHERE allocation_id = ANY(:ids);
+    # DELETE FROM allocations WHERE id = ANY(:ids)
+    await conn.execute(sa.delete(scalar_holdings).where(scalar_holdings.c.allocation_id.in_(ids)))
+    await conn.execute(sa.delete(device_bookings).where(device_bookings.c.allocation_id.in_(ids)))
+    await conn.execute(sa.delete(allocations).where(allocations.c.id.in_(ids)))
+
+
+def _during(p: _Planned) -> Any:
+    r = p.entry.request
+    assert r.start is not None and r.end is not None
+    return window(r.start, r.end)
+
+
+def _lost(p: _Planned, kind: str, resource: str | None = None) -> LostRace:
+    """Seed 000's lost-race reason of ``kind`` for the planned node."""
+    c = p.candidate
+    text = {
+        NOT_SCHEDULABLE: f"{c.node_name} is no longer schedulable",
+        ATOM_UNHEALTHY: f"an atom on {c.node_name} turned unhealthy or unbookable",
+        ATOM_BOOKED: f"an atom on {c.node_name} was booked concurrently",
+        SCALAR_RAN_OUT: f"{resource} on {c.node_name} ran out",
+    }[kind]
+    return LostRace(c.node_id, text, kind)

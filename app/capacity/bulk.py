@@ -1,0 +1,176 @@
+"""Bulk create: ``POST /v1/reservations/batch {items: [ReservationRequest, ...]}`` (docs/api.md,
+docs/scaling.md), with either placer.
+
+Each item is independent: its own idempotency key, authorization (checked by the route before this is
+called) and quota; one item's error does not fail the others, and nothing is changed for an item that
+fails. The plain items are written, planned and committed like a pool-lease batch, in one transaction
+per call (pools in id order, :func:`app.capacity.batch.place_batch`), after the whole body was read and
+before any answer is written: no lock is held while waiting for HTTP. Gangs and whole-node leases are
+created inline, one transaction each, after the batch.
+
+Per item the answer is ``(status, view | None, error | None)``: 201 created (placed or pending), 200 an
+idempotent retry, else the error's status (404 pool, 409 QUOTA_EXCEEDED / IDEMPOTENCY_KEY_REUSED, 422
+``start``) with its body.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.capacity.batch import BatchEntry, BatchOptions, place_batch
+from app.capacity.intake import Decision, Written, delete_unwritten, insert_reservations, mark_decided
+from app.capacity.placer import Pending, Placed, db_now
+from app.capacity.placers import must_place_inline
+from app.capacity.reservations import (
+    CapacityConfig,
+    _committed_view,
+    _condition,
+    _shape,
+    _view,
+    check_start,
+    create_reservation,
+    placement_request,
+    quota_amounts,
+)
+from app.capacity.snapshot import PoolCache
+from app.errors import AppError
+from app.observability.metrics import PLACEMENT_BATCH_SIZE, count_batch_attempts
+from app.placement.request import ReservationRequest
+
+MAX_ITEMS = 256
+BULK = "bulk"
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    """One item's answer: its HTTP ``status`` and the reservation view or the error."""
+
+    status: int
+    reservation: dict[str, Any] | None = None
+    error: AppError | None = None
+
+
+def failed(error: AppError) -> ItemResult:
+    """The answer of an item that failed with ``error`` (nothing was written for it)."""
+    return ItemResult(error.status, error=error)
+
+
+async def create_batch(
+    engine: AsyncEngine,
+    cache: PoolCache,
+    config: CapacityConfig,
+    items: list[ReservationRequest | ItemResult],
+) -> list[ItemResult]:
+    """Create every ``ReservationRequest`` of ``items`` (an :class:`ItemResult` is an item the route
+    already refused: kept as it is); the answers in the items' order."""
+    out: dict[int, ItemResult] = {i: it for i, it in enumerate(items) if isinstance(it, ItemResult)}
+    plain = {i: it for i, it in enumerate(items) if isinstance(it, ReservationRequest) and not _inline(it)}
+    if plain:
+        tokens: list[tuple[str, int]] = []
+        try:
+            async with engine.begin() as conn:
+                out.update(await _batch(conn, cache, config, plain, tokens))
+        finally:  # committed or rolled back: the bookings are visible to every plan now
+            for pool_id, token in tokens:
+                cache.forget(pool_id, token)
+    for i, it in enumerate(items):
+        if isinstance(it, ReservationRequest) and i not in plain:
+            try:
+                view, created = await create_reservation(engine, cache, config, it)
+                out[i] = ItemResult(201 if created else 200, view)
+            except AppError as exc:
+                out[i] = failed(exc)
+    return [out[i] for i in range(len(items))]
+
+
+def _inline(body: ReservationRequest) -> bool:
+    """Gangs and whole-node leases place inline (seed 000)."""
+    return body.gang is not None or body.binding == "node"
+
+
+async def _batch(
+    conn: AsyncConnection,
+    cache: PoolCache,
+    config: CapacityConfig,
+    plain: dict[int, ReservationRequest],
+    tokens: list[tuple[str, int]],
+) -> dict[int, ItemResult]:
+    """Write, check, charge, plan and commit the plain items in ``conn``'s transaction."""
+    order = sorted(plain)
+    written = dict(zip(order, await insert_reservations(conn, [plain[i] for i in order]), strict=True))
+    now = await db_now(conn)
+    out: dict[int, ItemResult] = {}
+    new: dict[int, BatchEntry] = {}
+    unwritten: list[str] = []
+    bad_start: dict[str, AppError] = {}  # rows removed again because their start was refused
+    for i in order:
+        w = written[i]
+        if w.error is not None:
+            out[i] = failed(w.error)
+        elif w.created:
+            try:
+                check_start(plain[i], now, config.max_lead)
+            except AppError as exc:
+                out[i] = failed(exc)
+                unwritten.append(w.row.id)
+                bad_start[w.row.id] = exc
+                continue
+            request = placement_request(config, plain[i], now)
+            assert not must_place_inline(request)
+            new[i] = BatchEntry(w.row.id, request, quota_amounts(request))
+    by_pool: dict[str, list[BatchEntry]] = defaultdict(list)
+    for entry in new.values():
+        by_pool[entry.request.pool_id].append(entry)
+    opts = BatchOptions(config.options, config.max_attempts, config.shortlist_min)
+    for pool_id in sorted(by_pool):  # pools in id order: two calls lock them alike
+        PLACEMENT_BATCH_SIZE.labels(BULK).observe(len(by_pool[pool_id]))
+        tokens += [(pool_id, t) for t in await place_batch(conn, cache, opts, pool_id, by_pool[pool_id])]
+    for i, entry in new.items():
+        if entry.refused is not None:
+            out[i] = failed(entry.refused)
+            unwritten.append(entry.reservation_id)
+    decisions = [_decision(e) for e in new.values() if e.refused is None]
+    count_batch_attempts(BULK, [d.status for d in decisions])
+    rows = await mark_decided(conn, decisions)
+    await delete_unwritten(conn, unwritten)
+    for i, entry in new.items():
+        if entry.refused is None:
+            out[i] = ItemResult(201, _placed_view(rows[entry.reservation_id], entry))
+    for i in order:  # idempotent retries (of earlier calls, or of an earlier item of this call)
+        if i not in out:
+            refused = bad_start.get(written[i].row.id)
+            out[i] = failed(refused) if refused else await _retry_answer(conn, written[i], new, rows)
+    return out
+
+
+def _decision(entry: BatchEntry) -> Decision:
+    if isinstance(entry.outcome, Placed):
+        return Decision(entry.reservation_id, "placed", [], entry.request.end)
+    assert isinstance(entry.outcome, Pending)
+    return Decision(entry.reservation_id, "pending", _condition(entry.outcome.reason))
+
+
+def _placed_view(row: Any, entry: BatchEntry) -> dict[str, Any]:
+    allocs = (
+        [_committed_view(a, entry.request) for a in entry.outcome.allocations]
+        if isinstance(entry.outcome, Placed)
+        else []
+    )
+    return _shape(row, allocs)
+
+
+async def _retry_answer(
+    conn: AsyncConnection, w: Written, new: dict[int, BatchEntry], rows: dict[str, Any]
+) -> ItemResult:
+    """200 with the reservation made before: by an earlier call, or by an earlier item of this call
+    (then as this call decided it; an earlier item that failed leaves this one failed alike)."""
+    for entry in new.values():
+        if entry.reservation_id == w.row.id:
+            if entry.refused is not None:
+                return failed(entry.refused)
+            return ItemResult(200, _placed_view(rows[entry.reservation_id], entry))
+    return ItemResult(200, await _view(conn, w.row))

@@ -1,0 +1,160 @@
+"""Reservation rows in and out for the batch paths (pool-lease queue, bulk create): the multi-row
+insert with idempotency, and the multi-row status update of decided reservations (seed 000; the inline
+create of :mod:`app.capacity.reservations` writes its single row itself)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.capacity.reservations import spec_hash
+from app.db.tables import TS, pools, reservations
+from app.errors import AppError, IdempotencyKeyReused, NotFound, quote_input
+from app.ids import new_id
+from app.placement.request import ReservationRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """One body's row: ``row`` (the reservation as stored) and ``created`` (False: an idempotent retry
+    answered by the row made before), or ``error`` (nothing was written for it)."""
+
+    row: Any = None
+    created: bool = False
+    error: AppError | None = None
+
+
+async def insert_reservations(
+    conn: AsyncConnection, bodies: list[ReservationRequest], status: str = "pending"
+) -> list[Written]:
+    """Insert a row per body in one statement, ``status`` set, with ``ON CONFLICT (tenant_id,
+    idempotency_key) DO NOTHING``; a body whose key was used answers the earlier row when its spec is
+    the same, else ``IDEMPOTENCY_KEY_REUSED``; a body naming no existing pool is ``NOT_FOUND``. Several
+    bodies of one call with one key: the first is written, the others are its retries."""
+    known = await _existing_pools(conn, {b.poolId for b in bodies})
+    out: list[Written | None] = [None] * len(bodies)
+    values: list[dict[str, Any]] = []
+    for i, b in enumerate(bodies):
+        if b.poolId not in known:
+            out[i] = Written(error=NotFound(f"pool {quote_input(b.poolId)} not found"))
+            continue
+        spec = b.spec()
+        values.append(
+            {
+                "id": new_id("res"),
+                "tenant_id": b.tenantId,
+                "pool_id": b.poolId,
+                "status": status,
+                "spec": spec,
+                "spec_hash": spec_hash(spec),
+                "idempotency_key": b.idempotencyKey,
+            }
+        )
+    inserted: dict[str, Any] = {}
+    if values:
+        # INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key)
+        #   VALUES (...), ... ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING *
+        rows = (
+            await conn.execute(
+                pg_insert(reservations)
+                .values(values)
+                .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+                .returning(*reservations.c)
+            )
+        ).all()
+        inserted = {r.id: r for r in rows}
+    by_key = {(r.tenant_id, r.idempotency_key): r for r in inserted.values()}
+    missing = {(b.tenantId, b.idempotencyKey) for i, b in enumerate(bodies) if out[i] is None} - set(by_key)
+    earlier = await _rows_by_key(conn, missing)
+    claimed: set[str] = set()
+    for i, b in enumerate(bodies):
+        if out[i] is not None:
+            continue
+        row = by_key.get((b.tenantId, b.idempotencyKey)) or earlier.get((b.tenantId, b.idempotencyKey))
+        assert row is not None
+        if row.spec_hash != spec_hash(b.spec()):
+            out[i] = Written(
+                error=IdempotencyKeyReused(
+                    f"idempotency key {b.idempotencyKey} was used with another body",
+                    {"idempotencyKey": b.idempotencyKey, "reservationId": row.id},
+                )
+            )
+            continue
+        created = row.id in inserted and row.id not in claimed
+        claimed.add(row.id)
+        out[i] = Written(row, created)
+    return [w for w in out if w is not None]
+
+
+async def _existing_pools(conn: AsyncConnection, pool_ids: set[str]) -> set[str]:
+    # SELECT id FROM pools WHERE id = ANY(:ids)
+    rows = await conn.execute(sa.select(pools.c.id).where(pools.c.id.in_(sorted(pool_ids))))
+    return set(rows.scalars())
+
+
+async def _rows_by_key(conn: AsyncConnection, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], Any]:
+    wanted = sorted(keys)
+    if not wanted:
+        return {}
+    # SELECT * FROM reservations WHERE (tenant_id, idempotency_key) IN ((:t, :k), ...)
+    rows = await conn.execute(
+        sa.select(reservations).where(
+            sa.tuple_(reservations.c.tenant_id, reservations.c.idempotency_key).in_(wanted)
+        )
+    )
+    return {(r.tenant_id, r.idempotency_key): r for r in rows.all()}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What became of one reservation: its new ``status``, ``conditions`` and ``ends_at``."""
+
+    reservation_id: str
+    status: str
+    conditions: list[dict[str, Any]]
+    ends_at: datetime | None = None
+
+
+async def mark_decided(conn: AsyncConnection, decisions: list[Decision]) -> dict[str, Any]:
+    """Write every decision in one statement; returns reservation id -> the updated row."""
+    if not decisions:
+        return {}
+    decided = sa.values(
+        sa.column("id", sa.Text),
+        sa.column("status", sa.Text),
+        sa.column("conditions", JSONB),
+        sa.column("ends_at", TS),
+        name="decided",
+    ).data([(d.reservation_id, d.status, d.conditions, d.ends_at) for d in decisions])
+    # UPDATE reservations SET status = d.status, conditions = d.conditions, ends_at = d.ends_at,
+    #        updated_at = now()
+    #   FROM (VALUES (:id, :status, :conditions::jsonb, :ends_at::timestamptz), ...)
+    #        d (id, status, conditions, ends_at)
+    #  WHERE reservations.id = d.id RETURNING reservations.*
+    rows = await conn.execute(
+        sa.update(reservations)
+        .where(reservations.c.id == decided.c.id)
+        .values(
+            status=decided.c.status,
+            conditions=sa.cast(decided.c.conditions, JSONB),
+            ends_at=sa.cast(decided.c.ends_at, TS),  # a NULL in VALUES is text
+            updated_at=sa.func.now(),
+        )
+        .returning(*reservations.c)
+    )
+    return {r.id: r for r in rows.all()}
+
+
+async def delete_unwritten(conn: AsyncConnection, reservation_ids: list[str]) -> None:
+    """Remove rows inserted for bodies that failed afterwards (bad start, over quota): for them
+    nothing changed."""
+    if reservation_ids:
+        # DELETE FROM reservations WHERE id = ANY(:ids)
+        await conn.execute(sa.delete(reservations).where(reservations.c.id.in_(reservation_ids)))

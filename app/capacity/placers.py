@@ -1,0 +1,181 @@
+"""One placer contract, two placers (seed 000, "Two placers"; docs/scaling.md).
+
+A placer has an ``id`` and ``place(conn, request, context) -> Placed | Pending | Queued``, called inside
+the caller's open transaction with the reservation row already written:
+
+- ``inline`` (:class:`InlinePlacer`) plans and commits now with the guarded statements
+  (:func:`app.capacity.placer.place_inline`): :class:`Placed` or :class:`Pending`;
+- ``pool-lease`` (:class:`PoolLeasePlacer`) marks the reservation ``queued`` and sends the pool's queue
+  edge (``NOTIFY bc_queue``): :class:`Queued`. A batch worker of some replica
+  (:mod:`app.capacity.queue`) then plans queued reservations oldest first and commits them together
+  (:mod:`app.capacity.batch`).
+
+Gangs, whole-node leases, BookingRepair, wakes and preemption need an answer at once: they ask for the
+inline placer by id (:func:`placer_for_request` answers it for those requests whatever the setting).
+``BC_CAPACITY_PLACER`` (``CapacityConfig.placer``) picks the placer of plain reservations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.capacity.commit import NO_EXTRAS, CommitExtras, MarkPlaced, QuotaCharge
+from app.capacity.placer import Pending, Placed, place_inline, place_woken
+from app.capacity.snapshot import PoolCache, PoolHead
+from app.db.tables import reservations
+from app.placement.model import Candidate, PlacementRequest
+from app.placement.options import SchedulerOptions
+
+INLINE = "inline"
+POOL_LEASE = "pool-lease"
+PLACER_IDS = (INLINE, POOL_LEASE)
+WAKE = "wake"  # not a placer: the label of the inline placer's attempts made by the wake controller
+QUEUE_CHANNEL = "bc_queue"  # payload: the pool id whose queue has work
+DECIDED_CHANNEL = "bc_decided"  # payload: comma-separated ids of reservations no longer queued
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """The reservation waits in its pool's queue (status ``queued``); a batch worker decides it."""
+
+    reservation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The admission context of a call that comes from an admitted request: who is charged, how much,
+    and the ``charge`` that rides on the guarded commit's last statement (lock order: ... ->
+    node_resources -> quota_usage, last; a refused charge raises QuotaExceeded)."""
+
+    tenant_id: str
+    amounts: Mapping[str, Decimal]
+    charge: QuotaCharge | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementContext:
+    """Everything a placer needs beside the connection and the request (seed 000, PlacementContext).
+
+    ``now``: the database clock (``SELECT now()`` or the reservation row's ``created_at``).
+    ``options``: the scheduler plugins, scorer weights, topN and the seeded random's seed (derived per
+    attempt from ``reservation_id``, so a placement replays). ``admission``: set when the call comes
+    from an admitted request. ``before_commit(attempt, candidate)``: tests lose races on purpose there.
+    ``mark``: mark the reservation ``placed`` with the commit's statements. ``head``: the pool head the
+    caller read under ``FOR SHARE`` (the pool is then not read or locked again).
+    """
+
+    now: datetime
+    cache: PoolCache
+    options: SchedulerOptions
+    reservation_id: str
+    max_attempts: int = 3
+    shortlist_min: int = 48
+    admission: Admission | None = None
+    before_commit: Callable[[int, Candidate], Awaitable[None]] | None = None
+    # the ``placer`` label its attempts are counted under: ``inline``, or ``wake`` (the wake controller)
+    recorded_as: str = INLINE
+    mark: MarkPlaced | None = None
+    head: PoolHead | None = None
+
+    @property
+    def extras(self) -> CommitExtras:
+        """What rides on the guarded commit: the admission's quota charge and the placed mark."""
+        charge = self.admission.charge if self.admission is not None else None
+        if charge is None and self.mark is None:
+            return NO_EXTRAS
+        return CommitExtras(charge=charge, mark=self.mark)
+
+    @property
+    def seed(self) -> int:
+        """The seed of the topN pick's random."""
+        return self.options.seed
+
+    @property
+    def top_n(self) -> int:
+        """How many of the best candidates the pick draws from."""
+        return self.options.top_n
+
+
+Outcome = Placed | Pending | Queued
+
+
+class Placer(Protocol):
+    """``place(conn, request, context)`` in the caller's transaction; ``id`` names it in the registry."""
+
+    id: str
+
+    async def place(
+        self, conn: AsyncConnection, request: PlacementRequest, context: PlacementContext
+    ) -> Outcome:
+        """Place (or queue) ``request`` for ``context.reservation_id``."""
+        ...
+
+
+class InlinePlacer:
+    """Plan now and commit with the guarded statements (:func:`app.capacity.placer.place_inline`)."""
+
+    id = INLINE
+
+    async def place(
+        self, conn: AsyncConnection, request: PlacementRequest, context: PlacementContext
+    ) -> Outcome:
+        """:class:`Placed` (allocations written in ``conn``'s transaction) or :class:`Pending`."""
+        place = place_woken if context.recorded_as == WAKE else place_inline
+        return await place(
+            conn,
+            context.cache,
+            request,
+            context.reservation_id,
+            context.options,
+            context.max_attempts,
+            context.shortlist_min,
+            context.before_commit,
+            context.extras,
+            context.head,
+        )
+
+
+class PoolLeasePlacer:
+    """Queue the reservation for its pool's batch worker: status ``queued``, the queue edge sent when
+    ``conn``'s transaction commits. Nothing is charged or booked until a batch decides it."""
+
+    id = POOL_LEASE
+
+    async def place(
+        self, conn: AsyncConnection, request: PlacementRequest, context: PlacementContext
+    ) -> Outcome:
+        """:class:`Queued`; gangs and whole-node leases never come here (:func:`placer_for_request`)."""
+        # UPDATE reservations SET status = 'queued', updated_at = now() WHERE id = :id
+        #   RETURNING pg_notify('bc_queue', pool_id)
+        await conn.execute(
+            sa.update(reservations)
+            .where(reservations.c.id == context.reservation_id)
+            .values(status="queued", updated_at=sa.func.now())
+            .returning(sa.func.pg_notify(QUEUE_CHANNEL, reservations.c.pool_id))
+        )
+        return Queued(context.reservation_id)
+
+
+PLACERS: dict[str, Placer] = {INLINE: InlinePlacer(), POOL_LEASE: PoolLeasePlacer()}
+
+
+def placer(placer_id: str) -> Placer:
+    """The placer registered as ``placer_id`` (``inline`` or ``pool-lease``); KeyError otherwise."""
+    return PLACERS[placer_id]
+
+
+def must_place_inline(request: PlacementRequest) -> bool:
+    """Gangs and whole-node leases always place inline (seed 000): they need an answer at once."""
+    return request.gang is not None or request.binding == "node"
+
+
+def placer_for_request(configured: str, request: PlacementRequest) -> Placer:
+    """The placer of a create: the configured one, except inline for the requests that must be."""
+    return placer(INLINE if must_place_inline(request) else configured)

@@ -1,0 +1,162 @@
+"""The pool-lease placer and the bulk create through the real app on real PostgreSQL (issue 15):
+202 queued + long-poll, the 256-item limit, per-item errors with nothing changed for failed items."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import ADMIN_KEY, settings_for
+from tests.factories import add_node, gpu_node, make_pool, reservation
+
+COUNTED = ("reservations", "allocations", "device_bookings", "scalar_holdings", "quota_holdings")
+
+
+async def _counts(engine: AsyncEngine) -> dict[str, int]:
+    async with engine.connect() as conn:
+        return {t: (await conn.exec_driver_sql(f"SELECT count(*) FROM {t}")).scalar_one() for t in COUNTED}
+
+
+@pytest.fixture
+async def lease_app(database_url: str, clean_db: AsyncEngine) -> AsyncIterator[Any]:
+    """The real app with ``BC_CAPACITY_PLACER=pool-lease``, its lifecycle (the batch worker) running."""
+    from app.main import create_app
+
+    application = create_app(settings_for(database_url, capacity_placer="pool-lease"), run_migrations=False)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
+async def lease_client(lease_app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """An admin client of the pool-lease app."""
+    transport = httpx.ASGITransport(app=lease_app)
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    client = httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers, timeout=60)
+    async with client as c:
+        yield c
+
+
+async def test_pool_lease_answers_202_queued_and_the_long_poll_sees_it_placed(
+    lease_client: httpx.AsyncClient,
+) -> None:
+    pool = await make_pool(lease_client)
+    node = await add_node(lease_client, pool, gpu_node("lease-a", 4))
+    r = await lease_client.post("/v1/reservations", json=reservation(pool, 2, key="lease-1"))
+    assert r.status_code == 202, r.text
+    assert r.json()["status"] == "queued" and r.json()["allocations"] == []
+    got = await lease_client.get(f"/v1/reservations/{r.json()['id']}", params={"waitSeconds": 10})
+    assert got.status_code == 200, got.text
+    view = got.json()
+    assert view["status"] == "placed", view
+    assert view["allocations"][0]["nodeId"] == node["id"] and len(view["allocations"][0]["atoms"]) == 2
+    # an idempotent retry answers the reservation as it is now
+    again = await lease_client.post("/v1/reservations", json=reservation(pool, 2, key="lease-1"))
+    assert again.status_code == 200 and again.json()["status"] == "placed"
+    # too big: decided pending with the plan's reason
+    big = await lease_client.post("/v1/reservations", json=reservation(pool, 4, key="lease-2"))
+    assert big.status_code == 202
+    view = (await lease_client.get(f"/v1/reservations/{big.json()['id']}", params={"waitSeconds": 10})).json()
+    assert view["status"] == "pending" and "fits" in view["conditions"][0]["message"], view
+
+
+async def test_gangs_stay_inline_with_pool_lease(lease_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(lease_client)
+    for name in ("g-a", "g-b"):
+        await add_node(lease_client, pool, gpu_node(name, 4))
+    r = await lease_client.post("/v1/reservations", json=reservation(pool, 2, gang={"members": 2}))
+    assert r.status_code == 201 and r.json()["status"] == "placed", r.text
+
+
+@pytest.mark.parametrize("value", ["31", "-1", "1.5", "x"])
+async def test_wait_seconds_out_of_range_is_422_naming_it(
+    admin_client: httpx.AsyncClient, value: str
+) -> None:
+    r = await admin_client.get("/v1/reservations/res_nope", params={"waitSeconds": value})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["details"]["path"] == "waitSeconds"
+
+
+async def test_bulk_items_are_independent_and_failed_ones_change_nothing(
+    admin_client: httpx.AsyncClient, client_for: Any, clean_db: AsyncEngine
+) -> None:
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("bulk-a", 8))
+    other = await make_pool(admin_client)
+    r = await admin_client.put(f"/v1/tenants/acme/quotas/{pool}", json={"limits": {"gpu": 5}})
+    assert r.status_code == 200, r.text
+    first = await admin_client.post("/v1/reservations", json=reservation(pool, 1, key="before"))
+    assert first.status_code == 201
+    before = await _counts(clean_db)
+    items = [
+        reservation(pool, 2, key="b-1"),  # placed
+        {"tenantId": "acme", "poolId": pool, "devices": [{"class": "gpu", "count": "x"}]},  # bad item
+        reservation(pool, 4, key="b-3"),  # over quota: 1 + 2 + 4 > 5
+        reservation(pool, 1, key="before"),  # an idempotent retry of an earlier call
+        reservation(pool, 2, key="before"),  # the same key with another body
+        reservation("pool_missing", 1, key="b-6"),  # no such pool
+        reservation(pool, 1, key="b-1"),  # another body under an earlier item's key
+        reservation(pool, 2, key="b-1"),  # a retry of an earlier item of this call
+        reservation(pool, 1, key="b-9", start="2001-01-01T00:00:00Z"),  # start in the past
+        reservation(pool, 2, key="b-10"),  # placed
+    ]
+    r = await admin_client.post("/v1/reservations/batch", json={"items": items})
+    assert r.status_code == 200, r.text
+    answers = r.json()["items"]
+    assert [a["status"] for a in answers] == [201, 422, 409, 200, 409, 404, 409, 200, 422, 201], answers
+    assert answers[0]["reservation"]["status"] == "placed"
+    assert answers[1]["error"]["code"] == "INVALID_INPUT"
+    assert answers[1]["error"]["details"]["path"] == "items.1.devices.0.count"
+    assert answers[2]["error"]["code"] == "QUOTA_EXCEEDED"
+    assert answers[3]["reservation"]["id"] == first.json()["id"]
+    assert answers[4]["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+    assert answers[5]["error"]["code"] == "NOT_FOUND"
+    assert answers[7]["reservation"]["id"] == answers[0]["reservation"]["id"]
+    assert answers[8]["error"]["details"]["path"] == "start"
+    assert answers[9]["reservation"]["status"] == "placed"
+    placed = [answers[i]["reservation"] for i in (0, 9)]
+    atoms = [a for p in placed for a in p["allocations"][0]["atoms"]]
+    assert len(atoms) == len(set(atoms)) == 4  # the second plan saw the first
+    after = await _counts(clean_db)
+    # exactly two new reservations with one allocation, 2 bookings and one quota holding each
+    assert after["reservations"] == before["reservations"] + 2
+    assert after["allocations"] == before["allocations"] + 2
+    assert after["device_bookings"] == before["device_bookings"] + 4
+    assert after["quota_holdings"] == before["quota_holdings"] + 2
+
+    # another tenant's principal: 403 for the item it may not create, the other item is created
+    key = await admin_client.post(
+        "/v1/api-keys",
+        json={
+            "principal": "beta-key",
+            "tenantId": "beta",
+            "grants": [
+                {"action": "compute:reservations:*", "resource": f"pool:{other}"},
+                {"action": "compute:reservations:*", "resource": "tenant:beta"},
+            ],
+        },
+    )
+    assert key.status_code == 201, key.text
+    async with client_for(key.json()["key"]) as beta:
+        r = await beta.post(
+            "/v1/reservations/batch",
+            json={"items": [reservation(pool, 1, tenant="beta"), reservation(other, 1, tenant="beta")]},
+        )
+        assert r.status_code == 200, r.text
+        assert [a["status"] for a in r.json()["items"]] == [403, 201], r.json()
+
+
+async def test_bulk_takes_at_most_256_items(admin_client: httpx.AsyncClient, clean_db: AsyncEngine) -> None:
+    pool = await make_pool(admin_client)
+    before = await _counts(clean_db)
+    r = await admin_client.post(
+        "/v1/reservations/batch", json={"items": [reservation(pool, 0, key=f"k{i}") for i in range(257)]}
+    )
+    assert r.status_code == 422 and r.json()["error"]["details"]["path"] == "items", r.text
+    r = await admin_client.post("/v1/reservations/batch", json={"items": []})
+    assert r.status_code == 422 and r.json()["error"]["details"]["path"] == "items", r.text
+    assert await _counts(clean_db) == before
