@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from app.placement.model import Plan, Rejections
-from app.placement.options import DEFAULT_WEIGHTS, SchedulerOptions
+from app.placement.options import SchedulerOptions
 from app.placement.pipeline import plan_placement
 from app.placement.plugins import clamp_score, define_scheduler_plugin, load_plugins
-from app.placement.scorers import SCORER_NAMES, count_score, count_score_many
+from app.placement.scorers import DEFAULT_WEIGHTS, SCORER_NAMES, count_score, count_score_many
 from app.placement.summary import summarize
 from tests.placement.builders import DGX1, K80, RTX4090_8X, gpu_node, pool, request, topo_node
 
