@@ -24,7 +24,8 @@ from app.placement.options import SchedulerOptions
 from app.placement.pipeline import plan_placement
 from app.placement.scorers import SCORERS
 from app.placement.scorers.contract import COUNTS, NODE, PICK
-from tests.capacity.helpers import book, db_time, make_pool_with_nodes, node_body
+from tests.capacity.helpers import book, db_time, make_pool_with_nodes
+from tests.factories import node_body
 
 LINKS = ["NV12", "NV4", "PIX", "PXB", "SYS"]
 

@@ -27,7 +27,8 @@ from app.placement.filters import (
 from app.placement.options import SchedulerOptions
 from app.placement.scorers.contract import READS as SCORER_READS
 from app.placement.selectors import parse_selector
-from tests.placement.builders import gpu_node, pool, request
+from tests.factories import gpu_snapshot
+from tests.placement.builders import pool, request
 from tests.placement.test_filters import REASONS, reason_for
 
 OWN_FIELDS = {"node", "topology"}  # set by NodeWork itself, not by any step
@@ -108,7 +109,7 @@ def test_each_filter_alone_gives_the_pipelines_reason(
 ) -> None:
     # Each filter on its own fresh NodeWork, with only the derivations it declares: no filter relies on
     # what another one left behind. A filter that does not apply to the request must pass.
-    node, req = gpu_node(**node_args), request(**request_args)
+    node, req = gpu_snapshot(**node_args), request(**request_args)
     ctx = PlanContext.build(req, pool(node), SchedulerOptions())
     found = None
     for flt in FILTERS:
@@ -124,11 +125,11 @@ def test_each_filter_alone_gives_the_pipelines_reason(
 
 
 def test_the_steps_derive_before_the_first_reader_and_skip_filters_that_cannot_reject() -> None:
-    ctx = PlanContext.build(request(count=2), pool(gpu_node()), SchedulerOptions())
+    ctx = PlanContext.build(request(count=2), pool(gpu_snapshot()), SchedulerOptions())
     assert plan_steps(ctx) == (schedulable.check, derived.matches, derived.free, fits.check, picker.check)
     with_selector = request(count=2, selector=parse_selector("x"))
-    ctx = PlanContext.build(with_selector, pool(gpu_node()), SchedulerOptions())
+    ctx = PlanContext.build(with_selector, pool(gpu_snapshot()), SchedulerOptions())
     assert plan_steps(ctx)[:3] == (schedulable.check, derived.matches, selector.check)
-    ctx = PlanContext.build(request(count=0), pool(gpu_node()), SchedulerOptions())
+    ctx = PlanContext.build(request(count=0), pool(gpu_snapshot()), SchedulerOptions())
     assert plan_steps(ctx) == (schedulable.check,)
     assert plan_steps(ctx, SCORER_READS["counts"]) == (schedulable.check, derived.matches, derived.free)

@@ -18,7 +18,8 @@ from app.placement.options import SchedulerOptions
 from app.placement.pipeline import plan_placement
 from app.placement.scorers import DEFAULT_WEIGHTS, SCORERS, binpack, numa, spread, topology
 from app.placement.scorers.contract import COUNTS, NODE, PICK, ScorerDeclarationError, ScorerSet
-from tests.placement.builders import gpu_node, pool, request
+from tests.factories import gpu_snapshot
+from tests.placement.builders import pool, request
 from tests.placement.test_bounds import _node
 
 # A pick-dependent toy scorer: prefers picks holding low-index atoms (which the built-ins ignore).
@@ -74,7 +75,7 @@ def test_the_count_key_is_the_counts_scorers_part_of_the_pipeline_score() -> Non
     scorers = SCORERS.adding(BIG_HOST, LOW_FIRST)
     options = SchedulerOptions(scorers=scorers, weights={"spread": 0.5})
     for gpus, booked, count in [(8, (), 1), (8, (0, 1, 2), 3), (4, (1,), 2), (2, (), 2)]:
-        plan = plan_placement(request(count=count), pool(gpu_node(gpus=gpus, booked=booked)), options)
+        plan = plan_placement(request(count=count), pool(gpu_snapshot(gpus=gpus, booked=booked)), options)
         assert isinstance(plan, Plan)
         scores = plan.chosen.scores
         counts = sum(
@@ -117,7 +118,7 @@ def test_the_share_key_is_derived_from_the_kinds() -> None:
     assert SCORERS.share_key(1, plugin_pickers=True) is None  # a plugin picker reads the node
     assert SCORERS.adding(BY_NAME).share_key(1, plugin_pickers=False) is None
     only_counts = ScorerSet.of(binpack, spread)
-    node = gpu_node(gpus=4, booked=(0,))
+    node = gpu_snapshot(gpus=4, booked=(0,))
     ctx = PlanContext.build(request(count=1), pool(node), SchedulerOptions())
     work = NodeWork(node, 1)
     matches(ctx, work)
@@ -129,6 +130,8 @@ def test_the_share_key_is_derived_from_the_kinds() -> None:
 def test_a_node_dependent_scorer_is_not_shared_between_alike_nodes() -> None:
     # Two alike nodes (same links, same free atoms) whose names differ: a NODE scorer sees the names.
     options = SchedulerOptions(scorers=SCORERS.adding(BY_NAME), top_n=1)
-    plan = plan_placement(request(count=1), pool(gpu_node("a", gpus=4), gpu_node("abc", gpus=4)), options)
+    plan = plan_placement(
+        request(count=1), pool(gpu_snapshot("a", gpus=4), gpu_snapshot("abc", gpus=4)), options
+    )
     assert isinstance(plan, Plan)
     assert {c.node_id: c.scores["byname"] for c in plan.ranked} == {"a": 1 / 7, "abc": 3 / 7}
