@@ -276,3 +276,37 @@ async def test_a_node_dependent_toy_scorer_makes_the_shortlist_fall_back(clean_d
         outcome = await plan_request(conn, PoolCache(), request, options, shortlist_min=4)
     assert outcome.path == "full"
     assert isinstance(outcome.plan, Plan) and "byname" in outcome.plan.chosen.scores
+
+
+async def test_a_pick_dependent_toy_scorer_that_favours_outside_nodes_makes_the_shortlist_fall_back(
+    clean_db: AsyncEngine,
+) -> None:
+    # 12 nodes with GPU0-2 booked (binpack 1.0: the shortlist's best) and 10 free ones (binpack 0.25).
+    # lowfirst (weight 10) scores the busy nodes' pick (GPU3) 0.25 and the free nodes' (GPU0) 1.0, so a
+    # free node outside the shortlist wins: only a bound that includes lowfirst sends this to the pool.
+    engine = clean_db
+    start = await db_time(engine)
+    bodies = [node_body(f"busy-{i:02d}", 4, cpu=None) for i in range(12)]
+    bodies += [node_body(f"free-{i:02d}", 4, cpu=None) for i in range(10)]
+    pool, views = await make_pool_with_nodes(engine, bodies)
+    async with engine.begin() as conn:
+        for v in views[:12]:
+            atoms = sorted(d["id"] for d in v["devices"])
+            await book(conn, pool, v["id"], atoms[:3], start - timedelta(hours=1), start + timedelta(days=2))
+    toy = SimpleNamespace(**{**vars(LOW_FIRST), "DEFAULT_WEIGHT": 10.0})
+    options = SchedulerOptions(top_n=1, scorers=SCORERS.adding(toy))
+    request = PlacementRequest(
+        tenant_id="acme",
+        pool_id=pool,
+        devices=(DeviceRequest("gpu", 1),),
+        start=start,
+        end=start + timedelta(days=1),
+    )
+    cache = PoolCache()
+    async with engine.connect() as conn:
+        short = await plan_request(conn, cache, request, options, shortlist_min=4)
+        _, snapshot = await read_snapshot(conn, cache, pool, request.start, request.end)
+    full = plan_placement(request, snapshot, options)
+    assert isinstance(full, Plan) and full.chosen.node_name.startswith("free-")
+    assert _comparable(short.plan, 1) == _comparable(full, 1)
+    assert short.path == "full"
