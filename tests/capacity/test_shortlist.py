@@ -205,13 +205,13 @@ async def test_uniform_empty_pool_uses_the_shortlist_for_every_shape(clean_db: A
 # depends on the pick; declared so, the shortlist's bound includes it and the ranking stays the whole
 # pool's. A NODE toy scorer (reading anything of the node) makes the shortlist fall back.
 LOW_FIRST = SimpleNamespace(
-    NAME="lowfirst",
+    NAME="toy-lowfirst",
     DEFAULT_WEIGHT=2.0,
     DEPENDS=PICK,
     share=lambda pick: 1.0 / (1 + min(pick.indices, default=0)),
 )
 BY_NAME = SimpleNamespace(
-    NAME="byname", DEFAULT_WEIGHT=1.0, DEPENDS=NODE, score=lambda ctx, work: (len(work.node.name) % 7) / 7
+    NAME="toy-byname", DEFAULT_WEIGHT=1.0, DEPENDS=NODE, score=lambda ctx, work: (len(work.node.name) % 7) / 7
 )
 
 
@@ -250,7 +250,7 @@ async def test_a_pick_dependent_toy_scorer_keeps_the_shortlist_equivalent(clean_
             whole = _scores(full)
             for node_id, scores in _scores(short.plan).items():  # every scorer agrees node by node
                 assert scores == whole[node_id], node_id
-                assert "lowfirst" in scores
+                assert "toy-lowfirst" in scores
             # the shortlist's ranking key is the COUNTS scorers' part of the pipeline's score
             for node_id, key in shortlist_rows(inventory, request, options, exceptions, 1000):
                 if node_id in whole:
@@ -275,7 +275,7 @@ async def test_a_node_dependent_toy_scorer_makes_the_shortlist_fall_back(clean_d
     async with engine.connect() as conn:
         outcome = await plan_request(conn, PoolCache(), request, options, shortlist_min=4)
     assert outcome.path == "full"
-    assert isinstance(outcome.plan, Plan) and "byname" in outcome.plan.chosen.scores
+    assert isinstance(outcome.plan, Plan) and "toy-byname" in outcome.plan.chosen.scores
 
 
 async def test_a_pick_dependent_toy_scorer_that_favours_outside_nodes_makes_the_shortlist_fall_back(

@@ -24,18 +24,18 @@ from tests.placement.test_bounds import _node
 
 # A pick-dependent toy scorer: prefers picks holding low-index atoms (which the built-ins ignore).
 LOW_FIRST = SimpleNamespace(
-    NAME="lowfirst",
+    NAME="toy-lowfirst",
     DEFAULT_WEIGHT=2.0,
     DEPENDS=PICK,
     share=lambda pick: 1.0 / (1 + min(pick.indices, default=0)),
 )
 # A count-only toy scorer: prefers nodes with more atoms of the class.
 BIG_HOST = SimpleNamespace(
-    NAME="bighost", DEFAULT_WEIGHT=1.0, DEPENDS=COUNTS, share=lambda t, busy, r: t / 16
+    NAME="toy-bighost", DEFAULT_WEIGHT=1.0, DEPENDS=COUNTS, share=lambda t, busy, r: t / 16
 )
 # A node-dependent toy scorer (as a plugin scorer would be).
 BY_NAME = SimpleNamespace(
-    NAME="byname", DEFAULT_WEIGHT=1.0, DEPENDS=NODE, score=lambda ctx, work: (len(work.node.name) % 7) / 7
+    NAME="toy-byname", DEFAULT_WEIGHT=1.0, DEPENDS=NODE, score=lambda ctx, work: (len(work.node.name) % 7) / 7
 )
 
 
@@ -84,7 +84,7 @@ def test_the_count_key_is_the_counts_scorers_part_of_the_pipeline_score() -> Non
         assert scorers.count_score_many([(gpus, len(booked), count)], options.weights) == pytest.approx(
             counts
         )
-        assert scores["bighost"] == gpus / 16 and "lowfirst" in scores
+        assert scores["toy-bighost"] == gpus / 16 and "toy-lowfirst" in scores
 
 
 def test_the_bound_covers_a_pick_dependent_toy_scorer() -> None:
@@ -134,4 +134,4 @@ def test_a_node_dependent_scorer_is_not_shared_between_alike_nodes() -> None:
         request(count=1), pool(gpu_snapshot("a", gpus=4), gpu_snapshot("abc", gpus=4)), options
     )
     assert isinstance(plan, Plan)
-    assert {c.node_id: c.scores["byname"] for c in plan.ranked} == {"a": 1 / 7, "abc": 3 / 7}
+    assert {c.node_id: c.scores["toy-byname"] for c in plan.ranked} == {"a": 1 / 7, "abc": 3 / 7}
