@@ -18,8 +18,9 @@ runs each derivation once, just before the first filter (or scorer) that reads i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 from app.placement.context import NodeWork, PlanContext
 from app.placement.selectors import selector_matches
@@ -104,8 +105,10 @@ DERIVATIONS: tuple[Derivation, ...] = (
 DERIVED_FIELDS: frozenset[str] = frozenset(f for d in DERIVATIONS for f in d.provides)
 
 
-def derivations_for(fields: Iterable[str]) -> tuple[Derivation, ...]:
-    """The derivations that provide ``fields`` and what those need, in ``DERIVATIONS`` order."""
+@cache
+def derivations_for(fields: tuple[str, ...]) -> tuple[Derivation, ...]:
+    """The derivations that provide ``fields`` and what those need, in ``DERIVATIONS`` order (memoized:
+    the answer depends on the declarations only)."""
     wanted = set(fields)
     chosen: set[str] = set()
     for d in reversed(DERIVATIONS):  # a derivation only needs earlier ones

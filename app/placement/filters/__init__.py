@@ -11,7 +11,6 @@ before the first filter or scorer that reads it, then the filters in order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from types import ModuleType
 
 from app.placement.context import PlanContext
@@ -48,20 +47,33 @@ def applies(flt: ModuleType, ctx: PlanContext) -> bool:
     return True if fn is None else bool(fn(ctx))
 
 
-def plan_steps(ctx: PlanContext, scorer_reads: Iterable[str] = ()) -> tuple[Step, ...]:
+def plan_steps(ctx: PlanContext, scorer_reads: tuple[str, ...] = ()) -> tuple[Step, ...]:
     """The steps for one node of this plan: the applying filters' checks in registry order, each
-    preceded by the derivations it reads that have not run yet, then those ``scorer_reads`` needs."""
+    preceded by the derivations it reads that have not run yet, then those ``scorer_reads`` needs.
+    Memoized by (which filters apply, ``scorer_reads``)."""
+    applying = tuple(applies(flt, ctx) for flt in FILTERS)
+    key = (applying, scorer_reads)
+    found = _steps.get(key)
+    if found is None:
+        found = _steps[key] = _steps_for(applying, scorer_reads)
+    return found
+
+
+_steps: dict[tuple[tuple[bool, ...], tuple[str, ...]], tuple[Step, ...]] = {}
+
+
+def _steps_for(applying: tuple[bool, ...], scorer_reads: tuple[str, ...]) -> tuple[Step, ...]:
     steps: list[Step] = []
     done: set[str] = set()
 
-    def derive(fields: Iterable[str]) -> None:
+    def derive(fields: tuple[str, ...]) -> None:
         for d in derivations_for(fields):
             if d.name not in done:
                 done.add(d.name)
                 steps.append(d.run)
 
-    for flt in FILTERS:
-        if applies(flt, ctx):
+    for flt, applying_here in zip(FILTERS, applying, strict=True):
+        if applying_here:
             derive(flt.READS)
             steps.append(flt.check)
     derive(scorer_reads)

@@ -66,7 +66,14 @@ class Scorer:
     ceiling: Callable[[ClassTopology, int], float] | None = None
 
     def score_fn(self) -> ScoreFn:
-        """``score(ctx, work) -> float`` as the pipeline calls it, derived from the declaration."""
+        """``score(ctx, work) -> float`` as the pipeline calls it, derived from the declaration (built
+        once per scorer)."""
+        found = _score_fns.get(self)
+        if found is None:
+            found = _score_fns[self] = self._build_score_fn()
+        return found
+
+    def _build_score_fn(self) -> ScoreFn:
         share = self.share
         if self.depends == NODE:
             return share
@@ -95,6 +102,9 @@ class Scorer:
             return sum(share(p) for p in picks) / len(picks)
 
         return pick_score
+
+
+_score_fns: dict[Scorer, ScoreFn] = {}
 
 
 def declare(module: ModuleType | Any) -> Scorer:
