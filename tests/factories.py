@@ -1,11 +1,17 @@
-"""Factories that build inventory through the real API (no direct table writes)."""
+"""The one home of test factories (issue 16): node bodies for the API (``gpu_node``) and the services
+(``node_body``), pipeline snapshots for the pure placement tests (``gpu_snapshot``), and helpers that
+build inventory through the real API (no direct table writes)."""
 
 from __future__ import annotations
 
 import itertools
+from decimal import Decimal
 from typing import Any
 
 import httpx
+
+from app.inventory.schemas import NodeCreate
+from app.placement.model import Atom, NodeInventory, NodeSnapshot, NodeState, ScalarResource
 
 _counter = itertools.count()
 
@@ -49,6 +55,60 @@ def gpu_node(
         "taints": taints or [],
         "cordoned": cordoned,
     }
+
+
+def node_body(name: str, gpus: int = 8, link: str = "NV12", cpu: int | None = 64, **extra: Any) -> NodeCreate:
+    """:func:`gpu_node` as the inventory service takes it: GPUs with ``vramGiB`` 80 only, no memory row;
+    ``extra`` fields (labels, taints, ...) replace the body's."""
+    body = gpu_node(name, gpus, link=link, cpu=cpu, memory=None, attributes={"vramGiB": 80})
+    body.update(extra)
+    return NodeCreate.model_validate(body)
+
+
+def gpu_snapshot(
+    node_id: str = "node_a",
+    gpus: int = 4,
+    attributes: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+    label_sources: dict[str, str] | None = None,
+    reasons: tuple[str, ...] = (),
+    booked: tuple[int, ...] = (),
+    unavailable: tuple[int, ...] = (),
+    resources: dict[str, tuple[str, str, str]] | None = None,
+    link: str | None = "NV12",
+    leasable: bool = True,
+) -> NodeSnapshot:
+    """A pipeline node (no database): ``gpus`` GPUs ``<node_id>-GPU<i>`` (all pairs ``link``, NUMA 0),
+    labels, NoSchedule reasons, booked / unavailable GPU indices and scalar rows ``{name: (allocatable,
+    ratio, allocated)}``."""
+    atoms = tuple(
+        Atom(id=f"{node_id}-GPU{i}", device_class="gpu", attributes=dict(attributes or {}), numa_node=0)
+        for i in range(gpus)
+    )
+    links = {}
+    if link is not None:
+        links = {(atoms[a].id, atoms[b].id): link for a in range(gpus) for b in range(a + 1, gpus)}
+    rows = {
+        name: ScalarResource(Decimal(a), Decimal(r), Decimal(u))
+        for name, (a, r, u) in (resources or {}).items()
+    }
+    return NodeSnapshot(
+        NodeInventory(
+            id=node_id,
+            name=node_id,
+            labels=dict(labels or {}),
+            label_sources=dict(label_sources or {}),
+            atoms=atoms,
+            links=links,
+        ),
+        NodeState(
+            no_schedule_reasons=reasons,
+            leasable=leasable,
+            booked=frozenset(f"{node_id}-GPU{i}" for i in booked),
+            unavailable=frozenset(f"{node_id}-GPU{i}" for i in unavailable),
+            resources=rows,
+        ),
+    )
 
 
 async def make_pool(client: httpx.AsyncClient, name: str | None = None) -> str:

@@ -2,9 +2,9 @@
 
 Loading every node of a large pool for each request is expensive. When a request has no selectors, no
 gang and no plugin scorers, the placer first finds every schedulable node with enough free atoms and
-scalar room, ranked by the part of the score that depends only on counts (binpack + spread, the same
-formula as :func:`app.placement.scorers.count_score_many`), and the pipeline plans only the best
-``K = max(shortlist_min, 8 x topN)`` of them.
+scalar room, ranked by the part of the score that depends only on counts (the ``COUNTS`` scorers,
+the same formula as :meth:`app.placement.scorers.contract.ScorerSet.count_score_many`), and the
+pipeline plans only the best ``K = max(shortlist_min, 8 x topN)`` of them.
 
 How the shortlist is found without reading the pool. The static part (which atoms of which class each
 node has, its labels, which scalar resources it has rows for) is in the pool cache. SQL then reads only
@@ -19,9 +19,9 @@ for the tenant, nodeLabels, scalar room, enough free atoms of each class, the re
 a filter the pipeline applies with the same rule, so a node it leaves out is one the pipeline rejects. The
 pipeline may reject more (topology, plugin filters, a plugin picker), never fewer. A node outside the
 shortlist scores at most ``U = count score of the best node outside + C``, where ``C`` is the most any
-node of the pool could score through topology and numa given its static links and NUMA groups
-(:func:`app.placement.bounds.pick_score_ceiling`; at most ``w_topology + w_numa``), as there are no
-plugin scorers. So when the shortlist plan holds at least
+node of the pool could score through the ``PICK`` scorers given its static links and NUMA groups
+(:func:`app.placement.bounds.pick_score_ceiling`, derived from the scorers' declarations), as there are
+no plugin scorers and no ``NODE`` scorers. So when the shortlist plan holds at least
 ``needed`` candidates and the ``needed``-th best total is above ``U``, no node outside could enter the top
 ``needed``: the top-``needed`` ranking (and so the seeded pick among topN) is the one the whole pool would
 give; a tie at ``U`` is safe when the inside node's id is smaller, since ties break on node id and
@@ -69,9 +69,10 @@ from app.placement.model import (
     ScalarResource,
     Selector,
 )
-from app.placement.options import DEFAULT_WEIGHTS, SchedulerOptions
+from app.placement.options import SchedulerOptions
 from app.placement.pipeline import plan_placement
-from app.placement.scorers import count_score_many
+from app.placement.scorers import scorers_of
+from app.placement.scorers.contract import NODE
 from app.placement.selectors import selector_matches as matches_selector
 
 TIE_MARGIN = 1e-9  # float noise between SQL and Python arithmetic: never trust a bound closer than this
@@ -88,14 +89,16 @@ class PlanOutcome:
 
 
 def shortlist_applies(request: PlacementRequest, options: SchedulerOptions) -> bool:
-    """No gang and no plugin scorers (and a device-binding request). A device selector no longer keeps a
-    request off the shortlist (issue 15): which atoms match is static, memoized in the pool cache per
-    (selector, node signature) (:func:`selector_matches`), and a selector changes no count score (binpack
-    and spread count the class's free atoms, selector aside), only which nodes are viable."""
+    """No gang and no plugin scorers (and a device-binding request), and no registered ``NODE`` scorer
+    (its score cannot be bounded from inventory). A device selector no longer keeps a request off the
+    shortlist (issue 15): which atoms match is static, memoized in the pool cache per (selector, node
+    signature) (:func:`selector_matches`), and a selector changes no count score (binpack and spread count
+    the class's free atoms, selector aside), only which nodes are viable."""
     return (
         request.gang is None
         and request.binding != "node"
         and not any(getattr(p, "scorers", ()) for p in options.plugins)
+        and NODE not in scorers_of(options).kinds
     )
 
 
@@ -440,11 +443,11 @@ def shortlist_rows(
 
     Viable: schedulable for the tenant (the SQL predicate), not excluded, carrying the request's
     nodeLabels, with room for every scalar and enough free atoms of every class (matching the device
-    request's selector, if any). Score: the count-only
-    part (:func:`app.placement.scorers.count_score_many`). Nodes with no exception are ranked per group
+    request's selector, if any). Score: the count-only part (the ``COUNTS`` scorers'
+    ``count_score_many``). Nodes with no exception are ranked per group
     of alike nodes (one score per group, ids in order), so the cost is the exceptions plus groups x
     ``limit``, not the pool's size."""
-    weights = {k: options.weight(k, v) for k, v in DEFAULT_WEIGHTS.items()}
+    count_score_many, weights = scorers_of(options).count_score_many, options.weights
     counts = [(d.device_class, d.count) for d in request.devices]
     atoms = _class_atoms(inventory)
     matching = _matching(inventory, request)
@@ -582,16 +585,18 @@ async def _inside_states(
 
 
 def _pick_ceiling(inventory: PoolInventory, request: PlacementRequest, options: SchedulerOptions) -> float:
-    """The most any node of the pool could add through topology and numa (memoized per version)."""
+    """The most any node of the pool could add through the ``PICK`` scorers (memoized per version)."""
+    scorers = scorers_of(options)
     key = (
         "pick-ceiling",
         tuple((d.device_class, d.count) for d in request.devices),
         tuple(sorted(options.weights.items())),
+        scorers,
     )
     found = inventory.memo.get(key)
     if found is None:
         found = inventory.memo[key] = pick_score_ceiling(
-            inventory.nodes.values(), request.devices, options.weights
+            inventory.nodes.values(), request.devices, options.weights, scorers
         )
     return found
 

@@ -1,14 +1,16 @@
 """What filters and scorers see: :class:`PlanContext` (per ``plan_placement`` call) and
 :class:`NodeWork` (per node, filled in as the filters run).
 
-Every filter is ``check(ctx, work) -> str | None`` (a reason rejects the node); every scorer is
-``score(ctx, work) -> float`` in 0..1. Filters later in the order may rely on what earlier ones stored
-in ``work``: ``selector`` fills ``match_masks``, ``fits`` fills ``available_masks`` and
-``free_masks``, ``topology`` may fill ``picks``, ``picker`` completes ``picks`` and ``atoms``.
+Every filter is ``check(ctx, work) -> str | None`` (a reason rejects the node); every scorer's score
+is derived from its declaration (:mod:`app.placement.scorers.contract`). No filter reads what another
+wrote: ``classes``, ``match_masks``, ``available_masks`` and ``free_masks`` are filled by the
+derivations of :mod:`app.placement.derived` (declared there, run by the registry before the first
+reader); ``picks`` and ``atoms`` are the ``picker`` filter's output, read by scorers and the candidate.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from itertools import count
@@ -97,9 +99,10 @@ class NodeWork:
     def __init__(self, node: NodeSnapshot, n_devices: int) -> None:
         self.node = node
         self.topology: NodeTopology | None = node_topology(node.inventory) if n_devices else None
-        self.classes: list[ClassTopology | None] = []
-        self.match_masks: list[int] = []
-        self.available_masks: list[int] = []
-        self.free_masks: list[int] = []
-        self.picks: list[Pick | None] = [None] * n_devices
-        self.atoms: list[tuple[str, ...]] = [()] * n_devices
+        # one entry per device request once derived (empty until then, and without devices)
+        self.classes: Sequence[ClassTopology | None] = ()
+        self.match_masks: Sequence[int] = ()
+        self.available_masks: Sequence[int] = ()
+        self.free_masks: Sequence[int] = ()
+        self.picks: Sequence[Pick | None] = ()
+        self.atoms: Sequence[tuple[str, ...]] = ()

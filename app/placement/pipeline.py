@@ -6,11 +6,13 @@ registry order (:mod:`app.placement.filters`) and the first reason rejects it; t
 chosen one is a ``random.Random(options.seed)`` pick among the best ``top_n``.
 
 Speed (issue 3: 10,000 nodes x 8 GPUs under 200 ms, i.e. 20 µs a node): the atom pick is memoized in
-:mod:`app.placement.topology`; the built-in scores of a one-device-request plan depend only on (link
-signature, free-of-class mask, free-and-matching mask), so nodes alike share one read-only scores
-mapping; and the cyclic garbage collector is paused during the loop, because the loop allocates a few
-short-lived, acyclic objects per node and a collection in the middle would walk the whole snapshot
-(millions of objects) for nothing: that alone cost 50-90 ms on a 10,000-node pool.
+:mod:`app.placement.topology`; a node goes only through the steps that can matter for the request
+(:func:`app.placement.filters.plan_steps`: filters that cannot reject it are left out); the built-in
+scores depend only on what the scorers declare (for ``COUNTS`` and ``PICK`` scorers: link signature,
+free-of-class mask, free-and-matching mask; :meth:`ScorerSet.share_key`), so nodes alike share one
+read-only scores mapping; and the cyclic garbage collector is paused during the loop, because the
+loop allocates a few short-lived, acyclic objects per node and a collection in the middle would walk
+the whole snapshot (millions of objects) for nothing: that alone cost 50-90 ms on a 10,000-node pool.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from app.placement.context import NodeWork, PlanContext
-from app.placement.filters import CHECKS, lease
+from app.placement.derived import derivations_for
+from app.placement.filters import lease, plan_steps
 from app.placement.model import Candidate, NodeSnapshot, PlacementRequest, Plan, PoolSnapshot, Rejections
 from app.placement.options import LOST_RACE_REASON, SchedulerOptions
 from app.placement.plugins import admission_refusal, clamp_score
 from app.placement.schedulable import POOL_ARCHIVED
-from app.placement.scorers import SCORERS
+from app.placement.scorers import scorers_of
 from app.placement.summary import ARCHIVED_POOL, EMPTY_POOL, summarize
 from app.placement.topology import tied_picks
 
@@ -68,15 +71,17 @@ def _plan(request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerO
     ctx = PlanContext.build(request, snapshot, options)
     n_devices = len(ctx.devices)
     excluded = options.excluded_nodes
-    weighted = [(s.NAME, s.score, options.weight(s.NAME, s.DEFAULT_WEIGHT)) for s in SCORERS]
+    scorers = scorers_of(options)
+    weighted = [(s.name, s.score_fn(), options.weight(s.name, s.default_weight)) for s in scorers.scorers]
     plugin_scorers = ctx.plugin_scorers
     resources = dict(ctx.resources)
     rejections: dict[str, str] = {}
     candidates: list[Candidate] = []
-    # Built-in scores shared by alike nodes (see the module docstring); only when every input of the
-    # built-in scorers is in the key: one device request (or none) and no plugin picker.
-    share_scores = n_devices <= 1 and not ctx.pickers
-    shared: dict[tuple[int, int, int], tuple[MappingProxyType[str, float], float]] = {}
+    steps = plan_steps(ctx, scorers.reads)
+    # Built-in scores shared by alike nodes under a key derived from the scorers' declarations (None:
+    # a NODE scorer or a plugin picker, no sharing).
+    share_key = scorers.share_key(n_devices, bool(ctx.pickers))
+    shared: dict[object, tuple[MappingProxyType[str, float], float]] = {}
 
     for node in nodes:
         node_id = node.inventory.id
@@ -85,19 +90,15 @@ def _plan(request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerO
             continue
         work = NodeWork(node, n_devices)
         reason = None
-        for check in CHECKS:
-            reason = check(ctx, work)
+        for step in steps:
+            reason = step(ctx, work)
             if reason is not None:
                 break
         if reason is not None:
             rejections[node_id] = reason
             continue
-        key = (
-            (work.classes[0].signature, work.available_masks[0], work.free_masks[0])  # type: ignore[union-attr]
-            if n_devices
-            else (0, 0, 0)
-        )
-        found = shared.get(key) if share_scores else None
+        key = share_key(work) if share_key is not None else None
+        found = shared.get(key) if key is not None else None
         if found is None:
             builtin: dict[str, float] = {}
             total = 0.0
@@ -106,7 +107,7 @@ def _plan(request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerO
                 builtin[name] = value
                 total += weight * value
             found = (MappingProxyType(builtin), total)
-            if share_scores:
+            if key is not None:
                 shared[key] = found
         scores, total = found
         if plugin_scorers:
@@ -147,9 +148,8 @@ def _vary_atoms(ctx: PlanContext, node: NodeSnapshot, chosen: Candidate, rng: ra
     if not ctx.devices or ctx.request.binding == lease.NODE_BINDING:  # a lease takes every atom anyway
         return chosen
     work = NodeWork(node, len(ctx.devices))
-    for check in CHECKS:
-        if check(ctx, work) is not None:
-            return chosen  # cannot happen: the node passed these checks a moment ago
+    for derivation in derivations_for(("classes", "free_masks")):
+        derivation.run(ctx, work)
     groups = list(chosen.atoms_by_request)
     for i, device in enumerate(ctx.devices):
         ct = work.classes[i]

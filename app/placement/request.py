@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -42,9 +42,10 @@ from app.placement.model import (
     PlacementRequest,
     Selector,
 )
+from app.placement.operands import KEY_RE, parse_decimal_operand
+from app.placement.selectors import parse_selector
 from app.placement.system_labels import required_capabilities
 
-KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._/-]*$")  # seed 000: letters, digits, ., _, / and -
 IDEMPOTENCY_KEY_RE = r"^[A-Za-z0-9._:-]{1,128}$"
 DURATION_RE = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
 DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -65,26 +66,6 @@ def window_end(start: datetime, seconds: int) -> datetime | None:
     if utc_start.year < FIRST_WINDOW_YEAR or end.year > LAST_WINDOW_YEAR:
         return None
     return end
-
-
-def parse_decimal_operand(value: Any) -> Decimal | None:
-    """A comparison operand as ``Decimal``: a JSON number or a decimal string (sign and fraction
-    allowed). NaN, infinities, booleans and anything else give ``None``."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float, Decimal)):
-        text = repr(value) if isinstance(value, float) else str(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        if not re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", text):
-            return None
-    else:
-        return None
-    try:
-        number = Decimal(text)
-    except InvalidOperation:
-        return None
-    return number if number.is_finite() else None
 
 
 def parse_duration(value: str | int) -> int:
@@ -180,8 +161,6 @@ class DeviceRequestBody(BaseModel):
     @classmethod
     def _shorthand(cls, value: Any) -> Any:
         if isinstance(value, str):
-            from app.placement.selectors import parse_selector
-
             try:
                 parsed = parse_selector(value)
             except InvalidInput as exc:  # keep the 0-based position for the API's error details

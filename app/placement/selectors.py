@@ -34,7 +34,7 @@ from app.placement.model import (
     NodeInventory,
     Selector,
 )
-from app.placement.request import KEY_RE, parse_decimal_operand
+from app.placement.operands import KEY_RE, parse_decimal_operand
 from app.placement.system_labels import label_counts
 
 WHITESPACE = frozenset(" \t\r\n")

@@ -25,9 +25,9 @@ from app.observability.metrics import FleetGauges, exposition, package_version
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
 from tests.api.metrics_text import Samples, parse, value
-from tests.capacity.helpers import book, day_after, db_time, make_pool_with_nodes, node_body, reservation_row
+from tests.capacity.helpers import book, day_after, db_time, make_pool_with_nodes, reservation_row
 from tests.conftest import ADMIN_KEY, TABLES, settings_for
-from tests.factories import add_node, gpu_node, make_pool, reservation
+from tests.factories import add_node, gpu_node, make_pool, node_body, reservation
 from tests.servers import free_port, running_server
 
 RESULTS = ("placed", "pending", "error")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -15,25 +14,9 @@ from app.db.tables import allocations, device_bookings, devices, reservations, s
 from app.ids import new_id
 from app.inventory import service as inventory
 from app.inventory.schemas import NodeCreate
+from tests.factories import node_body  # noqa: F401 (its one home; re-exported for older imports)
 
 _names = itertools.count()
-
-
-def node_body(name: str, gpus: int = 8, link: str = "NV12", cpu: int | None = 64, **extra: Any) -> NodeCreate:
-    """A node with ``gpus`` atoms ``<name>-GPU<i>`` joined pairwise by ``link``, NUMA split in halves."""
-    ids = [f"{name}-GPU{i}" for i in range(gpus)]
-    return NodeCreate.model_validate(
-        {
-            "name": name,
-            "devices": [
-                {"id": a, "class": "gpu", "numaNode": i * 2 // max(gpus, 1), "attributes": {"vramGiB": 80}}
-                for i, a in enumerate(ids)
-            ],
-            "links": [{"a": a, "b": b, "link": link} for a, b in itertools.combinations(ids, 2)],
-            "resources": {"cpu": {"allocatable": cpu}} if cpu is not None else {},
-            **extra,
-        }
-    )
 
 
 async def make_pool_with_nodes(engine: AsyncEngine, bodies: list[NodeCreate]) -> tuple[str, list[dict]]:

@@ -15,7 +15,8 @@ from app.capacity.snapshot import PoolCache
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
-from tests.capacity.helpers import day_after, db_time, make_pool_with_nodes, node_body, reservation_row
+from tests.capacity.helpers import day_after, db_time, make_pool_with_nodes, reservation_row
+from tests.factories import node_body
 
 
 async def test_a_second_plan_avoids_atoms_being_committed(clean_db: AsyncEngine) -> None:

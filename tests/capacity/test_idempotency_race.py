@@ -13,7 +13,8 @@ from app.capacity.snapshot import PoolCache
 from app.errors import IdempotencyKeyReused
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
-from tests.capacity.helpers import make_pool_with_nodes, node_body
+from tests.capacity.helpers import make_pool_with_nodes
+from tests.factories import node_body
 
 
 def _body(pool: str, gpus: int, key: str) -> ReservationRequest:

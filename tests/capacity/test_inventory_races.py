@@ -21,7 +21,8 @@ from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, TaintBody
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
-from tests.capacity.helpers import make_pool_with_nodes, node_body
+from tests.capacity.helpers import make_pool_with_nodes
+from tests.factories import node_body
 
 CLIENTS = 24
 

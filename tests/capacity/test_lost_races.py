@@ -18,7 +18,8 @@ from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
-from tests.capacity.helpers import book, day_after, db_time, make_pool_with_nodes, node_body, reservation_row
+from tests.capacity.helpers import book, day_after, db_time, make_pool_with_nodes, reservation_row
+from tests.factories import node_body
 
 
 async def _spoil_schedulable(engine: AsyncEngine, pool: str, node_id: str, atoms: Any, start: Any) -> None:

@@ -8,20 +8,25 @@ import random
 from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.shortlist import plan_request, shortlist_applies
-from app.capacity.snapshot import PoolCache, read_snapshot
+from app.capacity.shortlist import plan_request, read_exceptions, shortlist_applies, shortlist_rows
+from app.capacity.snapshot import PoolCache, read_pool_head, read_snapshot
 from app.db.tables import devices
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, TaintBody
 from app.placement.model import DeviceRequest, MatchExpression, PlacementRequest, Plan, Selector
 from app.placement.options import SchedulerOptions
 from app.placement.pipeline import plan_placement
-from tests.capacity.helpers import book, db_time, make_pool_with_nodes, node_body
+from app.placement.scorers import SCORERS
+from app.placement.scorers.contract import COUNTS, NODE, PICK
+from tests.capacity.helpers import book, db_time, make_pool_with_nodes
+from tests.factories import node_body
 
 LINKS = ["NV12", "NV4", "PIX", "PXB", "SYS"]
 
@@ -199,3 +204,114 @@ async def test_uniform_empty_pool_uses_the_shortlist_for_every_shape(clean_db: A
             _, snapshot = await read_snapshot(conn, cache, pool, start, request.end)
         assert short.path == "shortlist", count
         assert _comparable(short.plan, 5) == _comparable(plan_placement(request, snapshot, options), 5)
+
+
+# A toy scorer a newcomer might add (issue 16, done-when 1): it prefers picks of low-index atoms, so it
+# depends on the pick; declared so, the shortlist's bound includes it and the ranking stays the whole
+# pool's. A NODE toy scorer (reading anything of the node) makes the shortlist fall back.
+LOW_FIRST = SimpleNamespace(
+    NAME="toy-lowfirst",
+    DEFAULT_WEIGHT=2.0,
+    DEPENDS=PICK,
+    share=lambda pick: 1.0 / (1 + min(pick.indices, default=0)),
+)
+BY_NAME = SimpleNamespace(
+    NAME="toy-byname", DEFAULT_WEIGHT=1.0, DEPENDS=NODE, score=lambda ctx, work: (len(work.node.name) % 7) / 7
+)
+
+
+def _scores(plan: Any) -> dict[str, dict[str, float]]:
+    return {c.node_id: dict(c.scores) for c in plan.ranked} if isinstance(plan, Plan) else {}
+
+
+async def test_a_pick_dependent_toy_scorer_keeps_the_shortlist_equivalent(clean_db: AsyncEngine) -> None:
+    engine = clean_db
+    rng = random.Random(20261201)
+    start = await db_time(engine)
+    scorers = SCORERS.adding(LOW_FIRST)
+    paths = {"shortlist": 0, "full": 0}
+    for k in range(3):
+        pool = await _random_pool(engine, rng, start, k)
+        for _ in range(8):
+            top_n = rng.choice([1, 2, 3])
+            options = SchedulerOptions(top_n=top_n, seed=rng.randrange(1 << 30), scorers=scorers)
+            request = PlacementRequest(
+                tenant_id="acme",
+                pool_id=pool,
+                devices=(DeviceRequest("gpu", rng.choice([1, 2, 4])),),
+                start=start,
+                end=start + timedelta(hours=24),
+            )
+            assert shortlist_applies(request, options)
+            cache = PoolCache()
+            async with engine.connect() as conn:
+                short = await plan_request(conn, cache, request, options, shortlist_min=4, needed=top_n)
+                _, snapshot = await read_snapshot(conn, cache, pool, request.start, request.end)
+                inventory = await cache.inventory(conn, (await read_pool_head(conn, pool)))
+                exceptions = await read_exceptions(conn, request)
+            full = plan_placement(request, snapshot, options)
+            paths[short.path] += 1
+            assert _comparable(short.plan, top_n) == _comparable(full, top_n), (pool, request)
+            whole = _scores(full)
+            for node_id, scores in _scores(short.plan).items():  # every scorer agrees node by node
+                assert scores == whole[node_id], node_id
+                assert "toy-lowfirst" in scores
+            # the shortlist's ranking key is the COUNTS scorers' part of the pipeline's score
+            for node_id, key in shortlist_rows(inventory, request, options, exceptions, 1000):
+                if node_id in whole:
+                    counts = sum(whole[node_id][s.name] * s.default_weight for s in scorers.of_kind(COUNTS))
+                    assert key == pytest.approx(counts), node_id
+    assert paths["shortlist"] >= 4, paths
+
+
+async def test_a_node_dependent_toy_scorer_makes_the_shortlist_fall_back(clean_db: AsyncEngine) -> None:
+    engine = clean_db
+    start = await db_time(engine)
+    pool = await _random_pool(engine, random.Random(7), start, 0)
+    options = SchedulerOptions(scorers=SCORERS.adding(BY_NAME))
+    request = PlacementRequest(
+        tenant_id="acme",
+        pool_id=pool,
+        devices=(DeviceRequest("gpu", 1),),
+        start=start,
+        end=start + timedelta(days=1),
+    )
+    assert shortlist_applies(request, SchedulerOptions()) and not shortlist_applies(request, options)
+    async with engine.connect() as conn:
+        outcome = await plan_request(conn, PoolCache(), request, options, shortlist_min=4)
+    assert outcome.path == "full"
+    assert isinstance(outcome.plan, Plan) and "toy-byname" in outcome.plan.chosen.scores
+
+
+async def test_a_pick_dependent_toy_scorer_that_favours_outside_nodes_makes_the_shortlist_fall_back(
+    clean_db: AsyncEngine,
+) -> None:
+    # 12 nodes with GPU0-2 booked (binpack 1.0: the shortlist's best) and 10 free ones (binpack 0.25).
+    # lowfirst (weight 10) scores the busy nodes' pick (GPU3) 0.25 and the free nodes' (GPU0) 1.0, so a
+    # free node outside the shortlist wins: only a bound that includes lowfirst sends this to the pool.
+    engine = clean_db
+    start = await db_time(engine)
+    bodies = [node_body(f"busy-{i:02d}", 4, cpu=None) for i in range(12)]
+    bodies += [node_body(f"free-{i:02d}", 4, cpu=None) for i in range(10)]
+    pool, views = await make_pool_with_nodes(engine, bodies)
+    async with engine.begin() as conn:
+        for v in views[:12]:
+            atoms = sorted(d["id"] for d in v["devices"])
+            await book(conn, pool, v["id"], atoms[:3], start - timedelta(hours=1), start + timedelta(days=2))
+    toy = SimpleNamespace(**{**vars(LOW_FIRST), "DEFAULT_WEIGHT": 10.0})
+    options = SchedulerOptions(top_n=1, scorers=SCORERS.adding(toy))
+    request = PlacementRequest(
+        tenant_id="acme",
+        pool_id=pool,
+        devices=(DeviceRequest("gpu", 1),),
+        start=start,
+        end=start + timedelta(days=1),
+    )
+    cache = PoolCache()
+    async with engine.connect() as conn:
+        short = await plan_request(conn, cache, request, options, shortlist_min=4)
+        _, snapshot = await read_snapshot(conn, cache, pool, request.start, request.end)
+    full = plan_placement(request, snapshot, options)
+    assert isinstance(full, Plan) and full.chosen.node_name.startswith("free-")
+    assert _comparable(short.plan, 1) == _comparable(full, 1)
+    assert short.path == "full"

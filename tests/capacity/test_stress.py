@@ -42,8 +42,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.tables import quota_holdings
 from app.quota.service import set_limits
-from tests.capacity.helpers import book, db_time, make_pool_with_nodes, node_body, reservation_row
-from tests.factories import add_node, gpu_node, make_pool
+from tests.capacity.helpers import book, db_time, make_pool_with_nodes, reservation_row
+from tests.factories import add_node, gpu_node, make_pool, node_body
 from tests.servers import Server, admin_clients, running_servers
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,8 @@
 """Builders of pipeline inputs for the pure placement tests (no database).
 
-``topo_node`` builds a node from a real ``nvidia-smi topo -m`` fixture's expected parse
+The plain node snapshot (``gpu_snapshot``) lives in :mod:`tests.factories`, the one home of node
+factories; ``gpu_node`` here is that function under its older name. ``topo_node`` builds a node from a
+real ``nvidia-smi topo -m`` fixture's expected parse
 (``tests/data/topo/*.expected.json``: ``gpu_links`` and ``numa_affinity``), so pick rules are tested on
 the real DGX-1 hybrid cube mesh, DGX A100 / H100 and PCIe matrices.
 """
@@ -21,10 +23,11 @@ from app.placement.model import (
     NodeState,
     PlacementRequest,
     PoolSnapshot,
-    ScalarResource,
     Selector,
 )
+from tests.factories import gpu_snapshot
 
+gpu_node = gpu_snapshot  # the older name, kept for tests written before the factories were one
 TOPO = Path(__file__).resolve().parent.parent / "data" / "topo"
 START = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -72,51 +75,6 @@ def topo_node(
         unavailable=frozenset(f"{node_id}-GPU{i}" for i in unavailable),
     )
     return NodeSnapshot(NodeInventory(id=node_id, name=node_id, atoms=tuple(atoms), links=links), state)
-
-
-def gpu_node(
-    node_id: str = "node_a",
-    gpus: int = 4,
-    attributes: dict[str, Any] | None = None,
-    labels: dict[str, str] | None = None,
-    label_sources: dict[str, str] | None = None,
-    reasons: tuple[str, ...] = (),
-    booked: tuple[int, ...] = (),
-    unavailable: tuple[int, ...] = (),
-    resources: dict[str, tuple[str, str, str]] | None = None,
-    link: str | None = "NV12",
-    leasable: bool = True,
-) -> NodeSnapshot:
-    """A simple node of ``gpus`` GPUs (all pairs ``link``, NUMA 0), labels, NoSchedule reasons, booked /
-    unavailable GPU indices and scalar rows ``{name: (allocatable, ratio, allocated)}``."""
-    atoms = tuple(
-        Atom(id=f"{node_id}-GPU{i}", device_class="gpu", attributes=dict(attributes or {}), numa_node=0)
-        for i in range(gpus)
-    )
-    links = {}
-    if link is not None:
-        links = {(atoms[a].id, atoms[b].id): link for a in range(gpus) for b in range(a + 1, gpus)}
-    rows = {
-        name: ScalarResource(Decimal(a), Decimal(r), Decimal(u))
-        for name, (a, r, u) in (resources or {}).items()
-    }
-    return NodeSnapshot(
-        NodeInventory(
-            id=node_id,
-            name=node_id,
-            labels=dict(labels or {}),
-            label_sources=dict(label_sources or {}),
-            atoms=atoms,
-            links=links,
-        ),
-        NodeState(
-            no_schedule_reasons=reasons,
-            leasable=leasable,
-            booked=frozenset(f"{node_id}-GPU{i}" for i in booked),
-            unavailable=frozenset(f"{node_id}-GPU{i}" for i in unavailable),
-            resources=rows,
-        ),
-    )
 
 
 def request(

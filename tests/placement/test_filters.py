@@ -23,7 +23,8 @@ from app.placement.pipeline import plan_placement
 from app.placement.plugins import define_scheduler_plugin
 from app.placement.schedulable import ineligibility, lease_ineligibility, may_be_schedulable
 from app.placement.selectors import parse_selector
-from tests.placement.builders import gpu_node, pool, request
+from tests.factories import gpu_snapshot
+from tests.placement.builders import pool, request
 
 
 def reason_for(
@@ -186,22 +187,22 @@ REASONS: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
 def test_reason(
     case: str, node_args: dict[str, Any], request_args: dict[str, Any], reason: str | None
 ) -> None:
-    assert reason_for(gpu_node(**node_args), request(**request_args)) == reason
+    assert reason_for(gpu_snapshot(**node_args), request(**request_args)) == reason
 
 
 def test_first_failure_wins() -> None:
-    node = gpu_node(
+    node = gpu_snapshot(
         reasons=("cordoned",), booked=(0, 1, 2, 3), link="PIX", resources={"cpu": ("1", "1", "1")}
     )
     req = request(count=2, topology="nvlink-all", resources={"cpu": "1"}, node_labels={"rack": "*"})
     assert reason_for(node, req) == "cordoned"
-    node = gpu_node(booked=(0, 1, 2, 3), link="PIX", resources={"cpu": ("1", "1", "1")})
+    node = gpu_snapshot(booked=(0, 1, 2, 3), link="PIX", resources={"cpu": ("1", "1", "1")})
     assert reason_for(node, req) == "labels: missing rack"
-    node = gpu_node(
+    node = gpu_snapshot(
         booked=(0, 1, 2, 3), link="PIX", labels={"rack": "r1"}, resources={"cpu": ("1", "1", "1")}
     )
     assert reason_for(node, req) == "scalars: cpu needs 1, 0 free"
-    node = gpu_node(
+    node = gpu_snapshot(
         booked=(0, 1, 2, 3), link="PIX", labels={"rack": "r1"}, resources={"cpu": ("2", "1", "1")}
     )
     assert reason_for(node, req) == "fits: 0 of 4 gpu free"
@@ -232,12 +233,12 @@ QUARANTINE = define_scheduler_plugin(
 )
 def test_plugin_filter_answers(answer: Any, reason: str | None) -> None:
     plugin = define_scheduler_plugin("p", filters=[{"id": "f", "filter": lambda request, node: answer}])
-    assert reason_for(gpu_node(), request(), SchedulerOptions(plugins=(plugin,))) == reason
+    assert reason_for(gpu_snapshot(), request(), SchedulerOptions(plugins=(plugin,))) == reason
 
 
 def test_plugin_filter_runs_after_labels_and_before_scalars() -> None:
     options = SchedulerOptions(plugins=(QUARANTINE,))
-    node = gpu_node(labels={"rack": "r13"})
+    node = gpu_snapshot(labels={"rack": "r13"})
     assert reason_for(node, request(resources={"cpu": "1"}), options) == (
         "rack-affinity/no-quarantine-rack: rack r13 is quarantined"
     )
@@ -266,7 +267,7 @@ def first_two(request: Any, device: DeviceRequest, node: Any, free: list[str]) -
 )
 def test_picker_reasons(picker: Any, reason: str | None) -> None:
     plugin = define_scheduler_plugin("pick", pickers=[{"deviceClass": "gpu", "preferAllocation": picker}])
-    node = gpu_node(booked=(0,))
+    node = gpu_snapshot(booked=(0,))
     assert reason_for(node, request(count=2), SchedulerOptions(plugins=(plugin,))) == reason
 
 
@@ -274,7 +275,7 @@ def test_plugin_picker_wins_and_must_be_nvlink_complete_for_nvlink_all() -> None
     last_two = define_scheduler_plugin(
         "last", pickers=[{"deviceClass": "gpu", "preferAllocation": lambda r, d, n, free: free[-d.count :]}]
     )
-    plan = plan_placement(request(count=2), pool(gpu_node()), SchedulerOptions(plugins=(last_two,)))
+    plan = plan_placement(request(count=2), pool(gpu_snapshot()), SchedulerOptions(plugins=(last_two,)))
     assert isinstance(plan, Plan) and plan.chosen.atoms == ("node_a-GPU2", "node_a-GPU3")
     # GPU0-GPU1 NV, everything else PIX: the default pick finds the pair, the plugin's pick is not NV
     from tests.placement.builders import topo_node
@@ -313,7 +314,7 @@ def test_plugin_picker_wins_and_must_be_nvlink_complete_for_nvlink_all() -> None
 def test_ineligibility(
     reasons: tuple[str, ...], tenant: str | None, archived: bool, expected: str | None
 ) -> None:
-    node = gpu_node(reasons=reasons)
+    node = gpu_snapshot(reasons=reasons)
     assert ineligibility(node, pool(node, archived=archived), tenant) == expected
 
 
@@ -329,7 +330,7 @@ def test_ineligibility(
 def test_lease_ineligibility(
     reasons: tuple[str, ...], leasable: bool, tenant: str, expected: str | None
 ) -> None:
-    node = gpu_node(reasons=reasons, leasable=leasable)
+    node = gpu_snapshot(reasons=reasons, leasable=leasable)
     assert lease_ineligibility(node, pool(node), tenant) == expected
     binding_node = request(binding="node")
     assert reason_for(node, binding_node) == expected
@@ -347,7 +348,7 @@ def test_lease_ineligibility(
     ],
 )
 def test_may_be_schedulable(reasons: tuple[str, ...], expected: bool) -> None:
-    node = gpu_node(reasons=reasons)
+    node = gpu_snapshot(reasons=reasons)
     assert may_be_schedulable(node, pool(node)) is expected
     assert may_be_schedulable(node, pool(node, archived=True)) is False
 

@@ -8,7 +8,8 @@ from dataclasses import replace
 from app.placement.gang import plan_gang
 from app.placement.model import Gang, Plan, Rejections
 from app.placement.options import SchedulerOptions
-from tests.placement.builders import gpu_node, pool, request
+from tests.factories import gpu_snapshot
+from tests.placement.builders import pool, request
 
 
 def _gang(members: int, key: str | None = "rack", count: int = 2) -> object:
@@ -17,11 +18,11 @@ def _gang(members: int, key: str | None = "rack", count: int = 2) -> object:
 
 def test_members_share_the_rack_with_the_best_total() -> None:
     nodes = [
-        gpu_node("a1", labels={"rack": "a"}, booked=(0, 1)),  # binpack prefers the busier nodes
-        gpu_node("a2", labels={"rack": "a"}),
-        gpu_node("b1", labels={"rack": "b"}, booked=(0,)),
-        gpu_node("b2", labels={"rack": "b"}, booked=(0,)),
-        gpu_node("c1", labels={"rack": "c"}, booked=(0, 1)),
+        gpu_snapshot("a1", labels={"rack": "a"}, booked=(0, 1)),  # binpack prefers the busier nodes
+        gpu_snapshot("a2", labels={"rack": "a"}),
+        gpu_snapshot("b1", labels={"rack": "b"}, booked=(0,)),
+        gpu_snapshot("b2", labels={"rack": "b"}, booked=(0,)),
+        gpu_snapshot("c1", labels={"rack": "c"}, booked=(0, 1)),
     ]
     plan = plan_gang(_gang(2), pool(*nodes), SchedulerOptions())  # type: ignore[arg-type]
     assert isinstance(plan, Plan)
@@ -37,17 +38,17 @@ def test_members_share_the_rack_with_the_best_total() -> None:
 
 
 def test_without_a_topology_key_any_nodes_will_do() -> None:
-    nodes = [gpu_node(f"n{i}", labels={"rack": str(i)}) for i in range(3)]
+    nodes = [gpu_snapshot(f"n{i}", labels={"rack": str(i)}) for i in range(3)]
     plan = plan_gang(_gang(3, key=None), pool(*nodes), SchedulerOptions())  # type: ignore[arg-type]
     assert isinstance(plan, Plan) and {c.node_id for c in plan.members} == {"n0", "n1", "n2"}
 
 
 def test_no_group_holds_the_gang() -> None:
     nodes = [
-        gpu_node("a1", labels={"rack": "a"}),
-        gpu_node("b1", labels={"rack": "b"}),
-        gpu_node("b2", labels={"rack": "b"}, booked=(0, 1, 2)),
-        gpu_node("x", labels={}),
+        gpu_snapshot("a1", labels={"rack": "a"}),
+        gpu_snapshot("b1", labels={"rack": "b"}),
+        gpu_snapshot("b2", labels={"rack": "b"}, booked=(0, 1, 2)),
+        gpu_snapshot("x", labels={}),
     ]
     result = plan_gang(_gang(2), pool(*nodes), SchedulerOptions())  # type: ignore[arg-type]
     assert isinstance(result, Rejections)

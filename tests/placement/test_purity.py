@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,21 @@ MODULES = sorted(FILES)
 
 
 def test_every_placement_module_is_listed() -> None:
-    assert "app.placement.pipeline" in MODULES and "app.placement.filters.fits" in MODULES
+    # The list is derived from the files; check the derivation against Python's own import: each name
+    # imports the file it was derived from, and every app.placement module that importing them loads
+    # (the whole pure half) is on the list, so none escapes the checks below.
+    code = (
+        "import importlib, json, sys\n"
+        f"files = {{m: importlib.import_module(m).__file__ for m in {MODULES!r}}}\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('app.placement'))\n"
+        "print(json.dumps([files, loaded]))\n"
+    )
+    root = str(PLACEMENT.parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    files, loaded = json.loads(out.stdout)
+    assert {m: Path(f).resolve() for m, f in files.items()} == {m: p.resolve() for m, p in FILES.items()}
+    assert set(loaded) <= set(MODULES), sorted(set(loaded) - set(MODULES))
+    assert {"app.placement", "app.placement.pipeline", "app.placement.filters.fits"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("forbidden", FORBIDDEN)

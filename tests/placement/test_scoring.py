@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 
 from app.placement.model import Plan, Rejections
-from app.placement.options import DEFAULT_WEIGHTS, SchedulerOptions
+from app.placement.options import SchedulerOptions
 from app.placement.pipeline import plan_placement
 from app.placement.plugins import clamp_score, define_scheduler_plugin, load_plugins
-from app.placement.scorers import SCORER_NAMES, count_score, count_score_many
+from app.placement.scorers import DEFAULT_WEIGHTS, SCORER_NAMES, count_score, count_score_many
 from app.placement.summary import summarize
-from tests.placement.builders import DGX1, K80, RTX4090_8X, gpu_node, pool, request, topo_node
+from tests.factories import gpu_snapshot
+from tests.placement.builders import DGX1, K80, RTX4090_8X, pool, request, topo_node
 
 
 def test_registry_and_defaults() -> None:
@@ -34,7 +35,7 @@ def test_registry_and_defaults() -> None:
 def test_binpack_and_spread(
     gpus: int, booked: tuple[int, ...], count: int, binpack: float, spread: float
 ) -> None:
-    plan = plan_placement(request(count=count), pool(gpu_node(gpus=gpus, booked=booked)))
+    plan = plan_placement(request(count=count), pool(gpu_snapshot(gpus=gpus, booked=booked)))
     assert isinstance(plan, Plan)
     assert plan.chosen.scores["binpack"] == pytest.approx(binpack)
     assert plan.chosen.scores["spread"] == pytest.approx(spread)
@@ -44,7 +45,7 @@ def test_binpack_and_spread(
 
 
 def test_unhealthy_atoms_count_as_busy() -> None:
-    plan = plan_placement(request(count=1), pool(gpu_node(gpus=4, unavailable=(0,))))
+    plan = plan_placement(request(count=1), pool(gpu_snapshot(gpus=4, unavailable=(0,))))
     assert isinstance(plan, Plan) and plan.chosen.scores["binpack"] == 0.5
 
 
@@ -70,7 +71,7 @@ def test_count_score_many_is_the_mean() -> None:
 def test_topology_score_by_worst_link(
     node_args: dict[str, Any], count: int, topology: float, numa: float
 ) -> None:
-    plan = plan_placement(request(count=count), pool(gpu_node(**node_args)))
+    plan = plan_placement(request(count=count), pool(gpu_snapshot(**node_args)))
     assert isinstance(plan, Plan)
     assert plan.chosen.scores["topology"] == topology
     assert plan.chosen.scores["numa"] == numa
@@ -87,7 +88,7 @@ def test_numa_score_and_total() -> None:
 
 def test_scalar_only_request() -> None:
     plan = plan_placement(
-        request(count=0, resources={"cpu": "2"}), pool(gpu_node(resources={"cpu": ("4", "1", "0")}))
+        request(count=0, resources={"cpu": "2"}), pool(gpu_snapshot(resources={"cpu": ("4", "1", "0")}))
     )
     assert isinstance(plan, Plan)
     assert plan.chosen.atoms == () and plan.chosen.resources == {"cpu": 2}
@@ -96,10 +97,10 @@ def test_scalar_only_request() -> None:
 
 def test_ranking_prefers_binpack_then_node_id() -> None:
     nodes = [
-        gpu_node("node_c", booked=(0,)),
-        gpu_node("node_b"),
-        gpu_node("node_a"),
-        gpu_node("node_d", booked=(0, 1)),
+        gpu_snapshot("node_c", booked=(0,)),
+        gpu_snapshot("node_b"),
+        gpu_snapshot("node_a"),
+        gpu_snapshot("node_d", booked=(0, 1)),
     ]
     plan = plan_placement(request(count=1), pool(*nodes), SchedulerOptions(top_n=1))
     assert isinstance(plan, Plan)
@@ -108,7 +109,7 @@ def test_ranking_prefers_binpack_then_node_id() -> None:
 
 
 def test_weights_override_builtin_ids() -> None:
-    nodes = [gpu_node("node_a", booked=(0, 1)), gpu_node("node_b")]
+    nodes = [gpu_snapshot("node_a", booked=(0, 1)), gpu_snapshot("node_b")]
     options = SchedulerOptions(weights={"binpack": 0.0, "spread": 1.0}, top_n=1)
     plan = plan_placement(request(count=1), pool(*nodes), options)
     assert isinstance(plan, Plan) and plan.chosen.node_id == "node_b"
@@ -133,7 +134,7 @@ RACK = define_scheduler_plugin(
 
 
 def test_plugin_scorer_weight_and_override() -> None:
-    nodes = [gpu_node("node_a", labels={"rack": "b1"}), gpu_node("node_b", labels={"rack": "a1"})]
+    nodes = [gpu_snapshot("node_a", labels={"rack": "b1"}), gpu_snapshot("node_b", labels={"rack": "a1"})]
     plan = plan_placement(request(count=1), pool(*nodes), SchedulerOptions(plugins=(RACK,), top_n=1))
     assert isinstance(plan, Plan)
     assert plan.chosen.node_id == "node_b" and plan.chosen.scores["rack-a"] == 1
@@ -150,12 +151,12 @@ def test_plugin_scorer_weight_and_override() -> None:
 def test_plugin_scores_are_clamped(raw: Any, clamped: float) -> None:
     assert clamp_score(raw) == clamped
     plugin = define_scheduler_plugin("p", scorers=[{"id": "s", "score": lambda r, n: raw}])
-    plan = plan_placement(request(), pool(gpu_node()), SchedulerOptions(plugins=(plugin,)))
+    plan = plan_placement(request(), pool(gpu_snapshot()), SchedulerOptions(plugins=(plugin,)))
     assert isinstance(plan, Plan) and plan.chosen.scores["s"] == clamped
 
 
 def test_seeded_top_n_pick() -> None:
-    nodes = [gpu_node(f"node_{i:02d}") for i in range(20)]  # all tie: ranked by node id
+    nodes = [gpu_snapshot(f"node_{i:02d}") for i in range(20)]  # all tie: ranked by node id
     chosen = set()
     for seed in range(40):
         options = SchedulerOptions(seed=seed, top_n=5)
@@ -173,7 +174,7 @@ def test_seeded_top_n_pick() -> None:
 
 
 def test_excluded_nodes_are_rejected_with_their_race() -> None:
-    nodes = [gpu_node("node_a"), gpu_node("node_b")]
+    nodes = [gpu_snapshot("node_a"), gpu_snapshot("node_b")]
     options = SchedulerOptions(excluded_nodes=frozenset({"node_a"}), top_n=1)
     plan = plan_placement(request(), pool(*nodes), options)
     assert isinstance(plan, Plan) and plan.chosen.node_id == "node_b"
@@ -192,18 +193,20 @@ def test_excluded_nodes_are_rejected_with_their_race() -> None:
 
 def test_admit_hook() -> None:
     plugin = define_scheduler_plugin("gate", admit=lambda r: "spot is closed" if r.spot else None)
-    assert isinstance(plan_placement(request(), pool(gpu_node()), SchedulerOptions(plugins=(plugin,))), Plan)
+    assert isinstance(
+        plan_placement(request(), pool(gpu_snapshot()), SchedulerOptions(plugins=(plugin,))), Plan
+    )
     from dataclasses import replace
 
     result = plan_placement(
-        replace(request(), spot=True), pool(gpu_node()), SchedulerOptions(plugins=(plugin,))
+        replace(request(), spot=True), pool(gpu_snapshot()), SchedulerOptions(plugins=(plugin,))
     )
     assert result == Rejections(by_node={}, summary="admit gate: spot is closed")
 
 
 def test_empty_and_archived_pools() -> None:
     assert plan_placement(request(), pool()) == Rejections(by_node={}, summary="the pool has no nodes")
-    result = plan_placement(request(), pool(gpu_node(), archived=True))
+    result = plan_placement(request(), pool(gpu_snapshot(), archived=True))
     assert result == Rejections(by_node={"node_a": "pool is archived"}, summary="the pool is archived")
 
 
@@ -233,9 +236,9 @@ def test_summary(by_node: dict[str, str], total: int, summary: str) -> None:
 
 def test_pipeline_summary() -> None:
     nodes = [
-        gpu_node("a", booked=(0, 1, 2)),
-        gpu_node("b", booked=(1, 2, 3)),
-        gpu_node("c", reasons=("cordoned",)),
+        gpu_snapshot("a", booked=(0, 1, 2)),
+        gpu_snapshot("b", booked=(1, 2, 3)),
+        gpu_snapshot("c", reasons=("cordoned",)),
     ]
     result = plan_placement(request(count=2), pool(*nodes))
     assert isinstance(result, Rejections)
@@ -269,7 +272,7 @@ def test_define_scheduler_plugin_validates() -> None:
 def test_the_chosen_atoms_vary_with_the_seed_among_tied_sets_only() -> None:
     """Two concurrent 1-GPU placements on one node should rarely reach for the same atom: the chosen
     node's set is drawn (seeded) among the sets the greedy pick ties on, with the same scores."""
-    node = gpu_node("solo")
+    node = gpu_snapshot("solo")
     picked = set()
     for seed in range(64):
         plan = plan_placement(request(), pool(node), SchedulerOptions(seed=seed))

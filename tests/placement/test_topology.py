@@ -9,6 +9,7 @@ import pytest
 from app.placement.model import Atom, DeviceRequest, NodeInventory, NodeSnapshot, NodeState, Plan, Rejections
 from app.placement.pipeline import plan_placement
 from app.placement.topology import (
+    LINK_SCORES,
     NODE,
     NV,
     PHB,
@@ -16,6 +17,7 @@ from app.placement.topology import (
     PXB,
     SYS,
     UNKNOWN,
+    class_topology,
     greedy_pick,
     link_rank,
     node_topology,
@@ -71,8 +73,19 @@ def test_link_rank(text: str | None, rank: int) -> None:
     assert link_rank(text) == rank
 
 
-def test_rank_order() -> None:
-    assert NV > PIX > PXB > PHB > NODE > SYS > UNKNOWN
+@pytest.mark.parametrize(
+    ("better", "worse"),
+    [("NV12", "PIX"), ("PIX", "PXB"), ("PXB", "PHB"), ("PHB", "NODE"), ("NODE", "SYS"), ("SYS", "bogus")],
+)
+def test_the_pick_prefers_the_better_link(better: str, worse: str) -> None:
+    # The order of links is what the pick does with it: of GPU0-GPU1 joined by ``worse`` and GPU1-GPU2
+    # by ``better`` (GPU0-GPU2 unknown), a pick of two takes the better pair, and scores its link.
+    atoms = [Atom(f"g{i}", "gpu", {}, 0) for i in range(3)]
+    ct = class_topology("gpu", atoms, {("g0", "g1"): worse, ("g1", "g2"): better})
+    chosen = pick(ct, ct.full_mask, 2)
+    assert [ct.atom_ids[i] for i in chosen.indices] == ["g1", "g2"]
+    assert chosen.worst_link == link_rank(better)
+    assert chosen.topology_score == LINK_SCORES[link_rank(better)]
 
 
 PICKS = [

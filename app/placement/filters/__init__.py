@@ -1,12 +1,20 @@
-"""The filter registry: ONE ordered list (DESIGN.md, "Filters"). A node is rejected by the first filter
-that returns a reason. Each entry is a module with ``NAME`` and ``check(ctx, work) -> str | None``."""
+"""The filter registry: ONE ordered tuple (DESIGN.md, "Filters"; the order and the reason strings are
+normative, seed 000). A node is rejected by the first filter that returns a reason.
+
+Each entry is a module with ``NAME``, ``READS`` (the :mod:`app.placement.derived` fields it reads),
+``AFTER`` (the filters whose passing it assumes, which must come earlier), optionally ``WRITES`` (only
+``picker``, whose pick scorers read) and ``applies(ctx) -> bool`` (False: the filter cannot reject this
+request, so it is left out of the plan's steps), and ``check(ctx, work) -> str | None``.
+:func:`plan_steps` turns the registry into the steps one node goes through: each derivation just
+before the first filter or scorer that reads it, then the filters in order.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import ModuleType
 
-from app.placement.context import NodeWork, PlanContext
+from app.placement.context import PlanContext
+from app.placement.derived import Step, derivations_for
 from app.placement.filters import (
     fits,
     labels,
@@ -31,5 +39,42 @@ FILTERS: tuple[ModuleType, ...] = (
     lease,
 )
 FILTER_NAMES: tuple[str, ...] = tuple(f.NAME for f in FILTERS)
-FilterCheck = Callable[[PlanContext, NodeWork], "str | None"]
-CHECKS: tuple[FilterCheck, ...] = tuple(f.check for f in FILTERS)
+
+
+def applies(flt: ModuleType, ctx: PlanContext) -> bool:
+    """The filter's ``applies(ctx)``, True when it declares none."""
+    fn = getattr(flt, "applies", None)
+    return True if fn is None else bool(fn(ctx))
+
+
+def plan_steps(ctx: PlanContext, scorer_reads: tuple[str, ...] = ()) -> tuple[Step, ...]:
+    """The steps for one node of this plan: the applying filters' checks in registry order, each
+    preceded by the derivations it reads that have not run yet, then those ``scorer_reads`` needs.
+    Memoized by (which filters apply, ``scorer_reads``)."""
+    applying = tuple(applies(flt, ctx) for flt in FILTERS)
+    key = (applying, scorer_reads)
+    found = _steps.get(key)
+    if found is None:
+        found = _steps[key] = _steps_for(applying, scorer_reads)
+    return found
+
+
+_steps: dict[tuple[tuple[bool, ...], tuple[str, ...]], tuple[Step, ...]] = {}
+
+
+def _steps_for(applying: tuple[bool, ...], scorer_reads: tuple[str, ...]) -> tuple[Step, ...]:
+    steps: list[Step] = []
+    done: set[str] = set()
+
+    def derive(fields: tuple[str, ...]) -> None:
+        for d in derivations_for(fields):
+            if d.name not in done:
+                done.add(d.name)
+                steps.append(d.run)
+
+    for flt, applying_here in zip(FILTERS, applying, strict=True):
+        if applying_here:
+            derive(flt.READS)
+            steps.append(flt.check)
+    derive(scorer_reads)
+    return tuple(steps)

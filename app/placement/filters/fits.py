@@ -1,5 +1,6 @@
 """Filter 6, ``fits``: enough matching atoms are free, that is healthy, bookable and unbooked over the
-whole ``[start, end)`` window (the I/O half puts the others in ``state.unavailable`` / ``state.booked``).
+whole ``[start, end)`` window (the I/O half puts the others in ``state.unavailable`` / ``state.booked``;
+the masks are derived in :func:`app.placement.derived.free`).
 Reason: ``fits: <free> of <total> <class> free`` (total = atoms of the class matching the selector)."""
 
 from __future__ import annotations
@@ -7,31 +8,19 @@ from __future__ import annotations
 from app.placement.context import NodeWork, PlanContext
 
 NAME = "fits"
+READS = ("match_masks", "free_masks")
+AFTER = ("selector",)  # a selector short of matches is reported as such, not as too few free
+
+
+def applies(ctx: PlanContext) -> bool:
+    return bool(ctx.devices)
 
 
 def check(ctx: PlanContext, work: NodeWork) -> str | None:
-    """Fill ``work.available_masks`` (free atoms of the class, selector aside) and ``work.free_masks``
-    (free and matching); reject when fewer are free than the count."""
-    if not ctx.devices:
-        return None
-    state = work.node.state
-    unavailable, booked = state.unavailable, state.booked
+    """Reject when fewer matching atoms are free than a device request's count."""
+    free_masks = work.free_masks
     for i, device in enumerate(ctx.devices):
-        ct = work.classes[i]
-        if ct is None:
-            available = 0
-        elif not unavailable and not booked:
-            available = ct.full_mask
-        else:
-            available = ct.full_mask
-            for atom_id, j in ct.index.items():
-                if atom_id in unavailable or atom_id in booked:
-                    available &= ~(1 << j)
-        work.available_masks.append(available)
-        matching = work.match_masks[i]
-        free = available & matching
-        work.free_masks.append(free)
-        n_free = free.bit_count()
+        n_free = free_masks[i].bit_count()
         if n_free < device.count:
-            return f"fits: {n_free} of {matching.bit_count()} {device.device_class} free"
+            return f"fits: {n_free} of {work.match_masks[i].bit_count()} {device.device_class} free"
     return None

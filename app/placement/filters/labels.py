@@ -8,6 +8,12 @@ from app.placement.context import NodeWork, PlanContext
 from app.placement.system_labels import ANY_LABEL_VALUE, label_counts
 
 NAME = "labels"
+READS: tuple[str, ...] = ()
+AFTER: tuple[str, ...] = ()
+
+
+def applies(ctx: PlanContext) -> bool:
+    return bool(ctx.node_labels)
 
 
 def check(ctx: PlanContext, work: NodeWork) -> str | None:

@@ -14,6 +14,12 @@ from app.placement.model import NodeSnapshot
 
 NAME = "lease"
 NODE_BINDING = "node"
+READS: tuple[str, ...] = ()
+AFTER: tuple[str, ...] = ()
+
+
+def applies(ctx: PlanContext) -> bool:
+    return ctx.request.binding == NODE_BINDING
 
 
 def check(ctx: PlanContext, work: NodeWork) -> str | None:

@@ -12,9 +12,16 @@ from collections.abc import Sequence
 
 from app.placement.context import NodeWork, PlanContext
 from app.placement.model import NVLINK_ALL
-from app.placement.topology import NV, pick, scored_set
+from app.placement.topology import NV, Pick, pick, scored_set
 
 NAME = "picker"
+READS = ("classes", "match_masks", "free_masks")
+AFTER = ("fits",)  # the pick needs count <= free atoms
+WRITES = ("picks", "atoms")  # the pick: what scorers and the candidate read
+
+
+def applies(ctx: PlanContext) -> bool:
+    return bool(ctx.devices)
 
 
 def wrong_pick(chosen: Sequence[str], candidates: Sequence[str], count: int) -> str | None:
@@ -32,8 +39,9 @@ def wrong_pick(chosen: Sequence[str], candidates: Sequence[str], count: int) -> 
 
 def check(ctx: PlanContext, work: NodeWork) -> str | None:
     """Fill ``work.picks`` and ``work.atoms`` for every device request."""
-    if not ctx.devices:
-        return None
+    n = len(ctx.devices)
+    picks: list[Pick | None] = [None] * n
+    atoms: list[tuple[str, ...]] = [()] * n
     taken: dict[str, int] = {}
     for i, device in enumerate(ctx.devices):
         ct = work.classes[i]
@@ -54,16 +62,14 @@ def check(ctx: PlanContext, work: NodeWork) -> str | None:
             if device.topology == NVLINK_ALL and device.count > 1 and chosen.worst_link != NV:
                 return f"picker {plugin_id}: the {device.count} {device.device_class} are not NVLink-complete"
         else:
-            earlier = work.picks[i]  # the topology filter's pick, still valid while nothing was taken
-            if earlier is not None and free == work.free_masks[i]:
-                chosen = earlier
-            else:
-                chosen = pick(ct, free, device.count)
-        work.picks[i] = chosen
+            chosen = pick(ct, free, device.count)
+        picks[i] = chosen
         ids = ct.atom_ids
-        work.atoms[i] = tuple(ids[j] for j in chosen.indices)
+        atoms[i] = tuple(ids[j] for j in chosen.indices)
         mask = 0
         for j in chosen.indices:
             mask |= 1 << j
         taken[device.device_class] = taken.get(device.device_class, 0) | mask
+    work.picks = picks
+    work.atoms = atoms
     return None

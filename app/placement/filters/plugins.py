@@ -7,6 +7,12 @@ from app.placement.context import NodeWork, PlanContext
 from app.placement.plugins import filter_rejection
 
 NAME = "plugins"
+READS: tuple[str, ...] = ()
+AFTER: tuple[str, ...] = ()
+
+
+def applies(ctx: PlanContext) -> bool:
+    return bool(ctx.plugin_filters)
 
 
 def check(ctx: PlanContext, work: NodeWork) -> str | None:

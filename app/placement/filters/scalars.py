@@ -11,6 +11,14 @@ from app.placement.context import NodeWork, PlanContext, amount_decimal
 from app.placement.model import ScalarResource
 
 NAME = "scalars"
+READS: tuple[str, ...] = ()
+AFTER: tuple[str, ...] = ()
+
+
+def applies(ctx: PlanContext) -> bool:
+    return bool(ctx.resources)
+
+
 ZERO = Decimal(0)
 
 

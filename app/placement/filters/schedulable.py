@@ -9,6 +9,8 @@ from app.placement.context import NodeWork, PlanContext
 from app.placement.schedulable import ineligibility, lease_ineligibility
 
 NAME = "schedulable"
+READS: tuple[str, ...] = ()
+AFTER: tuple[str, ...] = ()
 
 
 def check(ctx: PlanContext, work: NodeWork) -> str | None:

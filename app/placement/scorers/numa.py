@@ -3,17 +3,28 @@ an unknown NUMA node count as one more node)."""
 
 from __future__ import annotations
 
-from app.placement.context import NodeWork, PlanContext
+from collections import Counter
+
+from app.placement.scorers.contract import PICK
+from app.placement.topology import ClassTopology, Pick
 
 NAME = "numa"
 DEFAULT_WEIGHT = 0.5
+DEPENDS = PICK
 
 
-def score(ctx: PlanContext, work: NodeWork) -> float:
-    """Mean over device requests of 1 / NUMA spread of their pick; 1 without devices."""
-    picks = work.picks
-    if not picks:
-        return 1.0
-    if len(picks) == 1:
-        return picks[0].numa_score  # type: ignore[union-attr]
-    return sum(p.numa_score for p in picks if p is not None) / len(picks)
+def share(pick: Pick) -> float:
+    """The pick's numa score, ``1 / numa_spread``."""
+    return pick.numa_score
+
+
+def ceiling(topology: ClassTopology, count: int) -> float:
+    """``1 / s`` for the fewest NUMA groups ``s`` that can hold ``count`` atoms (largest groups first;
+    atoms of unknown NUMA form one group): no pick spans fewer."""
+    spread, held = 0, 0
+    for size in sorted(Counter(topology.numa).values(), reverse=True):
+        spread += 1
+        held += size
+        if held >= count:
+            break
+    return 1.0 / spread if spread else 1.0

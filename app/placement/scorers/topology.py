@@ -3,17 +3,23 @@ PIX .8, PXB .6, PHB .4, NODE .2, SYS 0; one atom 1; any unknown link .5 (neutral
 
 from __future__ import annotations
 
-from app.placement.context import NodeWork, PlanContext
+from app.placement.scorers.contract import PICK
+from app.placement.topology import LINK_SCORES, ClassTopology, Pick
 
 NAME = "topology"
 DEFAULT_WEIGHT = 1.0
+DEPENDS = PICK
 
 
-def score(ctx: PlanContext, work: NodeWork) -> float:
-    """Mean over device requests of their pick's topology score; 1 without devices."""
-    picks = work.picks
-    if not picks:
+def share(pick: Pick) -> float:
+    """The pick's topology score (:data:`app.placement.topology.LINK_SCORES` of its worst link)."""
+    return pick.topology_score
+
+
+def ceiling(topology: ClassTopology, count: int) -> float:
+    """At most the best pair's link score: the worst link of a set is one of its pairs (1 for one atom)."""
+    n = len(topology.atom_ids)
+    if count <= 1 or n < 2:
         return 1.0
-    if len(picks) == 1:
-        return picks[0].topology_score  # type: ignore[union-attr]
-    return sum(p.topology_score for p in picks if p is not None) / len(picks)
+    ranks = topology.ranks
+    return max(LINK_SCORES[ranks[i][j]] for i in range(n) for j in range(i + 1, n))
