@@ -41,8 +41,8 @@ from app.capacity.commit import (
 )
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
+from app.db.locks import lock_pool
 from app.db.tables import nodes
-from app.inventory.service import lock_pool
 from app.observability.metrics import LOST_RACES, record_placement
 from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
 from app.placement.options import SchedulerOptions

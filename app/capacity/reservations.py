@@ -40,11 +40,11 @@ from app.capacity.edges import notify_pool
 from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
+from app.db.locks import lock_pool
 from app.db.tables import TS, allocations, device_bookings, reservations, scalar_holdings
 from app.db.windows import cut
 from app.errors import IdempotencyKeyReused, InvalidInput, NotFound, quote_input
 from app.ids import new_id
-from app.inventory.service import lock_pool
 from app.jsonnum import num
 from app.placement.model import PlacementRequest, Plan
 from app.placement.options import SchedulerOptions

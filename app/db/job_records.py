@@ -15,9 +15,11 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import fleet_job_records
+from app.db.tx import reads, transaction
 from app.fleet.history import JOB_HISTORY_SCHEMA, JobRecord
 
 
+@transaction
 async def record_job(conn: AsyncConnection, record: JobRecord) -> dict[str, Any]:
     """Insert or replace the record of ``record.job_id``; returns the stored JSON."""
     data = record.model_dump(mode="json", exclude_none=True)
@@ -37,6 +39,7 @@ async def record_job(conn: AsyncConnection, record: JobRecord) -> dict[str, Any]
     return data
 
 
+@reads
 async def job_history(
     conn: AsyncConnection, kind: str | None = None, target: str | None = None, limit: int = 10_000
 ) -> dict[str, Any]:

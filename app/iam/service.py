@@ -6,6 +6,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import api_keys, grants, principals
+from app.db.tx import transaction
 from app.errors import Forbidden, InvalidInput, NotFound, Unauthenticated, quote_input
 from app.iam.authorize import (
     ACTIONS,
@@ -66,6 +67,7 @@ def authorize_key_creation(creator: Principal, tenant_id: str | None, key_grants
             )
 
 
+@transaction
 async def create_api_key(
     conn: AsyncConnection, name: str, tenant_id: str | None, key_grants: list[Grant]
 ) -> tuple[str, str]:
@@ -89,6 +91,7 @@ async def create_api_key(
     return key_id, key
 
 
+@transaction
 async def revoke_api_key(conn: AsyncConnection, key_id: str, revoker: Principal) -> None:
     """Revoke a key. Raises :class:`~app.errors.NotFound` for an unknown or already revoked id, or a key
     of another tenant than a tenant-scoped revoker's; :class:`~app.errors.Forbidden` without

@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.edges import notify_pool
 from app.db.tables import TS, pools, quota_holdings, quota_limits, quota_usage
+from app.db.tx import reads, transaction
 from app.db.windows import cut, held_at, peak_instant, room_for
 from app.errors import NotFound, QuotaExceeded, quote_input
 from app.jsonnum import num
@@ -303,6 +304,7 @@ async def _pool_exists(conn: AsyncConnection, pool_id: str) -> None:
         raise NotFound(f"pool {quote_input(pool_id)} not found")
 
 
+@reads
 async def quota_view(
     conn: AsyncConnection, tenant_id: str, pool_id: str, now: datetime | None = None
 ) -> dict[str, Any]:
@@ -332,6 +334,7 @@ async def quota_view(
     }
 
 
+@transaction
 async def replace_limits(
     conn: AsyncConnection, tenant_id: str, pool_id: str, limits: Mapping[str, Decimal]
 ) -> dict[str, Any]:
