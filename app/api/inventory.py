@@ -100,7 +100,7 @@ async def archive_pool(
     "/v1/pools/{pool_id}/nodes",
     status_code=201,
     response_model=Node,
-    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT")},
+    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT", "POOL_ARCHIVED")},
     operation_id="createNode",
 )
 async def create_node(
@@ -117,7 +117,7 @@ async def create_node(
     "/v1/pools/{pool_id}/nodes/import",
     status_code=201,
     response_model=ImportedNode,
-    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT")},
+    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT", "POOL_ARCHIVED")},
     operation_id="importNode",
 )
 async def import_node(

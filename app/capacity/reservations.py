@@ -35,6 +35,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.capacity.access import reservation_not_found, visible
 from app.capacity.commit import Committed, sqlstate
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Pending, Placed, db_now, place_inline
@@ -49,6 +50,7 @@ from app.jsonnum import num
 from app.placement.model import PlacementRequest, Plan
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest, to_placement_request
+from app.placement.summary import ARCHIVED_POOL
 from app.quota import service as quota
 
 PREVIEW_CANDIDATES = 10
@@ -317,8 +319,8 @@ async def get_reservation(
 ) -> dict[str, Any]:
     """The reservation view; another tenant's reservation (``tenant_id`` set) is NotFound, not 403."""
     row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).first()
-    if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
-        raise NotFound(f"reservation {quote_input(reservation_id)} not found")
+    if not visible(row, tenant_id):
+        raise reservation_not_found(reservation_id)
     return await _view(conn, row)
 
 
@@ -377,8 +379,8 @@ async def release_reservation(
                 sa.select(reservations).where(reservations.c.id == reservation_id).with_for_update()
             )
         ).first()
-        if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
-            raise NotFound(f"reservation {quote_input(reservation_id)} not found")
+        if not visible(row, tenant_id):
+            raise reservation_not_found(reservation_id)
         if row.status in ("released", "preempted", "ended"):
             return await _view(conn, row)
         at = now if now is not None else await db_now(conn)
@@ -539,7 +541,7 @@ async def preview(
             max(config.options.top_n, PREVIEW_CANDIDATES),
         )
     if outcome.head.archived:
-        return {"fits": False, "candidates": [], "reason": "the pool is archived"}
+        return {"fits": False, "candidates": [], "reason": ARCHIVED_POOL}
     plan = outcome.plan
     if not isinstance(plan, Plan):
         return {"fits": False, "candidates": [], "reason": plan.summary}

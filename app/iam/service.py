@@ -7,7 +7,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import api_keys, grants, principals
 from app.db.tx import transaction
-from app.errors import Forbidden, InvalidInput, NotFound, Unauthenticated, quote_input
+from app.errors import Forbidden, InvalidInput, Unauthenticated, quote_input
 from app.iam.authorize import (
     ACTIONS,
     Grant,
@@ -16,6 +16,7 @@ from app.iam.authorize import (
     authorize_owned,
     is_admin,
     is_allowed,
+    not_found,
     refusal,
 )
 from app.iam.keys import generate_key, hash_key, same_key
@@ -107,10 +108,10 @@ async def revoke_api_key(conn: AsyncConnection, key_id: str, revoker: Principal)
     ).first()
     what = f"api key {quote_input(key_id)}"
     if row is None:
-        raise NotFound(f"{what} not found")
+        raise not_found(what)
     if row.tenant_id is None:
         if revoker.tenant_id is not None:  # an untenanted key is invisible to a tenant's key
-            raise NotFound(f"{what} not found")
+            raise not_found(what)
         authorize(revoker, "compute:iam:admin", "*")
     else:
         authorize_owned(revoker, "compute:iam:admin", row.tenant_id, what)
@@ -121,7 +122,7 @@ async def revoke_api_key(conn: AsyncConnection, key_id: str, revoker: Principal)
         .returning(api_keys.c.id)
     )
     if result.first() is None:  # revoked meanwhile
-        raise NotFound(f"{what} not found")
+        raise not_found(what)
 
 
 async def principal_for_key(conn: AsyncConnection, key: str, bootstrap_key: str | None) -> Principal:

@@ -33,7 +33,7 @@ from app.db.tables import (
 )
 from app.db.tx import reads, transaction
 from app.db.windows import held_at
-from app.errors import Conflict, InvalidInput, quote_input
+from app.errors import Conflict, InvalidInput, PoolArchived, quote_input
 from app.ids import new_id
 from app.inventory.importer import ImportedNode, build_imported_node
 from app.inventory.reasons import no_schedule_reasons
@@ -176,6 +176,13 @@ async def archive_pool(conn: AsyncConnection, pool_id: str) -> dict[str, Any]:
     return await get_pool(conn, pool_id)
 
 
+def refuse_archived(pool: Any) -> None:
+    """The one refusal of a new node in an archived ``pool`` (a pools row): :class:`~app.errors.PoolArchived`
+    (409 ``POOL_ARCHIVED``), ``pool '<id>' is archived``, details ``{poolId}``."""
+    if pool.archived_at is not None:
+        raise PoolArchived(f"pool {quote_input(pool.id)} is archived", {"poolId": pool.id})
+
+
 # --------------------------------------------------------------------------------------------- nodes
 
 
@@ -190,13 +197,11 @@ async def add_node(
 
     ``body.labels`` are operator labels: a ``bc.dev/`` key among them is refused with InvalidInput (422,
     path ``labels.<key>``) before anything is written; only ``system_labels`` (from the importer or an
-    agent's Hello) are stored with source ``system``. Raises NotFound (pool), Conflict (archived pool,
-    duplicate node name or device id).
+    agent's Hello) are stored with source ``system``. Raises NotFound (pool), PoolArchived (409, an
+    archived pool: :func:`refuse_archived`), Conflict (duplicate node name or device id).
     """
     refuse_system_keys(body.labels)
-    pool = await lock_pool(conn, pool_id)
-    if pool.archived_at is not None:
-        raise Conflict(f"pool {quote_input(pool_id)} is archived", {"poolId": pool_id})
+    refuse_archived(await lock_pool(conn, pool_id))
     node_id = new_id("node")
     taints = [(t.key, t.value, t.effect) for t in body.taints]
     inserted = (
