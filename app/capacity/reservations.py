@@ -43,6 +43,7 @@ from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache
 from app.db.locks import lock_pool
 from app.db.tables import TS, allocations, device_bookings, reservations, scalar_holdings
+from app.db.tx import reads
 from app.db.windows import cut
 from app.errors import IdempotencyKeyReused, InvalidInput, NotFound, quote_input
 from app.ids import new_id
@@ -314,6 +315,7 @@ async def _view(conn: AsyncConnection, row: Any) -> dict[str, Any]:
     return _shape(row, allocs.get(row.id, []))
 
 
+@reads
 async def get_reservation(
     conn: AsyncConnection, reservation_id: str, tenant_id: str | None
 ) -> dict[str, Any]:
@@ -324,6 +326,7 @@ async def get_reservation(
     return await _view(conn, row)
 
 
+@reads
 async def list_reservations(
     conn: AsyncConnection,
     tenant_id: str | None,
