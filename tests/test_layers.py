@@ -85,3 +85,17 @@ def test_the_lock_order_is_written_once_and_documented() -> None:
         defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
         if path != DB / "locks.py":
             assert not defined & {"lock_pool", "lock_node", "lock_node_in_order"}, path
+
+
+@pytest.mark.parametrize("package", ["inventory", "quota", "iam"])
+def test_a_lower_service_uses_capacity_only_for_its_wake_edges(package: str) -> None:
+    for path in sorted((ROOT / "app" / package).glob("*.py")):
+        capacity = {m for m in _imports(path) if m == "app.capacity" or m.startswith("app.capacity.")}
+        assert capacity <= {"app.capacity.edges"}, path
+
+
+def test_nothing_imports_the_api() -> None:
+    for path in sorted((ROOT / "app").rglob("*.py")):
+        if API in path.parents or path.name in ("main.py", "cli.py", "openapi.py"):
+            continue
+        assert not {m for m in _imports(path) if m.startswith("app.api")}, path

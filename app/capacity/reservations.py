@@ -37,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.access import reservation_not_found, visible
 from app.capacity.commit import Committed, sqlstate
+from app.capacity.conditions import NO_FIT, ended_condition, unschedulable_condition, window_passed_condition
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
@@ -121,17 +122,7 @@ def check_start(body: ReservationRequest, now: datetime, max_lead: timedelta = M
 
 
 def _condition(reason: str) -> list[dict[str, Any]]:
-    return [{"type": "Unschedulable", "status": "True", "reason": "NoFit", "message": reason}]
-
-
-def ended_condition(end: datetime) -> dict[str, Any]:
-    """The condition of a placed reservation whose window is over (DESIGN.md, "Reservation lifecycle")."""
-    return {
-        "type": "Ended",
-        "status": "True",
-        "reason": "WindowEnded",
-        "message": f"the window ended at {end.isoformat()}",
-    }
+    return [unschedulable_condition(NO_FIT, reason)]
 
 
 async def create_reservation(
@@ -472,16 +463,6 @@ async def end_reservations(
         for pool_id in sorted({r.pool_id for r in due}):
             await notify_pool(conn, pool_id)  # wake edge: an end (what was held stopped counting)
     return [r.id for r in due]
-
-
-def window_passed_condition(start: datetime) -> dict[str, Any]:
-    """The condition of a pending reservation whose explicit start passed before it could be placed."""
-    return {
-        "type": "Ended",
-        "status": "True",
-        "reason": "WindowPassed",
-        "message": f"the start {start.isoformat()} passed while the reservation was pending",
-    }
 
 
 async def end_passed_windows(

@@ -48,28 +48,27 @@ async def read_only(engine: AsyncEngine, fn: Callable[..., Awaitable[T]], *args:
 def transaction(
     fn: Callable[Concatenate[AsyncConnection, P], Awaitable[T]],
 ) -> Callable[Concatenate[Db, P], Awaitable[T]]:
-    """A writing service entry point: given the engine, ``fn`` runs in its own transaction; given a
-    connection, in the caller's."""
-
-    @functools.wraps(fn)
-    async def entry(db: Db, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        if isinstance(db, AsyncEngine):
-            return await in_transaction(db, fn, *args, **kwargs)
-        return await fn(db, *args, **kwargs)
-
-    return entry
+    """A writing service entry point: given the engine, ``fn`` runs in its own transaction
+    (:func:`in_transaction`); given a connection, in the caller's."""
+    return _entry(fn, in_transaction)
 
 
 def reads(
     fn: Callable[Concatenate[AsyncConnection, P], Awaitable[T]],
 ) -> Callable[Concatenate[Db, P], Awaitable[T]]:
     """A reading service entry point: given the engine, ``fn`` runs on a connection of its own that is
-    rolled back afterwards; given a connection, in the caller's transaction."""
+    rolled back afterwards (:func:`read_only`); given a connection, in the caller's transaction."""
+    return _entry(fn, read_only)
 
+
+def _entry(
+    fn: Callable[Concatenate[AsyncConnection, P], Awaitable[T]],
+    own_unit: Callable[..., Awaitable[T]],
+) -> Callable[Concatenate[Db, P], Awaitable[T]]:
     @functools.wraps(fn)
     async def entry(db: Db, /, *args: P.args, **kwargs: P.kwargs) -> T:
         if isinstance(db, AsyncEngine):
-            return await read_only(db, fn, *args, **kwargs)
+            return await own_unit(db, fn, *args, **kwargs)
         return await fn(db, *args, **kwargs)
 
     return entry

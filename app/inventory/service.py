@@ -633,15 +633,16 @@ async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]
     return await get_node(conn, node_id)
 
 
+def _given(**columns: Any) -> dict[str, Any]:
+    """The columns a body sets: those not ``None`` (``None`` leaves the stored value)."""
+    return {name: value for name, value in columns.items() if value is not None}
+
+
 @transaction
 async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> dict[str, Any]:
     """Record node conditions (ready, heartbeat) and per-atom health/bookability."""
     node = await lock_node_in_order(conn, node_id)
-    values: dict[str, Any] = {}
-    if body.ready is not None:
-        values["ready"] = body.ready
-    if body.heartbeatLost is not None:
-        values["heartbeat_lost"] = body.heartbeatLost
+    values = _given(ready=body.ready, heartbeat_lost=body.heartbeatLost)
     if values:
         await conn.execute(sa.update(nodes).where(nodes.c.id == node.id).values(**values))
     known = set(
@@ -652,11 +653,7 @@ async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> d
             raise InvalidInput(f"device {d.id} is not on node {node_id}", path=f"devices.{i}.id")
     unavailable = [d.id for d in body.devices if d.healthy is False or d.bookable is False]
     for d in sorted(body.devices, key=lambda x: x.id):
-        change: dict[str, Any] = {}
-        if d.healthy is not None:
-            change["healthy"] = d.healthy
-        if d.bookable is not None:
-            change["bookable"] = d.bookable
+        change = _given(healthy=d.healthy, bookable=d.bookable)
         if change:
             await conn.execute(sa.update(devices).where(devices.c.id == d.id).values(**change))
     await _refresh_reasons(conn, node_id)
