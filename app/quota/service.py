@@ -24,10 +24,11 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.edges import notify_pool
+from app.db.locks import pool_not_found
 from app.db.tables import TS, pools, quota_holdings, quota_limits, quota_usage
 from app.db.tx import reads, transaction
 from app.db.windows import cut, held_at, peak_instant, room_for
-from app.errors import NotFound, QuotaExceeded, quote_input
+from app.errors import QuotaExceeded
 from app.jsonnum import num
 from app.observability.metrics import QUOTA_REJECTIONS
 
@@ -301,7 +302,7 @@ async def drop_holdings(conn: AsyncConnection, reservation_id: str) -> None:
 
 async def _pool_exists(conn: AsyncConnection, pool_id: str) -> None:
     if (await conn.execute(sa.select(pools.c.id).where(pools.c.id == pool_id))).first() is None:
-        raise NotFound(f"pool {quote_input(pool_id)} not found")
+        raise pool_not_found(pool_id)
 
 
 @reads
