@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from app.api.deps import Services, services
 from app.api.errors import responses
 from app.api.models.health import Health, Readiness
+from app.db.engine import ping
 from app.errors import AppError
 from app.observability.metrics import exposition
 
@@ -34,8 +35,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(svc: Services = Depends(services)) -> dict[str, str]:
     """The database answers."""
     try:
-        async with svc.engine.connect() as conn:
-            await conn.exec_driver_sql("SELECT 1")
+        await ping(svc.engine)
     except Exception as exc:  # any failure to reach the database means not ready
         raise NotReady(f"database unavailable: {type(exc).__name__}") from exc
     return {"status": "ready"}

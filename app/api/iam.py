@@ -8,7 +8,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
 from app.api.models.iam import ApiKey
-from app.db.tx import in_transaction
 from app.iam.authorize import Grant
 from app.iam.service import authorize_key_creation, create_api_key, revoke_api_key
 from app.ids import TenantId
@@ -43,7 +42,7 @@ async def create_key(
 ) -> ApiKey:
     key_grants = [Grant(g.action, g.resource) for g in body.grants]
     authorize_key_creation(principal, body.tenantId, key_grants)
-    key_id, key = await in_transaction(svc.engine, create_api_key, body.principal, body.tenantId, key_grants)
+    key_id, key = await create_api_key(svc.engine, body.principal, body.tenantId, key_grants)
     return ApiKey(id=key_id, key=key, principal=body.principal, tenantId=body.tenantId)
 
 
@@ -53,7 +52,7 @@ async def create_key(
 async def revoke_key(
     key_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> None:
-    await in_transaction(svc.engine, revoke_api_key, key_id, principal)
+    await revoke_api_key(svc.engine, key_id, principal)
     # refused at once by this process; by the others once their cached principal expires
     # (BC_KEY_CACHE_SECONDS, app/iam/key_cache.py)
     svc.keys.forget_key(key_id)

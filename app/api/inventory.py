@@ -10,7 +10,6 @@ from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses
 from app.api.models.inventory import ImportedNode, Node, NodeList, Pool, PoolList
 from app.api.paging import CURSOR_QUERY, decode_cursor, envelope, page_after, time_then_id
-from app.db.tx import in_transaction, read_only
 from app.iam.authorize import authorize, holds_grant_on
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, LabelsBody, NodeCreate, NodeImport, PoolCreate, TaintsBody
@@ -20,7 +19,7 @@ WRITE, READ = "compute:inventory:write", "compute:inventory:read"
 
 
 async def _node_pool(svc: Services, node_id: str) -> str:
-    return await read_only(svc.engine, inventory.node_pool_id, node_id)
+    return await inventory.node_pool_id(svc.engine, node_id)
 
 
 @router.post(
@@ -34,7 +33,7 @@ async def create_pool(
     body: PoolCreate, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
     authorize(principal, WRITE, "*")
-    return await in_transaction(svc.engine, inventory.create_pool, body.name)
+    return await inventory.create_pool(svc.engine, body.name)
 
 
 @router.get("/v1/pools", response_model=PoolList, responses=responses(401, 422), operation_id="listPools")
@@ -45,7 +44,7 @@ async def list_pools(
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     """A page of the pools the caller may read, oldest first."""
-    pools = await read_only(svc.engine, inventory.list_pools)
+    pools = await inventory.list_pools(svc.engine)
     visible = [p for p in pools if holds_grant_on(principal, f"pool:{p['id']}")]
     return page_after(visible, "pools", _pool_key, time_then_id, limit, cursor)
 
@@ -62,7 +61,7 @@ async def get_pool(
 ) -> dict[str, Any]:
     if not holds_grant_on(principal, f"pool:{pool_id}"):  # the rule of list_pools
         authorize(principal, READ, f"pool:{pool_id}")
-    return await read_only(svc.engine, inventory.get_pool, pool_id)
+    return await inventory.get_pool(svc.engine, pool_id)
 
 
 @router.get(
@@ -81,7 +80,7 @@ async def list_nodes(
     """The pool's nodes in id order, a page at a time."""
     authorize(principal, READ, f"pool:{pool_id}")
     after = None if cursor is None else decode_cursor(cursor, "nodes", 1)[0]
-    return envelope(await read_only(svc.engine, inventory.list_nodes, pool_id, limit, after), "nodes")
+    return envelope(await inventory.list_nodes(svc.engine, pool_id, limit, after), "nodes")
 
 
 @router.post(
@@ -94,14 +93,14 @@ async def archive_pool(
     pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{pool_id}")
-    return await in_transaction(svc.engine, inventory.archive_pool, pool_id)
+    return await inventory.archive_pool(svc.engine, pool_id)
 
 
 @router.post(
     "/v1/pools/{pool_id}/nodes",
     status_code=201,
     response_model=Node,
-    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT")},
+    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT", "POOL_ARCHIVED")},
     operation_id="createNode",
 )
 async def create_node(
@@ -111,14 +110,14 @@ async def create_node(
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{pool_id}")
-    return await in_transaction(svc.engine, inventory.add_node, pool_id, body)
+    return await inventory.add_node(svc.engine, pool_id, body)
 
 
 @router.post(
     "/v1/pools/{pool_id}/nodes/import",
     status_code=201,
     response_model=ImportedNode,
-    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT")},
+    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT", "POOL_ARCHIVED")},
     operation_id="importNode",
 )
 async def import_node(
@@ -128,7 +127,7 @@ async def import_node(
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{pool_id}")
-    return await in_transaction(svc.engine, inventory.import_node, pool_id, body)
+    return await inventory.import_node(svc.engine, pool_id, body)
 
 
 @router.get(
@@ -138,7 +137,7 @@ async def get_node(
     node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
     authorize(principal, READ, f"pool:{await _node_pool(svc, node_id)}")
-    return await read_only(svc.engine, inventory.get_node, node_id)
+    return await inventory.get_node(svc.engine, node_id)
 
 
 @router.post(
@@ -151,7 +150,7 @@ async def cordon(
     node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
-    return await in_transaction(svc.engine, inventory.set_cordon, node_id, True)
+    return await inventory.set_cordon(svc.engine, node_id, True)
 
 
 @router.post(
@@ -164,7 +163,7 @@ async def uncordon(
     node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
-    return await in_transaction(svc.engine, inventory.set_cordon, node_id, False)
+    return await inventory.set_cordon(svc.engine, node_id, False)
 
 
 @router.put(
@@ -180,7 +179,7 @@ async def set_taints(
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
-    return await in_transaction(svc.engine, inventory.set_taints, node_id, body.taints)
+    return await inventory.set_taints(svc.engine, node_id, body.taints)
 
 
 @router.put(
@@ -196,7 +195,7 @@ async def set_labels(
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
-    return await in_transaction(svc.engine, inventory.set_labels, node_id, body.labels)
+    return await inventory.set_labels(svc.engine, node_id, body.labels)
 
 
 @router.post(
@@ -212,4 +211,4 @@ async def set_health(
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
-    return await in_transaction(svc.engine, inventory.set_health, node_id, body)
+    return await inventory.set_health(svc.engine, node_id, body)

@@ -18,7 +18,6 @@ from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
 from app.api.models.placement import Comparison, Explanation, FleetBuild, JobHistory
 from app.db.job_records import job_records, record_job
-from app.db.tx import in_transaction, read_only
 from app.errors import InvalidInput, quote_input
 from app.fleet.documents import parse_instant
 from app.fleet.explain import DEFAULT_MAX_AGE_SECONDS, explain_documents
@@ -175,7 +174,7 @@ async def compare_orderings_route(
     now = _parse_now(body.now)
     history = body.history
     if history is None:
-        history = job_history_document(await read_only(svc.engine, job_records))
+        history = job_history_document(await job_records(svc.engine))
     return await run_in_threadpool(
         lambda: compare_documents(body.fleet, history, now, jobs=body.jobs, max_age_seconds=body.maxAge)
     )
@@ -203,7 +202,7 @@ async def record_job_route(
             f"job_id {quote_input(body.job_id)} differs from the path's {quote_input(job_id)}", path="job_id"
         )
     stored = stored_record(body)
-    await in_transaction(svc.engine, record_job, body.job_id, body.target or "", stored)
+    await record_job(svc.engine, body.job_id, body.target or "", stored)
     return stored
 
 
@@ -224,4 +223,4 @@ async def job_history_route(
 ) -> dict[str, Any]:
     """Newest recorded first."""
     authorize(principal, "compute:placement:explain", "*")
-    return job_history_document(await read_only(svc.engine, job_records, kind, target, limit))
+    return job_history_document(await job_records(svc.engine, kind, target, limit))

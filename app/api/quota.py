@@ -11,7 +11,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
 from app.api.models.quota import Quota
-from app.db.tx import in_transaction, read_only
 from app.iam.authorize import authorize
 from app.ids import TenantId
 from app.quota import service as quota
@@ -43,7 +42,7 @@ async def set_quota(
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, "compute:quota:write", f"pool:{pool_id}", tenant=tenant_id)
-    return await in_transaction(svc.engine, quota.replace_limits, tenant_id, pool_id, dict(body.limits))
+    return await quota.replace_limits(svc.engine, tenant_id, pool_id, dict(body.limits))
 
 
 @router.get(
@@ -59,4 +58,4 @@ async def get_quota(
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     authorize(principal, "compute:reservations:read", f"tenant:{tenant_id}")
-    return await read_only(svc.engine, quota.quota_view, tenant_id, pool_id)
+    return await quota.quota_view(svc.engine, tenant_id, pool_id)

@@ -52,7 +52,6 @@ from app.capacity.commit import (
 )
 from app.capacity.placer import (
     EXCLUDING_KINDS,
-    POOL_ARCHIVED_REASON,
     Pending,
     Placed,
     plan_seed,
@@ -60,6 +59,7 @@ from app.capacity.placer import (
 from app.capacity.predicates import schedulable_sql_tolerating
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache, window
+from app.db.locks import lock_pool
 from app.db.tables import (
     allocations,
     device_bookings,
@@ -74,10 +74,10 @@ from app.db.tables import (
 from app.db.windows import hold_if, holding_params, room_for
 from app.errors import QuotaExceeded
 from app.ids import new_id
-from app.inventory.service import lock_pool
 from app.observability.metrics import LOST_RACES
 from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
 from app.placement.options import SchedulerOptions
+from app.placement.summary import ARCHIVED_POOL
 from app.quota import service as quota
 
 _H = holding_params(scalar_holdings)
@@ -157,7 +157,7 @@ async def place_batch(
     if pool.archived_at is not None:
         for e in entries:
             if e.undecided:
-                e.outcome = Pending(POOL_ARCHIVED_REASON)
+                e.outcome = Pending(ARCHIVED_POOL)
     tokens: list[int] = []
     for attempt in range(1, opts.max_attempts + 1):
         todo = [e for e in entries if e.undecided]
@@ -166,7 +166,7 @@ async def place_batch(
         planned = await _plan_all(conn, cache, opts, todo, attempt)
         if planned is None:  # the pool was archived (the plan's own read)
             for e in todo:
-                e.outcome = Pending(POOL_ARCHIVED_REASON)
+                e.outcome = Pending(ARCHIVED_POOL)
             break
         if opts.before_commit is not None and planned:
             await opts.before_commit(attempt, [p.candidate for p in planned])

@@ -46,13 +46,13 @@ from app.capacity.commit import (
 )
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache, PoolHead
+from app.db.locks import lock_pool
 from app.db.tables import nodes
-from app.inventory.service import lock_pool
 from app.observability.metrics import LOST_RACES, record_placement
 from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
 from app.placement.options import SchedulerOptions
+from app.placement.summary import ARCHIVED_POOL
 
-POOL_ARCHIVED_REASON = "the pool is archived"
 # lost races after which the node is left out of the replan; after the others it is read again
 EXCLUDING_KINDS = frozenset({NOT_SCHEDULABLE, ATOM_UNHEALTHY})
 
@@ -134,7 +134,7 @@ async def _place_inline(
             conn, cache, request, attempt_options, shortlist_min, head=head if attempt == 1 else None
         )
         if outcome_plan.head.archived:
-            return Pending(POOL_ARCHIVED_REASON)
+            return Pending(ARCHIVED_POOL)
         plan = outcome_plan.plan
         if isinstance(plan, Rejections):
             return Pending(plan.summary)
@@ -144,7 +144,7 @@ async def _place_inline(
             pool = await lock_pool(conn, request.pool_id, for_update=False)
             pool_locked = True
             if pool.archived_at is not None:
-                return Pending(POOL_ARCHIVED_REASON)
+                return Pending(ARCHIVED_POOL)
         placements = plan.placements  # the chosen candidate, or a gang's members
         tokens = [
             cache.assume(request.pool_id, c.node_id, c.atoms, request.start, request.end) for c in placements

@@ -1,7 +1,14 @@
 """The schedulability rule as SQL (seed 000, "Eligibility filters"): the twins of
-:mod:`app.placement.schedulable`, used by the guarded commit, lease candidates, BookingRepair and the
-node controller's wake edge. ``tests/placement/test_schedulable_sql.py`` checks, over generated nodes
-against real PostgreSQL, that each predicate selects exactly the nodes its Python twin accepts.
+:mod:`app.placement.schedulable`. Who reads them, by module:
+
+- :func:`schedulable_sql_tolerating`: the guarded commit (:mod:`app.capacity.commit`, step 1, ``FOR
+  SHARE`` of the node) and the shortlist's eligibility column (:mod:`app.capacity.shortlist`);
+- :func:`leasable_sql_for`: the guarded commit of a whole-node lease (:mod:`app.capacity.commit`);
+- :func:`may_be_schedulable_sql`: a node's wake edge (:func:`app.capacity.edges.notify_node`) and the
+  ``unschedulable`` atom state of the census gauges (:mod:`app.capacity.census`).
+
+``tests/placement/test_schedulable_sql.py`` checks, over generated nodes against real PostgreSQL, that
+each predicate selects exactly the nodes its Python twin accepts.
 
 Each function returns a SQLAlchemy Core boolean over ``nodes`` and ``pools``; the statement must have
 both in its FROM (``nodes JOIN pools ON pools.id = nodes.pool_id``). ``no_schedule_reasons`` is
@@ -65,8 +72,8 @@ def leasable_sql_for(
 #                       OR r.reason <> nodes.no_schedule_reasons[1])
 def may_be_schedulable_sql(node_table: sa.Table = nodes, pool_table: sa.Table = pools) -> ColumnElement[bool]:
     """Schedulable for some tenant: the pool is not archived and the node has no reason, or only
-    dedications to one tenant. Drives the wake edge of pending reservations. Twin of
-    ``may_be_schedulable``."""
+    dedications to one tenant. Gates a node's wake edge (``edges.notify_node``) and the census's
+    ``unschedulable`` state. Twin of ``may_be_schedulable``."""
     all_reasons = _reasons_of(node_table)
     reasons = sa.func.unnest(all_reasons).table_valued("reason").render_derived("r")
     first = node_table.c.no_schedule_reasons[1]

@@ -55,9 +55,9 @@ from app.capacity.commit import (
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Placed, plan_seed
 from app.capacity.snapshot import PoolCache, read_snapshot
+from app.db.locks import lock_pool
 from app.db.tables import TS, allocations, device_bookings, reservations, scalar_holdings
 from app.db.windows import cut
-from app.inventory.service import lock_pool
 from app.observability.metrics import PREEMPTION_ATTEMPTS, PREEMPTION_VICTIMS
 from app.placement.model import PlacementRequest
 from app.placement.options import SchedulerOptions

@@ -30,6 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.capacity.conditions import NO_FIT, with_unschedulable
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Placed, db_now
 from app.capacity.placers import INLINE, PlacementContext, placer
@@ -202,17 +203,11 @@ async def _repair(
     else:
         repair = Repair(row.id, TO_PENDING, old.node_id, tuple(old.atoms))
         await quota.drop_holdings(conn, row.id)  # a pending reservation holds nothing
-        unschedulable = {
-            "type": "Unschedulable",
-            "status": "True",
-            "reason": "NoFit",
-            "message": REPAIR_PREFIX + outcome.reason,
-        }
-        conditions = [c for c in (row.conditions or []) if c.get("type") != "Unschedulable"]
+        history = [*(row.conditions or []), repaired_condition(now, repair, names)]
         values = {
             "status": "pending",
             "ends_at": None,
-            "conditions": [*conditions, repaired_condition(now, repair, names), unschedulable],
+            "conditions": with_unschedulable(history, NO_FIT, REPAIR_PREFIX + outcome.reason),
         }
     await conn.execute(
         sa.update(reservations).where(reservations.c.id == row.id).values(**values, updated_at=sa.func.now())

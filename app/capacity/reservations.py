@@ -42,20 +42,24 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity import preemption
+from app.capacity.access import reservation_not_found, visible
 from app.capacity.commit import CommitExtras, Committed, MarkPlaced, QuotaCharge, sqlstate
+from app.capacity.conditions import NO_FIT, ended_condition, unschedulable_condition, window_passed_condition
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache, PoolHead
+from app.db.locks import lock_pool
 from app.db.tables import TS, allocations, device_bookings, pools, reservations, scalar_holdings
+from app.db.tx import reads
 from app.db.windows import cut
 from app.errors import IdempotencyKeyReused, InvalidInput, NotFound, quote_input
 from app.ids import new_id
-from app.inventory.service import lock_pool
 from app.jsonnum import num
 from app.placement.model import PlacementRequest, Plan
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest, to_placement_request
+from app.placement.summary import ARCHIVED_POOL
 from app.quota import service as quota
 
 PREVIEW_CANDIDATES = 10
@@ -130,17 +134,7 @@ def check_start(body: ReservationRequest, now: datetime, max_lead: timedelta = M
 
 
 def _condition(reason: str) -> list[dict[str, Any]]:
-    return [{"type": "Unschedulable", "status": "True", "reason": "NoFit", "message": reason}]
-
-
-def ended_condition(end: datetime) -> dict[str, Any]:
-    """The condition of a placed reservation whose window is over (DESIGN.md, "Reservation lifecycle")."""
-    return {
-        "type": "Ended",
-        "status": "True",
-        "reason": "WindowEnded",
-        "message": f"the window ended at {end.isoformat()}",
-    }
+    return [unschedulable_condition(NO_FIT, reason)]
 
 
 async def create_reservation(
@@ -396,16 +390,18 @@ async def _view(conn: AsyncConnection, row: Any) -> dict[str, Any]:
     return _shape(row, allocs.get(row.id, []))
 
 
+@reads
 async def get_reservation(
     conn: AsyncConnection, reservation_id: str, tenant_id: str | None
 ) -> dict[str, Any]:
     """The reservation view; another tenant's reservation (``tenant_id`` set) is NotFound, not 403."""
     row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).first()
-    if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
-        raise NotFound(f"reservation {quote_input(reservation_id)} not found")
+    if not visible(row, tenant_id):
+        raise reservation_not_found(reservation_id)
     return await _view(conn, row)
 
 
+@reads
 async def list_reservations(
     conn: AsyncConnection,
     tenant_id: str | None,
@@ -461,8 +457,8 @@ async def release_reservation(
                 sa.select(reservations).where(reservations.c.id == reservation_id).with_for_update()
             )
         ).first()
-        if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
-            raise NotFound(f"reservation {quote_input(reservation_id)} not found")
+        if not visible(row, tenant_id):
+            raise reservation_not_found(reservation_id)
         if row.status in ("released", "preempted", "ended"):
             return await _view(conn, row)
         at = now if now is not None else await db_now(conn)
@@ -553,16 +549,6 @@ async def end_reservations(
     return [r.id for r in due]
 
 
-def window_passed_condition(start: datetime) -> dict[str, Any]:
-    """The condition of a pending reservation whose explicit start passed before it could be placed."""
-    return {
-        "type": "Ended",
-        "status": "True",
-        "reason": "WindowPassed",
-        "message": f"the start {start.isoformat()} passed while the reservation was pending",
-    }
-
-
 async def end_passed_windows(
     engine: AsyncEngine, now: datetime | None = None, limit: int = END_BATCH
 ) -> list[str]:
@@ -629,7 +615,7 @@ async def preview(
             if preemption.applies(config.preemption, request):
                 preemptible = await preemption.preview_preemptible(conn, cache, request, config.options, now)
     if outcome.head.archived:
-        return {"fits": False, "candidates": [], "reason": "the pool is archived"}
+        return {"fits": False, "candidates": [], "reason": ARCHIVED_POOL}
     plan = outcome.plan
     if not isinstance(plan, Plan):
         answer: dict[str, Any] = {"fits": False, "candidates": [], "reason": plan.summary}

@@ -41,6 +41,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit import QuotaCharge
+from app.capacity.conditions import NO_FIT, QUOTA_EXCEEDED, UNSCHEDULABLE, with_unschedulable
 from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
 from app.capacity.placer import Placed, db_now
 from app.capacity.placers import INLINE, WAKE, Admission, PlacementContext, placer
@@ -61,8 +62,6 @@ LISTENER_RETRY = 1.0  # seconds between two attempts to (re)connect the listener
 LISTENER_PING = 10.0  # seconds between two checks that the listening connection is alive
 
 PLACED, STILL_PENDING, QUOTA_EXCEEDED_RESULT = "placed", "pending", "quota_exceeded"
-QUOTA_EXCEEDED_REASON = "QuotaExceeded"
-NO_FIT_REASON = "NoFit"
 WOKEN_REASON = "Woken"
 
 
@@ -87,15 +86,9 @@ def scheduled_condition(at: datetime, waited_seconds: float) -> dict[str, Any]:
     }
 
 
-def _pending_conditions(conditions: list[dict[str, Any]], reason: str, message: str) -> list[dict[str, Any]]:
-    """The conditions with the Unschedulable one saying ``reason`` / ``message`` (replaced, not added)."""
-    kept = [c for c in conditions if c.get("type") != "Unschedulable"]
-    return [*kept, {"type": "Unschedulable", "status": "True", "reason": reason, "message": message}]
-
-
 def _placed_conditions(conditions: list[dict[str, Any]], at: datetime, waited: float) -> list[dict[str, Any]]:
     """The conditions of a woken, placed reservation: Unschedulable turns ``False``, Scheduled is added."""
-    story = [{**c, "status": "False"} if c.get("type") == "Unschedulable" else c for c in conditions]
+    story = [{**c, "status": "False"} if c.get("type") == UNSCHEDULABLE else c for c in conditions]
     return [*story, scheduled_condition(at, waited)]
 
 
@@ -150,11 +143,11 @@ async def _wake_one(
     except QuotaExceeded as exc:
         await attempt.rollback()
         message = f"fits, but the quota does not hold now: {exc.message}"
-        await _set_pending(conn, row, QUOTA_EXCEEDED_REASON, message)
+        await _set_pending(conn, row, QUOTA_EXCEEDED, message)
         return Woken(row.id, QUOTA_EXCEEDED_RESULT)
     if not isinstance(outcome, Placed):
         await attempt.rollback()  # a charge made before every commit lost its race goes too
-        await _set_pending(conn, row, NO_FIT_REASON, outcome.reason)
+        await _set_pending(conn, row, NO_FIT, outcome.reason)
         return Woken(row.id, STILL_PENDING)
     await attempt.commit()
     assumptions.extend(outcome.assumptions)
@@ -175,10 +168,10 @@ async def _wake_one(
 async def _set_pending(conn: AsyncConnection, row: Any, reason: str, message: str) -> None:
     """Keep the reservation pending with its Unschedulable condition updated to the latest plan (a
     reservation a repair sent back to pending keeps saying so: ``repair: <latest summary>``)."""
-    was = next((c for c in row.conditions or [] if c.get("type") == "Unschedulable"), None)
-    if was is not None and str(was.get("message", "")).startswith(REPAIR_PREFIX) and reason == NO_FIT_REASON:
+    was = next((c for c in row.conditions or [] if c.get("type") == UNSCHEDULABLE), None)
+    if was is not None and str(was.get("message", "")).startswith(REPAIR_PREFIX) and reason == NO_FIT:
         message = REPAIR_PREFIX + message
-    conditions = _pending_conditions(row.conditions or [], reason, message)
+    conditions = with_unschedulable(row.conditions or [], reason, message)
     if conditions != (row.conditions or []):
         await conn.execute(
             sa.update(reservations)

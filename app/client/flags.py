@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import AppError
+from app.jsonnum import num
 
 
 class UsageError(AppError):
@@ -106,9 +107,7 @@ class RequestFlags:
             device["selector"] = self.selector
         if self.nvlink:
             device["topology"] = "nvlink-all"
-        resources = {
-            name: _json_number(amount) for name, amount in (("cpu", self.cpu), ("memory", self.memory))
-        }
+        resources = {name: num(amount) for name, amount in (("cpu", self.cpu), ("memory", self.memory))}
         return {
             "tenantId": self.tenant,
             "poolId": self.pool,
@@ -117,10 +116,3 @@ class RequestFlags:
             "duration": self.duration,
             "idempotencyKey": self.idempotency_key or f"cli-{secrets.token_hex(8)}",
         }
-
-
-def _json_number(amount: float | None) -> int | float | None:
-    """A flag's amount as a JSON number (8, not 8.0; 0.5 stays 0.5)."""
-    if amount is None:
-        return None
-    return int(amount) if amount.is_integer() else amount

@@ -152,3 +152,10 @@ def is_outage(exc: BaseException) -> bool:
             return True  # asyncpg trying every address of the host: "Multiple exceptions: [Errno 111] ..."
         current = getattr(current, "orig", None) or current.__cause__ or current.__context__
     return False
+
+
+async def ping(engine: AsyncEngine) -> None:
+    """``SELECT 1`` on a connection of its own (readiness); raises what the driver raises when the
+    database does not answer."""
+    async with engine.connect() as conn:
+        await conn.exec_driver_sql("SELECT 1")

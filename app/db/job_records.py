@@ -15,10 +15,13 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import fleet_job_records
+from app.db.tx import reads, transaction
 
 
+@transaction
 async def record_job(conn: AsyncConnection, job_id: str, target: str, record: dict[str, Any]) -> None:
-    """Insert or replace the record of ``job_id`` (``target``: its target, ``""`` when none)."""
+    """Insert or replace the record of ``job_id`` (``target``: its target, ``""`` when none); given the
+    engine it opens its own transaction (:func:`app.db.tx.transaction`)."""
     # INSERT INTO fleet_job_records (id, target, record) VALUES (...)
     #   ON CONFLICT (id) DO UPDATE SET target = excluded.target, record = excluded.record, recorded_at = now()
     stmt = pg_insert(fleet_job_records).values(id=job_id, target=target, record=record)
@@ -34,6 +37,7 @@ async def record_job(conn: AsyncConnection, job_id: str, target: str, record: di
     )
 
 
+@reads
 async def job_records(
     conn: AsyncConnection, kind: str | None = None, target: str | None = None, limit: int = 10_000
 ) -> list[dict[str, Any]]:

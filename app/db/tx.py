@@ -1,13 +1,30 @@
-"""Transaction helpers: run one service function in one transaction (or one read-only connection)."""
+"""Units of work: the service layer opens every transaction, routers never do (docs/architecture.md).
+
+A service entry point is decorated with :func:`transaction` (it writes) or :func:`reads` (it only reads)
+and takes ``db``, an :class:`AsyncEngine` or an :class:`AsyncConnection`, as its first argument:
+
+- called with the **engine** (a route, the CLI), it is its own unit of work: :func:`transaction` runs it
+  in ``BEGIN ... COMMIT`` (rolled back when it raises), :func:`reads` on one connection whose work is
+  rolled back afterwards;
+- called with a **connection**, it joins the caller's transaction: a larger unit of work (an agent's
+  Hello registers a node with :func:`app.inventory.service.add_node`) or a race test holding a lock.
+
+:func:`in_transaction` and :func:`read_only` run any ``fn(conn, ...)`` the same way, for service code
+that composes steps of several modules.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+Db = AsyncEngine | AsyncConnection  # what a service entry point takes first
 
 
 async def in_transaction(
@@ -26,3 +43,32 @@ async def read_only(engine: AsyncEngine, fn: Callable[..., Awaitable[T]], *args:
             return await fn(conn, *args, **kwargs)
         finally:
             await conn.rollback()
+
+
+def transaction(
+    fn: Callable[Concatenate[AsyncConnection, P], Awaitable[T]],
+) -> Callable[Concatenate[Db, P], Awaitable[T]]:
+    """A writing service entry point: given the engine, ``fn`` runs in its own transaction
+    (:func:`in_transaction`); given a connection, in the caller's."""
+    return _entry(fn, in_transaction)
+
+
+def reads(
+    fn: Callable[Concatenate[AsyncConnection, P], Awaitable[T]],
+) -> Callable[Concatenate[Db, P], Awaitable[T]]:
+    """A reading service entry point: given the engine, ``fn`` runs on a connection of its own that is
+    rolled back afterwards (:func:`read_only`); given a connection, in the caller's transaction."""
+    return _entry(fn, read_only)
+
+
+def _entry(
+    fn: Callable[Concatenate[AsyncConnection, P], Awaitable[T]],
+    own_unit: Callable[..., Awaitable[T]],
+) -> Callable[Concatenate[Db, P], Awaitable[T]]:
+    @functools.wraps(fn)
+    async def entry(db: Db, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        if isinstance(db, AsyncEngine):
+            return await own_unit(db, fn, *args, **kwargs)
+        return await fn(db, *args, **kwargs)
+
+    return entry

@@ -83,7 +83,21 @@ def holds_grant_on(principal: Principal, resource: str) -> bool:
 
 def can_see_tenant(principal: Principal, tenant_id: str) -> bool:
     """False when a tenant-scoped principal looks at another tenant's resource."""
-    return principal.tenant_id is None or principal.tenant_id == tenant_id
+    return exists_for(principal.tenant_id, tenant_id)
+
+
+def exists_for(acting_tenant: str | None, owner_tenant: str | None) -> bool:
+    """The one visibility rule: a resource owned by ``owner_tenant`` (None: there is no such resource)
+    exists for a caller acting for ``acting_tenant`` (None: an untenanted key, which sees every tenant)
+    when it is there and, for a tenant-scoped caller, its own. A service re-reading a row under its lock
+    applies it as :func:`authorize_owned` did before the call."""
+    return owner_tenant is not None and (acting_tenant is None or acting_tenant == owner_tenant)
+
+
+def not_found(what: str) -> NotFound:
+    """The one 404 of a resource that does not exist or may not be seen: ``<what> not found`` (its
+    existence is not revealed: the same text either way)."""
+    return NotFound(f"{what} not found")
 
 
 def granted_pools(principal: Principal, action: str) -> frozenset[str] | None:
@@ -138,7 +152,7 @@ def authorize_owned(principal: Principal, action: str, owner_tenant: str | None,
     belongs to another tenant than a tenant-scoped principal's (404, not 403: its existence is not
     revealed), :class:`~app.errors.Forbidden` when it is visible but ``action`` is not granted on
     ``tenant:<owner>``."""
-    if owner_tenant is None or not can_see_tenant(principal, owner_tenant):
-        raise NotFound(f"{what} not found")
+    if owner_tenant is None or not exists_for(principal.tenant_id, owner_tenant):
+        raise not_found(what)
     authorize(principal, action, f"tenant:{owner_tenant}")
     return owner_tenant

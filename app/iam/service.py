@@ -6,7 +6,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import api_keys, grants, principals
-from app.errors import Forbidden, InvalidInput, NotFound, Unauthenticated, quote_input
+from app.db.tx import transaction
+from app.errors import Forbidden, InvalidInput, Unauthenticated, quote_input
 from app.iam.authorize import (
     ACTIONS,
     Grant,
@@ -15,6 +16,7 @@ from app.iam.authorize import (
     authorize_owned,
     is_admin,
     is_allowed,
+    not_found,
     refusal,
 )
 from app.iam.keys import generate_key, hash_key, same_key
@@ -66,6 +68,7 @@ def authorize_key_creation(creator: Principal, tenant_id: str | None, key_grants
             )
 
 
+@transaction
 async def create_api_key(
     conn: AsyncConnection, name: str, tenant_id: str | None, key_grants: list[Grant]
 ) -> tuple[str, str]:
@@ -89,6 +92,7 @@ async def create_api_key(
     return key_id, key
 
 
+@transaction
 async def revoke_api_key(conn: AsyncConnection, key_id: str, revoker: Principal) -> None:
     """Revoke a key. Raises :class:`~app.errors.NotFound` for an unknown or already revoked id, or a key
     of another tenant than a tenant-scoped revoker's; :class:`~app.errors.Forbidden` without
@@ -104,10 +108,10 @@ async def revoke_api_key(conn: AsyncConnection, key_id: str, revoker: Principal)
     ).first()
     what = f"api key {quote_input(key_id)}"
     if row is None:
-        raise NotFound(f"{what} not found")
+        raise not_found(what)
     if row.tenant_id is None:
         if revoker.tenant_id is not None:  # an untenanted key is invisible to a tenant's key
-            raise NotFound(f"{what} not found")
+            raise not_found(what)
         authorize(revoker, "compute:iam:admin", "*")
     else:
         authorize_owned(revoker, "compute:iam:admin", row.tenant_id, what)
@@ -118,7 +122,7 @@ async def revoke_api_key(conn: AsyncConnection, key_id: str, revoker: Principal)
         .returning(api_keys.c.id)
     )
     if result.first() is None:  # revoked meanwhile
-        raise NotFound(f"{what} not found")
+        raise not_found(what)
 
 
 async def principal_for_key(conn: AsyncConnection, key: str, bootstrap_key: str | None) -> Principal:

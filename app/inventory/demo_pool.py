@@ -28,6 +28,7 @@ from app.inventory.demo import load_demo_manifest
 from app.inventory.hello import heartbeat, hello
 from app.inventory.nvsmi_xml import parse_nvidia_smi_log
 from app.inventory.schemas import DriverBody, HeartbeatBody, HelloBody, ResourceBody
+from app.placement.scalar_capacity import scalar_capacity
 from app.placement.system_labels import CAP_BINDING_KUBERNETES, CAP_DEVICES_LIMITS
 from app.quota import service as quota
 
@@ -75,7 +76,7 @@ async def install_demo(database_url: str, bootstrap_key: str | None) -> dict[str
             await heartbeat(engine, view["id"], HeartbeatBody(devices=[]), lambda _pool: None)
             totals["gpu"] = totals.get("gpu", Decimal(0)) + len(view["devices"])
             for k, v in node.resources.items():
-                totals[k] = totals.get(k, Decimal(0)) + inventory.scalar_capacity(
+                totals[k] = totals.get(k, Decimal(0)) + scalar_capacity(
                     v["allocatable"], v.get("ratio", Decimal(1))
                 )
         async with engine.begin() as conn:

@@ -42,6 +42,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.db.locks import lock_pool
 from app.db.tables import capacity_device_links, devices, node_labels, node_taints, nodes
 from app.errors import Conflict, InvalidInput, PoolArchived
 from app.inventory import service as inventory
@@ -150,7 +151,7 @@ async def _hello(
     ).scalar()
     if node_id is None:
         return await _create(conn, body, desired)
-    pool = await inventory.lock_pool(conn, body.poolId, for_update=exclusive)
+    pool = await lock_pool(conn, body.poolId, for_update=exclusive)
     if pool.archived_at is not None:
         raise PoolArchived(f"pool {body.poolId} is archived", {"poolId": body.poolId})
     # SELECT * FROM nodes WHERE id = :node FOR UPDATE; SELECT * FROM devices WHERE node_id = :node
@@ -427,7 +428,7 @@ async def _changed_heartbeat(
 ) -> HeartbeatOutcome:
     pool_id = await inventory.node_pool_id(conn, node_id)
     authorize_pool(pool_id)
-    await inventory.lock_pool(conn, pool_id, for_update=False)
+    await lock_pool(conn, pool_id, for_update=False)
     node = (await conn.execute(sa.select(nodes).where(nodes.c.id == node_id).with_for_update())).one()
     if node.agent_interval_seconds is None:
         raise Conflict(f"node {node_id} has no agent: send Hello first", {"nodeId": node_id})

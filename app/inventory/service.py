@@ -2,12 +2,14 @@
 
 Every change that alters a pool's static inventory (nodes, devices, links, labels) bumps
 ``pools.inventory_version`` in the same transaction, so every replica's pool cache sees it on its next
-request. Lock order (seed 000): pools -> nodes -> devices -> node_resources -> pool_capacity_rollup.
+request. Locks are taken in the one lock order of :mod:`app.db.locks`.
+
+Entry points (decorated :func:`~app.db.tx.transaction` or :func:`~app.db.tx.reads`) take the engine and
+open their own transaction, or a connection and join the caller's (an agent's Hello, a race test).
 """
 
 from __future__ import annotations
 
-import math
 from decimal import Decimal
 from typing import Any
 
@@ -16,6 +18,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.edges import notify_node, notify_pool
+from app.db.locks import lock_node, lock_node_in_order, lock_pool, node_not_found, pool_not_found
 from app.db.tables import (
     capacity_device_links,
     device_bookings,
@@ -28,8 +31,9 @@ from app.db.tables import (
     pools,
     scalar_holdings,
 )
+from app.db.tx import reads, transaction
 from app.db.windows import held_at
-from app.errors import Conflict, InvalidInput, NotFound, quote_input
+from app.errors import Conflict, InvalidInput, PoolArchived, quote_input
 from app.ids import new_id
 from app.inventory.importer import ImportedNode, build_imported_node
 from app.inventory.reasons import no_schedule_reasons
@@ -45,17 +49,13 @@ from app.inventory.schemas import (
     jsonable_attributes,
 )
 from app.jsonnum import num
+from app.placement.scalar_capacity import scalar_capacity
 from app.placement.system_labels import OPERATOR_SOURCE, SYSTEM_SOURCE, refuse_system_keys
-
-
-def scalar_capacity(allocatable: Decimal, ratio: Decimal) -> Decimal:
-    """floor(allocatable x ratio) with exact Decimal arithmetic: 100 x 0.29 -> 29 (seed 000)."""
-    return Decimal(math.floor(Decimal(allocatable) * Decimal(ratio)))
-
 
 # --------------------------------------------------------------------------------------------- pools
 
 
+@transaction
 async def create_pool(conn: AsyncConnection, name: str) -> dict[str, Any]:
     """Create a pool; raises :class:`~app.errors.Conflict` when the name is taken."""
     pool_id = new_id("pool")
@@ -72,12 +72,14 @@ async def create_pool(conn: AsyncConnection, name: str) -> dict[str, Any]:
     return await get_pool(conn, pool_id)
 
 
+@reads
 async def list_pools(conn: AsyncConnection) -> list[dict[str, Any]]:
     """Every pool, oldest first, with node counts and capacity rollup (three queries in all)."""
     rows = (await conn.execute(sa.select(pools).order_by(pools.c.created_at, pools.c.id))).all()
     return await _pool_views(conn, rows)
 
 
+@reads
 async def get_pool(conn: AsyncConnection, pool_id: str) -> dict[str, Any]:
     """``{id, name, createdAt, archivedAt, nodeCount, capacity: {resource: {total, allocated}}}``."""
     return (await _pool_views(conn, [await get_pool_row(conn, pool_id)]))[0]
@@ -155,16 +157,6 @@ async def _pool_views(conn: AsyncConnection, rows: list[Any]) -> list[dict[str, 
     ]
 
 
-async def lock_pool(conn: AsyncConnection, pool_id: str, *, for_update: bool = True) -> Any:
-    """Lock the pool row (first in the lock order after quota) and return it; NotFound if absent."""
-    stmt = sa.select(pools).where(pools.c.id == pool_id)
-    stmt = stmt.with_for_update() if for_update else stmt.with_for_update(read=True)
-    row = (await conn.execute(stmt)).first()
-    if row is None:
-        raise NotFound(f"pool {quote_input(pool_id)} not found")
-    return row
-
-
 async def bump_inventory_version(conn: AsyncConnection, pool_id: str) -> None:
     """``UPDATE pools SET inventory_version = inventory_version + 1`` (locks the pool row)."""
     await conn.execute(
@@ -172,6 +164,7 @@ async def bump_inventory_version(conn: AsyncConnection, pool_id: str) -> None:
     )
 
 
+@transaction
 async def archive_pool(conn: AsyncConnection, pool_id: str) -> dict[str, Any]:
     """Archive a pool: nothing new is placed in it; existing reservations stay until released."""
     await lock_pool(conn, pool_id)
@@ -183,9 +176,17 @@ async def archive_pool(conn: AsyncConnection, pool_id: str) -> dict[str, Any]:
     return await get_pool(conn, pool_id)
 
 
+def refuse_archived(pool: Any) -> None:
+    """The one refusal of a new node in an archived ``pool`` (a pools row): :class:`~app.errors.PoolArchived`
+    (409 ``POOL_ARCHIVED``), ``pool '<id>' is archived``, details ``{poolId}``."""
+    if pool.archived_at is not None:
+        raise PoolArchived(f"pool {quote_input(pool.id)} is archived", {"poolId": pool.id})
+
+
 # --------------------------------------------------------------------------------------------- nodes
 
 
+@transaction
 async def add_node(
     conn: AsyncConnection,
     pool_id: str,
@@ -196,13 +197,11 @@ async def add_node(
 
     ``body.labels`` are operator labels: a ``bc.dev/`` key among them is refused with InvalidInput (422,
     path ``labels.<key>``) before anything is written; only ``system_labels`` (from the importer or an
-    agent's Hello) are stored with source ``system``. Raises NotFound (pool), Conflict (archived pool,
-    duplicate node name or device id).
+    agent's Hello) are stored with source ``system``. Raises NotFound (pool), PoolArchived (409, an
+    archived pool: :func:`refuse_archived`), Conflict (duplicate node name or device id).
     """
     refuse_system_keys(body.labels)
-    pool = await lock_pool(conn, pool_id)
-    if pool.archived_at is not None:
-        raise Conflict(f"pool {quote_input(pool_id)} is archived", {"poolId": pool_id})
+    refuse_archived(await lock_pool(conn, pool_id))
     node_id = new_id("node")
     taints = [(t.key, t.value, t.effect) for t in body.taints]
     inserted = (
@@ -376,6 +375,7 @@ def device_bodies(imported: ImportedNode) -> list[DeviceBody]:
     ]
 
 
+@transaction
 async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> dict[str, Any]:
     """Register a node from real ``nvidia-smi topo -m`` text (and optionally ``nvidia-smi -q -x`` XML).
 
@@ -398,6 +398,7 @@ async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> 
     return {**view, "warnings": list(imported.warnings)}
 
 
+@reads
 async def list_nodes(
     conn: AsyncConnection, pool_id: str, limit: int = 1000, after: str | None = None
 ) -> dict[str, Any]:
@@ -445,28 +446,27 @@ async def get_pool_row(conn: AsyncConnection, pool_id: str) -> Any:
     """The pool row (no lock); NotFound if absent."""
     row = (await conn.execute(sa.select(pools).where(pools.c.id == pool_id))).first()
     if row is None:
-        raise NotFound(f"pool {quote_input(pool_id)} not found")
+        raise pool_not_found(pool_id)
     return row
 
 
-async def _node_row(conn: AsyncConnection, node_id: str, *, lock: bool = False) -> Any:
-    stmt = sa.select(nodes).where(nodes.c.id == node_id)
-    if lock:
-        stmt = stmt.with_for_update()
-    row = (await conn.execute(stmt)).first()
+async def _node_row(conn: AsyncConnection, node_id: str) -> Any:
+    row = (await conn.execute(sa.select(nodes).where(nodes.c.id == node_id))).first()
     if row is None:
-        raise NotFound(f"node {quote_input(node_id)} not found")
+        raise node_not_found(node_id)
     return row
 
 
+@reads
 async def node_pool_id(conn: AsyncConnection, node_id: str) -> str:
     """The pool a node belongs to (for authorization); NotFound if absent."""
     pool_id = (await conn.execute(sa.select(nodes.c.pool_id).where(nodes.c.id == node_id))).scalar()
     if pool_id is None:
-        raise NotFound(f"node {quote_input(node_id)} not found")
+        raise node_not_found(node_id)
     return pool_id
 
 
+@reads
 async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
     """The node view of DESIGN.md ("Response shapes"): labels, taints, resources, devices, links."""
     node = await _node_row(conn, node_id)
@@ -571,16 +571,10 @@ async def _refresh_reasons(conn: AsyncConnection, node_id: str) -> None:
     await conn.execute(sa.update(nodes).where(nodes.c.id == node_id).values(no_schedule_reasons=reasons))
 
 
-async def _lock_node_in_order(conn: AsyncConnection, node_id: str) -> Any:
-    """Lock the node's pool row (FOR SHARE) then the node row (FOR UPDATE): the seed's lock order."""
-    pool_id = await node_pool_id(conn, node_id)
-    await lock_pool(conn, pool_id, for_update=False)
-    return await _node_row(conn, node_id, lock=True)
-
-
+@transaction
 async def set_cordon(conn: AsyncConnection, node_id: str, cordoned: bool) -> dict[str, Any]:
     """Cordon or uncordon a node; its NoSchedule reasons change in the same transaction."""
-    await _lock_node_in_order(conn, node_id)
+    await lock_node_in_order(conn, node_id)
     await conn.execute(sa.update(nodes).where(nodes.c.id == node_id).values(cordoned=cordoned))
     await _refresh_reasons(conn, node_id)
     if not cordoned:
@@ -588,9 +582,10 @@ async def set_cordon(conn: AsyncConnection, node_id: str, cordoned: bool) -> dic
     return await get_node(conn, node_id)
 
 
+@transaction
 async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody]) -> dict[str, Any]:
     """Replace the node's taints (``dedicated=<tenant>`` NoSchedule dedicates it to that tenant)."""
-    await _lock_node_in_order(conn, node_id)
+    await lock_node_in_order(conn, node_id)
     await conn.execute(sa.delete(node_taints).where(node_taints.c.node_id == node_id))
     if taints:
         await conn.execute(
@@ -605,6 +600,7 @@ async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody
     return await get_node(conn, node_id)
 
 
+@transaction
 async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]) -> dict[str, Any]:
     """Replace the node's operator labels; system labels stay. Bumps the pool's inventory version.
 
@@ -612,7 +608,7 @@ async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]
     refuse_system_keys(labels)
     pool_id = await node_pool_id(conn, node_id)
     await bump_inventory_version(conn, pool_id)  # locks the pool row first (lock order)
-    await _node_row(conn, node_id, lock=True)
+    await lock_node(conn, node_id)
     await conn.execute(
         sa.delete(node_labels).where(node_labels.c.node_id == node_id, node_labels.c.source == "operator")
     )
@@ -637,14 +633,16 @@ async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]
     return await get_node(conn, node_id)
 
 
+def _given(**columns: Any) -> dict[str, Any]:
+    """The columns a body sets: those not ``None`` (``None`` leaves the stored value)."""
+    return {name: value for name, value in columns.items() if value is not None}
+
+
+@transaction
 async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> dict[str, Any]:
     """Record node conditions (ready, heartbeat) and per-atom health/bookability."""
-    node = await _lock_node_in_order(conn, node_id)
-    values: dict[str, Any] = {}
-    if body.ready is not None:
-        values["ready"] = body.ready
-    if body.heartbeatLost is not None:
-        values["heartbeat_lost"] = body.heartbeatLost
+    node = await lock_node_in_order(conn, node_id)
+    values = _given(ready=body.ready, heartbeat_lost=body.heartbeatLost)
     if values:
         await conn.execute(sa.update(nodes).where(nodes.c.id == node.id).values(**values))
     known = set(
@@ -655,11 +653,7 @@ async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> d
             raise InvalidInput(f"device {d.id} is not on node {node_id}", path=f"devices.{i}.id")
     unavailable = [d.id for d in body.devices if d.healthy is False or d.bookable is False]
     for d in sorted(body.devices, key=lambda x: x.id):
-        change: dict[str, Any] = {}
-        if d.healthy is not None:
-            change["healthy"] = d.healthy
-        if d.bookable is not None:
-            change["bookable"] = d.bookable
+        change = _given(healthy=d.healthy, bookable=d.bookable)
         if change:
             await conn.execute(sa.update(devices).where(devices.c.id == d.id).values(**change))
     await _refresh_reasons(conn, node_id)

@@ -9,8 +9,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
+from app.placement.schedulable import POOL_ARCHIVED
+
 EMPTY_POOL = "the pool has no nodes"
-ARCHIVED_POOL = "the pool is archived"
+# The one pending text of an archived pool (seed 000: "stays pending with the pool is archived"), made
+# from the nodes' reason: inline and batch placement, preview and the pipeline all answer it.
+ARCHIVED_POOL = f"the {POOL_ARCHIVED}"
 MAX_GROUPS = 5
 
 

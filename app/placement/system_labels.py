@@ -34,6 +34,24 @@ def label_counts(key: str, source: str | None) -> bool:
     return not is_system_key(key) or source == SYSTEM_SOURCE
 
 
+def unmet_label(
+    wanted: Iterable[tuple[str, str]], labels: Mapping[str, str], sources: Mapping[str, str]
+) -> str | None:
+    """The one labels rule (seed 000, nodeLabels): why the first ``(key, value)`` of ``wanted`` (in its
+    order) is not met by a node's ``labels`` (key -> value) and ``sources`` (key -> ``system`` /
+    ``operator``), or ``None`` when all are. ``'*'`` asks only that the label exist; a ``bc.dev/`` label
+    that is not ``system`` does not exist (:func:`label_counts`). Reasons: ``missing <key>``,
+    ``<key> is <value>, want <wanted>``. The ``labels`` filter prefixes ``labels: ``; the guarded commit
+    re-checks under its lock that the answer is still ``None``."""
+    for key, value in wanted:
+        have = labels.get(key)
+        if have is None or not label_counts(key, sources.get(key)):
+            return f"missing {key}"
+        if value != ANY_LABEL_VALUE and have != value:
+            return f"{key} is {have}, want {value}"
+    return None
+
+
 def driver_label(driver_id: str) -> str:
     """``bc.dev/driver.<id>`` (its value is the driver's version)."""
     return f"{SYSTEM_PREFIX}driver.{driver_id}"

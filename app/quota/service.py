@@ -27,9 +27,11 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.edges import notify_pool
+from app.db.locks import pool_not_found
 from app.db.tables import TS, pools, quota_holdings, quota_limits, quota_usage
+from app.db.tx import reads, transaction
 from app.db.windows import cut, held_at, peak_instant, room_for
-from app.errors import NotFound, QuotaExceeded, quote_input
+from app.errors import QuotaExceeded
 from app.jsonnum import num
 from app.observability.metrics import QUOTA_REJECTIONS
 
@@ -338,9 +340,10 @@ async def drop_holdings(conn: AsyncConnection, reservation_id: str) -> None:
 
 async def _pool_exists(conn: AsyncConnection, pool_id: str) -> None:
     if (await conn.execute(sa.select(pools.c.id).where(pools.c.id == pool_id))).first() is None:
-        raise NotFound(f"pool {quote_input(pool_id)} not found")
+        raise pool_not_found(pool_id)
 
 
+@reads
 async def quota_view(
     conn: AsyncConnection, tenant_id: str, pool_id: str, now: datetime | None = None
 ) -> dict[str, Any]:
@@ -370,6 +373,7 @@ async def quota_view(
     }
 
 
+@transaction
 async def replace_limits(
     conn: AsyncConnection, tenant_id: str, pool_id: str, limits: Mapping[str, Decimal]
 ) -> dict[str, Any]:

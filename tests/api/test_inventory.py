@@ -173,7 +173,13 @@ async def test_archived_pool_places_nothing(admin_client: httpx.AsyncClient) -> 
     assert archived.json()["archivedAt"] is not None
     r = (await admin_client.post("/v1/reservations", json=reservation(pool, 1))).json()
     assert r["status"] == "pending" and r["conditions"][0]["message"] == "the pool is archived"
-    assert (await admin_client.post(f"/v1/pools/{pool}/nodes", json=gpu_node("b"))).status_code == 409
+    refused = await admin_client.post(f"/v1/pools/{pool}/nodes", json=gpu_node("b"))
+    assert refused.status_code == 409
+    # the one refusal of an archived pool, as an agent's Hello answers it (inventory.refuse_archived)
+    assert refused.json()["error"]["code"] == "POOL_ARCHIVED"
+    assert refused.json()["error"]["details"] == {"poolId": pool}
+    preview = (await admin_client.post("/v1/capacity/preview", json=reservation(pool, 1))).json()
+    assert preview == {"fits": False, "candidates": [], "reason": "the pool is archived"}
 
 
 async def test_list_a_pools_nodes_a_page_at_a_time(admin_client: httpx.AsyncClient) -> None:

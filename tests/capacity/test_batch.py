@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity import queue
 from app.capacity.batch import BatchEntry, BatchOptions, place_batch
-from app.capacity.placer import POOL_ARCHIVED_REASON, Pending, Placed
+from app.capacity.placer import Pending, Placed
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.db.tables import device_bookings, quota_holdings, reservations, scalar_holdings
@@ -23,6 +23,7 @@ from app.inventory import service as inventory
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
+from app.placement.summary import ARCHIVED_POOL
 from app.quota.service import set_limits
 from tests.capacity.helpers import day_after, db_time, make_pool_with_nodes, node_body, reservation_row
 from tests.capacity.test_lost_races import CASES, RACES_ON_OTHER_NODES, _setup
@@ -222,7 +223,7 @@ async def test_a_queued_reservation_is_not_placed_into_a_pool_archived_after(cle
         await inventory.archive_pool(conn, pool)
     assert await queue.work_batch(engine, cache, config, pool) == 2
     for status, conditions in (await _statuses(engine, ids)).values():
-        assert status == "pending" and conditions[0]["message"] == POOL_ARCHIVED_REASON
+        assert status == "pending" and conditions[0]["message"] == ARCHIVED_POOL
     async with engine.connect() as conn:
         assert (await conn.execute(sa.select(sa.func.count()).select_from(quota_holdings))).scalar_one() == 0
         assert (await conn.execute(sa.select(sa.func.count()).select_from(device_bookings))).scalar_one() == 0

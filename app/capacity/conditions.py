@@ -1,0 +1,54 @@
+"""The one home of a reservation's conditions made by the capacity service (DESIGN.md, "Reservation
+lifecycle"): ``{type, status: "True", reason, message}``. ``Unschedulable`` (its reasons, and how a newer
+one replaces the one before) and ``Ended`` (``WindowEnded``, ``WindowPassed``) are made here;
+``Scheduled`` by the wake (:mod:`app.capacity.wake`) and ``Repaired`` by BookingRepair
+(:mod:`app.capacity.repair`) carry fields of their own.
+
+``{type: Unschedulable, status: "True", reason, message}``, ``reason`` being ``NoFit`` (nothing fits: the
+message is the pending summary of :mod:`app.placement.summary`, or the lost races of the placer) or
+``QuotaExceeded`` (it fits, but the tenant's quota does not hold now). A reservation carries at most one;
+a newer one replaces it, and a placement turns it ``False`` (:mod:`app.capacity.wake`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+UNSCHEDULABLE = "Unschedulable"
+NO_FIT = "NoFit"
+QUOTA_EXCEEDED = "QuotaExceeded"
+ENDED = "Ended"
+WINDOW_ENDED = "WindowEnded"
+WINDOW_PASSED = "WindowPassed"
+
+
+def condition(kind: str, reason: str, message: str) -> dict[str, Any]:
+    """``{type: kind, status: "True", reason, message}``."""
+    return {"type": kind, "status": "True", "reason": reason, "message": message}
+
+
+def unschedulable_condition(reason: str, message: str) -> dict[str, Any]:
+    """``{type: Unschedulable, status: "True", reason, message}``."""
+    return condition(UNSCHEDULABLE, reason, message)
+
+
+def ended_condition(end: datetime) -> dict[str, Any]:
+    """The condition of a placed reservation whose window is over."""
+    return condition(ENDED, WINDOW_ENDED, f"the window ended at {end.isoformat()}")
+
+
+def window_passed_condition(start: datetime) -> dict[str, Any]:
+    """The condition of a pending reservation whose explicit start passed before it could be placed."""
+    return condition(
+        ENDED, WINDOW_PASSED, f"the start {start.isoformat()} passed while the reservation was pending"
+    )
+
+
+def with_unschedulable(
+    conditions: Iterable[dict[str, Any]], reason: str, message: str
+) -> list[dict[str, Any]]:
+    """``conditions`` with their Unschedulable condition replaced by this one (last)."""
+    kept = [c for c in conditions if c.get("type") != UNSCHEDULABLE]
+    return [*kept, unschedulable_condition(reason, message)]

@@ -1,0 +1,94 @@
+"""Row locks and the one lock order (seed 000, "Commit and lock order").
+
+Every transaction that locks rows of several of these tables takes them in this order, and only in this
+order, so two transactions never wait on each other in a cycle::
+
+    reservations (its own row) -> pools -> nodes -> devices -> node_resources -> quota_usage
+        -> pool_capacity_rollup
+
+- ``reservations``: create (the idempotency index entry), release and the wake edge lock the one
+  reservation row first (:mod:`app.capacity.reservations`, :mod:`app.capacity.wake`).
+- ``pools``: :func:`lock_pool` (``FOR UPDATE`` to change the pool's inventory, ``FOR SHARE`` to place in
+  it or to change one node); a pool's ``inventory_version`` bump takes the same row lock.
+- ``nodes``: :func:`lock_node`; several nodes in id order (:mod:`app.inventory.liveness`).
+- ``devices`` then ``node_resources``: the guarded commit (:mod:`app.capacity.commit`) and an agent's
+  Hello (:mod:`app.inventory.hello`), devices in id order.
+- ``quota_usage``: the quota charge rides on the guarded commit's last statement and locks the
+  tenant's rows in sorted resource order (:mod:`app.capacity.commit`, :mod:`app.quota.service`), so a
+  tenant's reserves are serialized for that statement only, not for the plan (issue 15). Refunds
+  (release, repair, preemption, end) take no ``quota_usage`` lock: they only shrink what is held. One
+  exception is left: a batch (:mod:`app.capacity.batch`) charges its entries first, before the pool; a
+  deadlock with an inline commit is detected by PostgreSQL (40P01) and is a lost race on either side.
+- ``pool_capacity_rollup``: last, when a node's capacity is added (:mod:`app.inventory.service`); no
+  commit writes it.
+
+A transaction may skip any table of the order, never go back to an earlier one. The functions here raise
+:class:`~app.errors.NotFound` for a row that does not exist (after the lock, nothing is left to check).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.db.tables import nodes, pools
+from app.errors import NotFound, quote_input
+
+LOCK_ORDER: tuple[str, ...] = (
+    "reservations",
+    "pools",
+    "nodes",
+    "devices",
+    "node_resources",
+    "quota_usage",
+    "pool_capacity_rollup",
+)
+
+
+def pool_not_found(pool_id: str) -> NotFound:
+    """The one 404 of a pool id that names nothing: ``pool '<id>' not found``."""
+    return NotFound(f"pool {quote_input(pool_id)} not found")
+
+
+def node_not_found(node_id: str) -> NotFound:
+    """The one 404 of a node id that names nothing: ``node '<id>' not found``."""
+    return NotFound(f"node {quote_input(node_id)} not found")
+
+
+async def lock_pool(conn: AsyncConnection, pool_id: str, *, for_update: bool = True) -> Any:
+    """Lock the pool row and return it (``for_update=False``: ``FOR SHARE``); NotFound if absent.
+
+    ``SELECT * FROM pools WHERE id = :pool_id FOR UPDATE`` (or ``FOR SHARE``): second in the lock order,
+    after the reservation row."""
+    stmt = sa.select(pools).where(pools.c.id == pool_id)
+    stmt = stmt.with_for_update() if for_update else stmt.with_for_update(read=True)
+    row = (await conn.execute(stmt)).first()
+    if row is None:
+        raise pool_not_found(pool_id)
+    return row
+
+
+async def lock_node(conn: AsyncConnection, node_id: str) -> Any:
+    """Lock the node row and return it; NotFound if absent.
+
+    ``SELECT * FROM nodes WHERE id = :node_id FOR UPDATE``: the caller holds its pool row already when it
+    needs one (:func:`lock_node_in_order`)."""
+    row = (await conn.execute(sa.select(nodes).where(nodes.c.id == node_id).with_for_update())).first()
+    if row is None:
+        raise node_not_found(node_id)
+    return row
+
+
+async def lock_node_in_order(conn: AsyncConnection, node_id: str) -> Any:
+    """Lock the node's pool row ``FOR SHARE``, then the node row ``FOR UPDATE`` (the lock order), and
+    return the node row; NotFound if the node is absent.
+
+    ``SELECT pool_id FROM nodes WHERE id = :node_id`` (no lock: a node never changes pool), then
+    :func:`lock_pool` ``FOR SHARE`` and :func:`lock_node`."""
+    pool_id = (await conn.execute(sa.select(nodes.c.pool_id).where(nodes.c.id == node_id))).scalar()
+    if pool_id is None:
+        raise node_not_found(node_id)
+    await lock_pool(conn, pool_id, for_update=False)
+    return await lock_node(conn, node_id)
