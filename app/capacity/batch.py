@@ -2,22 +2,28 @@
 docs/scaling.md): the pool-lease queue worker (:mod:`app.capacity.queue`) and the bulk create
 (:mod:`app.capacity.bulk`) both come here.
 
-Steps, in the lock order quota_usage -> pools -> nodes -> devices -> node_resources:
+Steps, in the lock order pools -> nodes -> devices -> node_resources -> quota_usage (the inline
+commit's, :mod:`app.db.locks`):
 
-1. **charge** every entry's quota, tenants in sorted order, each in a SAVEPOINT: a refusal
-   (:class:`~app.errors.QuotaExceeded`) refuses that entry alone;
-2. **lock the pool row** ``FOR SHARE``: an archived pool (archived after the reservation was queued, or
+1. **lock the pool row** ``FOR SHARE``: an archived pool (archived after the reservation was queued, or
    before) leaves every entry pending with ``the pool is archived``;
-3. **plan** the entries one after another, oldest first, each seeing the earlier ones of the batch (their
+2. **plan** the entries one after another, oldest first, each seeing the earlier ones of the batch (their
    atoms are assumed booked in the :class:`~app.capacity.snapshot.PoolCache`, which memoizes rankings
    per label set, and what earlier attempts wrote is read back in this transaction);
-4. **commit** the plans with guarded multi-row statements (:func:`_commit_plans`): one statement locks
+3. **commit** the plans with guarded multi-row statements (:func:`_commit_plans`): one statement locks
    the planned nodes per tenant, one the atoms, one writes the allocations, one the bookings
    (``ON CONFLICT DO NOTHING RETURNING``: fewer rows for an entry = it lost the race), then each
    scalar under its ``node_resources`` lock. A losing entry's rows are deleted; the others stay;
-5. **replan** the losers without the lost node (or with it re-read, seed 000's rule in
+4. **replan** the losers without the lost node (or with it re-read, seed 000's rule in
    :mod:`app.capacity.placer`), up to ``max_attempts``; then pending with ``Unschedulable after <n>
-   conflicting attempts: ...``. A pending entry's quota is refunded.
+   conflicting attempts: ...``;
+5. **preempt** (``BatchOptions.preemption``): a regular entry left pending because nothing fit is placed
+   inline by preempting spot work (:func:`app.capacity.preemption.place_preempting`), as a create would;
+6. **charge** quota, last: every placed entry's tenant rows locked once in sorted order, then each entry
+   in a SAVEPOINT; a refusal (:class:`~app.errors.QuotaExceeded`) refuses that entry alone and removes
+   what it booked. A pending entry is checked the same way and the check rolled back (a pending request
+   holds nothing, but over quota is 409 even when nothing fits), so each entry answers what it alone
+   would have answered.
 
 A deadlock or exclusion violation inside a multi-row statement (40P01, 23P01: the same lost race) rolls
 that attempt's commit back to its savepoint and commits the attempt's plans one by one with the
@@ -38,6 +44,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.capacity import preemption
 from app.capacity.commit import (
     ATOM_BOOKED,
     ATOM_UNHEALTHY,
@@ -46,6 +53,7 @@ from app.capacity.commit import (
     SCALAR_RAN_OUT,
     Committed,
     LostRace,
+    QuotaCharge,
     commit_placements,
     labels_hold,
     sqlstate,
@@ -54,9 +62,11 @@ from app.capacity.placer import (
     EXCLUDING_KINDS,
     Pending,
     Placed,
+    db_now,
     plan_seed,
 )
 from app.capacity.predicates import schedulable_sql_tolerating
+from app.capacity.reservations import CapacityConfig
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache, window
 from app.db.locks import lock_pool
@@ -68,7 +78,6 @@ from app.db.tables import (
     node_resources,
     nodes,
     pools,
-    quota_holdings,
     scalar_holdings,
 )
 from app.db.windows import hold_if, holding_params, room_for
@@ -121,6 +130,9 @@ class BatchEntry:
     outcome: Placed | Pending | None = None
     refused: QuotaExceeded | None = None
     lost: list[LostRace] = field(default_factory=list)
+    # a placed entry's conditions (a preemptor's Preempted condition); charged: its charge rode on its commit
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+    charged: bool = False
 
     @property
     def undecided(self) -> bool:
@@ -138,6 +150,14 @@ class BatchOptions:
     max_attempts: int = 3
     shortlist_min: int = 48
     before_commit: Callable[[int, list[Candidate]], Awaitable[None]] | None = None
+    # BC_CAPACITY_PREEMPTION: how a regular entry that nothing fit preempts spot work (None: it does not)
+    preemption: preemption.PreemptOptions | None = None
+
+
+def batch_options(config: CapacityConfig) -> BatchOptions:
+    """The batch's options from the capacity config (preemption when ``BC_CAPACITY_PREEMPTION`` is on)."""
+    how = preemption.PreemptOptions(config.options, config.max_attempts) if config.preemption else None
+    return BatchOptions(config.options, config.max_attempts, config.shortlist_min, preemption=how)
 
 
 @dataclass
@@ -152,14 +172,40 @@ async def place_batch(
 ) -> list[int]:
     """Decide every entry of ``pool_id`` in ``conn``'s transaction (steps 1-5 above); returns the cache
     assumption tokens of the committed atoms: forget them once the transaction has ended."""
-    await _charge_all(conn, entries)
     pool = await lock_pool(conn, pool_id, for_update=False)
     if pool.archived_at is not None:
         for e in entries:
             if e.undecided:
                 e.outcome = Pending(ARCHIVED_POOL)
     tokens: list[int] = []
-    for attempt in range(1, opts.max_attempts + 1):
+    await _plan_and_commit(conn, cache, opts, pool_id, entries, tokens, first_attempt=1)
+    if opts.preemption is not None:
+        await _preempt_pending(conn, cache, opts, entries)
+    if await _charge_placed(conn, cache, pool_id, entries, tokens):
+        # a refused entry's bookings were removed: the entries nothing fit get one more plan
+        again = [e for e in entries if isinstance(e.outcome, Pending) and e.outcome.reason != ARCHIVED_POOL]
+        for e in again:
+            e.outcome, e.lost = None, []
+        if again:
+            await _plan_and_commit(conn, cache, opts, pool_id, again, tokens, opts.max_attempts + 1)
+            await _charge_placed(conn, cache, pool_id, again, tokens)
+    await _check_pending(conn, entries)
+    return tokens
+
+
+async def _plan_and_commit(
+    conn: AsyncConnection,
+    cache: PoolCache,
+    opts: BatchOptions,
+    pool_id: str,
+    entries: list[BatchEntry],
+    tokens: list[int],
+    first_attempt: int,
+) -> None:
+    """Steps 2-4: plan the undecided entries and commit them, replanning the losers, up to
+    ``max_attempts`` (numbered from ``first_attempt``: the savepoints and the seeds); the committed
+    atoms' assumption tokens are appended to ``tokens``."""
+    for attempt in range(first_attempt, first_attempt + opts.max_attempts):
         todo = [e for e in entries if e.undecided]
         if not todo:
             break
@@ -186,44 +232,109 @@ async def place_batch(
         if e.undecided:  # every attempt lost a race
             reasons = "; ".join(r.reason for r in e.lost)
             e.outcome = Pending(f"Unschedulable after {len(e.lost)} conflicting attempts: {reasons}")
-    pending = [e.reservation_id for e in entries if isinstance(e.outcome, Pending)]
-    if pending:
-        await refund_all(conn, pending)
-    return tokens
 
 
-async def _charge_all(conn: AsyncConnection, entries: list[BatchEntry]) -> None:
-    """Charge each entry's quota over its window; a refusal refuses that entry alone.
+async def _preempt_pending(
+    conn: AsyncConnection, cache: PoolCache, opts: BatchOptions, entries: list[BatchEntry]
+) -> None:
+    """Each regular entry that nothing fit, placed by preempting spot work as an inline create would
+    (issue 13: preemption always places inline), its charge riding on its guarded commit."""
+    candidates = [
+        e
+        for e in entries
+        if isinstance(e.outcome, Pending)
+        and e.outcome.reason != ARCHIVED_POOL
+        and preemption.applies(True, e.request)
+    ]
+    if not candidates:
+        return
+    now = await db_now(conn)
+    for e in candidates:
+        r = e.request
+        assert r.start is not None and r.end is not None and opts.preemption is not None
+        charge = QuotaCharge(r.tenant_id, r.pool_id, e.reservation_id, e.amounts, r.start, r.end)
+        how = replace(opts.preemption, charge=charge)
+        savepoint = await conn.begin_nested()
+        try:
+            placed = await preemption.place_preempting(conn, cache, r, e.reservation_id, how, now)
+        except QuotaExceeded as exc:
+            await savepoint.rollback()
+            e.outcome, e.refused = None, exc
+            continue
+        await savepoint.commit()
+        if placed is not None:
+            e.outcome, e.conditions, e.charged = placed.placed, [placed.condition], True
 
-    Every tenant's ``quota_usage`` rows for all the resources its entries charge are locked first,
-    tenants and resources in sorted order, as one charge locks them (:func:`app.quota.service.charge`):
-    charging entry after entry would lock one tenant's rows in the entries' order (``gpu``, then ``cpu``
-    for a later entry) and deadlock against a single charge taking ``cpu`` before ``gpu``."""
+
+async def _lock_batch_usage(conn: AsyncConnection, entries: list[BatchEntry]) -> None:
+    """Lock every tenant's ``quota_usage`` rows for all the resources ``entries`` charge, tenants and
+    resources in sorted order, as one charge locks them (:func:`app.quota.service.charge`): charging
+    entry after entry would lock one tenant's rows in the entries' order (``gpu``, then ``cpu`` for a
+    later entry) and deadlock against a single charge taking ``cpu`` before ``gpu``."""
     wanted: dict[tuple[str, str], set[str]] = defaultdict(set)
     for e in entries:
         wanted[(e.request.tenant_id, e.request.pool_id)] |= {
             r for r, n in e.amounts.items() if Decimal(n) > 0
         }
-    for (tenant, pool_id), resources in sorted(wanted.items()):
-        await _lock_tenant_rows(conn, tenant, pool_id, sorted(resources))
-    for e in sorted(entries, key=lambda e: (e.request.tenant_id, e.reservation_id)):
-        assert e.request.start is not None and e.request.end is not None
-        savepoint = await conn.begin_nested()
-        try:
-            await quota.charge(
-                conn,
-                e.request.tenant_id,
-                e.request.pool_id,
-                e.reservation_id,
-                e.amounts,
-                e.request.start,
-                e.request.end,
-            )
-        except QuotaExceeded as exc:
-            await savepoint.rollback()
-            e.refused = exc
-        else:
-            await savepoint.commit()
+    for (tenant, pool), resources in sorted(wanted.items()):
+        await _lock_tenant_rows(conn, tenant, pool, sorted(resources))
+
+
+async def _charge_placed(
+    conn: AsyncConnection, cache: PoolCache, pool_id: str, entries: list[BatchEntry], tokens: list[int]
+) -> bool:
+    """Step 6 for the placed entries not charged yet (last in the lock order): each in a SAVEPOINT; a
+    refusal refuses that entry alone and removes what it booked. True when any was refused."""
+    placed = [e for e in entries if isinstance(e.outcome, Placed) and not e.charged]
+    await _lock_batch_usage(conn, placed)
+    refused_any = False
+    for e in sorted(placed, key=lambda e: (e.request.tenant_id, e.reservation_id)):
+        assert isinstance(e.outcome, Placed)
+        refused = await _charge_one(conn, e, keep=True)
+        e.charged = refused is None
+        if refused is not None:
+            refused_any = True
+            await _delete_lost(conn, [a.allocation_id for a in e.outcome.allocations])
+            for token in e.outcome.assumptions:
+                cache.forget(pool_id, token)
+                tokens.remove(token)
+            e.outcome, e.refused = None, refused
+    return refused_any
+
+
+async def _check_pending(conn: AsyncConnection, entries: list[BatchEntry]) -> None:
+    """Step 6 for the pending entries: the charge checked and rolled back (a pending request holds
+    nothing, but over quota is 409 even when nothing fits), beside what the batch placed."""
+    pending = [e for e in entries if isinstance(e.outcome, Pending)]
+    await _lock_batch_usage(conn, pending)
+    for e in sorted(pending, key=lambda e: (e.request.tenant_id, e.reservation_id)):
+        e.refused = await _charge_one(conn, e, keep=False)
+        if e.refused is not None:
+            e.outcome = None
+
+
+async def _charge_one(conn: AsyncConnection, e: BatchEntry, keep: bool) -> QuotaExceeded | None:
+    """Charge ``e`` in a SAVEPOINT (``keep=False``: only check, and roll the charge back); the refusal."""
+    assert e.request.start is not None and e.request.end is not None
+    savepoint = await conn.begin_nested()
+    try:
+        await quota.charge(
+            conn,
+            e.request.tenant_id,
+            e.request.pool_id,
+            e.reservation_id,
+            e.amounts,
+            e.request.start,
+            e.request.end,
+        )
+    except QuotaExceeded as exc:
+        await savepoint.rollback()
+        return exc
+    if keep:
+        await savepoint.commit()
+    else:
+        await savepoint.rollback()
+    return None
 
 
 async def _lock_tenant_rows(conn: AsyncConnection, tenant: str, pool_id: str, resources: list[str]) -> None:
@@ -236,12 +347,6 @@ async def _lock_tenant_rows(conn: AsyncConnection, tenant: str, pool_id: str, re
     if await quota._lock_usage_rows(conn, tenant, pool_id, resources) < len(resources):
         await quota._ensure_usage_rows(conn, tenant, pool_id, resources)
         await quota._lock_usage_rows(conn, tenant, pool_id, resources)
-
-
-async def refund_all(conn: AsyncConnection, reservation_ids: list[str]) -> None:
-    """Drop the quota holdings of reservations that end up pending (they hold nothing)."""
-    # DELETE FROM quota_holdings WHERE reservation_id = ANY(:ids)
-    await conn.execute(sa.delete(quota_holdings).where(quota_holdings.c.reservation_id.in_(reservation_ids)))
 
 
 async def _plan_all(

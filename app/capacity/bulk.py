@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.batch import BatchEntry, BatchOptions, place_batch
+from app.capacity.batch import BatchEntry, batch_options, place_batch
 from app.capacity.intake import Decision, Written, delete_unwritten, insert_reservations, mark_decided
 from app.capacity.placer import Pending, Placed, db_now
 from app.capacity.placers import must_place_inline
@@ -125,7 +125,7 @@ async def _batch(
     by_pool: dict[str, list[BatchEntry]] = defaultdict(list)
     for entry in new.values():
         by_pool[entry.request.pool_id].append(entry)
-    opts = BatchOptions(config.options, config.max_attempts, config.shortlist_min)
+    opts = batch_options(config)
     for pool_id in sorted(by_pool):  # pools in id order: two calls lock them alike
         PLACEMENT_BATCH_SIZE.labels(BULK).observe(len(by_pool[pool_id]))
         tokens += [(pool_id, t) for t in await place_batch(conn, cache, opts, pool_id, by_pool[pool_id])]
@@ -149,7 +149,7 @@ async def _batch(
 
 def _decision(entry: BatchEntry) -> Decision:
     if isinstance(entry.outcome, Placed):
-        return Decision(entry.reservation_id, "placed", [], entry.request.end)
+        return Decision(entry.reservation_id, "placed", entry.conditions, entry.request.end)
     assert isinstance(entry.outcome, Pending)
     return Decision(entry.reservation_id, "pending", _condition(entry.outcome.reason))
 

@@ -31,7 +31,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.batch import BatchEntry, BatchOptions, place_batch
+from app.capacity.batch import BatchEntry, batch_options, place_batch
 from app.capacity.intake import Decision, insert_reservations, mark_decided
 from app.capacity.placer import Pending, Placed, db_now
 from app.capacity.placers import (
@@ -139,7 +139,7 @@ def _decision(entry: BatchEntry | None, row: Any, reason: str | None = None) -> 
             ],
         )
     if isinstance(entry.outcome, Placed):
-        return Decision(row.id, "placed", [], entry.request.end)
+        return Decision(row.id, "placed", entry.conditions, entry.request.end)
     assert isinstance(entry.outcome, Pending)
     return Decision(row.id, "pending", _condition(entry.outcome.reason))
 
@@ -163,7 +163,7 @@ async def work_batch(engine: AsyncEngine, cache: PoolCache, config: CapacityConf
                     continue
                 request = placement_request(config, body, now)
                 entries[row.id] = BatchEntry(row.id, request, quota_amounts(request))
-            opts = BatchOptions(config.options, config.max_attempts, config.shortlist_min)
+            opts = batch_options(config)
             tokens = await place_batch(conn, cache, opts, pool_id, list(entries.values()))
             passed_reason = "the start passed while the reservation was queued"
             decisions = [

@@ -16,9 +16,8 @@ order, so two transactions never wait on each other in a cycle::
 - ``quota_usage``: the quota charge rides on the guarded commit's last statement and locks the
   tenant's rows in sorted resource order (:mod:`app.capacity.commit`, :mod:`app.quota.service`), so a
   tenant's reserves are serialized for that statement only, not for the plan (issue 15). Refunds
-  (release, repair, preemption, end) take no ``quota_usage`` lock: they only shrink what is held. One
-  exception is left: a batch (:mod:`app.capacity.batch`) charges its entries first, before the pool; a
-  deadlock with an inline commit is detected by PostgreSQL (40P01) and is a lost race on either side.
+  (release, repair, preemption, end) take no ``quota_usage`` lock: they only shrink what is held. A batch
+  (:mod:`app.capacity.batch`) charges its entries last too, after their bookings.
 - ``pool_capacity_rollup``: last, when a node's capacity is added (:mod:`app.inventory.service`); no
   commit writes it.
 

@@ -160,3 +160,93 @@ async def test_bulk_takes_at_most_256_items(admin_client: httpx.AsyncClient, cle
     r = await admin_client.post("/v1/reservations/batch", json={"items": []})
     assert r.status_code == 422 and r.json()["error"]["details"]["path"] == "items", r.text
     assert await _counts(clean_db) == before
+
+
+async def test_bulk_pending_items_are_not_refused_by_each_others_charges(
+    admin_client: httpx.AsyncClient, clean_db: AsyncEngine
+) -> None:
+    """Found by a fresh-user run: a batch charged every item before planning, so items that then went
+    pending (and hold nothing) used up the quota of later ones: 409 where each alone answers pending."""
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("full-a", 1))
+    r = await admin_client.put(f"/v1/tenants/acme/quotas/{pool}", json={"limits": {"gpu": 3}})
+    assert r.status_code == 200, r.text
+    held = await admin_client.post("/v1/reservations", json=reservation(pool, 1, key="holds-the-gpu"))
+    assert held.status_code == 201 and held.json()["status"] == "placed", held.text
+    before = await _counts(clean_db)
+    items = [reservation(pool, 1, key=f"nothing-free-{i}") for i in range(6)]
+    items.append(reservation(pool, 3, key="over-quota-alone"))  # 1 held + 3 > 3: 409 alone too
+    r = await admin_client.post("/v1/reservations/batch", json={"items": items})
+    assert r.status_code == 200, r.text
+    answers = r.json()["items"]
+    assert [a["status"] for a in answers] == [201] * 6 + [409], answers
+    assert {a["reservation"]["status"] for a in answers[:6]} == {"pending"}
+    assert answers[6]["error"]["code"] == "QUOTA_EXCEEDED"
+    after = await _counts(clean_db)
+    assert after["reservations"] == before["reservations"] + 6  # the refused item wrote nothing
+    assert after["quota_holdings"] == before["quota_holdings"]  # pending items hold nothing
+    usage = (await admin_client.get(f"/v1/tenants/acme/quotas/{pool}")).json()
+    assert usage["used"]["gpu"] == 1, usage
+
+
+async def test_bulk_refused_item_frees_what_it_planned_for_a_later_item(
+    admin_client: httpx.AsyncClient, clean_db: AsyncEngine
+) -> None:
+    """The charge comes last (lock order ... -> quota_usage): an item refused there gives back the atoms
+    it was planned on, and an item that went pending behind it is planned again."""
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("two-a", 2))
+    r = await admin_client.put(f"/v1/tenants/acme/quotas/{pool}", json={"limits": {"gpu": 1}})
+    assert r.status_code == 200, r.text
+    items = [
+        reservation(pool, 2, key="too-much-quota"),  # fits the node, not the quota: 409
+        reservation(pool, 1, key="fits-both"),  # pending behind the first plan, then placed
+    ]
+    r = await admin_client.post("/v1/reservations/batch", json={"items": items})
+    assert r.status_code == 200, r.text
+    answers = r.json()["items"]
+    assert [a["status"] for a in answers] == [409, 201], answers
+    assert answers[1]["reservation"]["status"] == "placed", answers[1]
+    counts = await _counts(clean_db)
+    assert counts["allocations"] == 1 and counts["device_bookings"] == 1 and counts["quota_holdings"] == 1
+
+
+async def _fill_with_spot(client: httpx.AsyncClient, pool: str) -> list[str]:
+    ids = []
+    for i in range(2):
+        r = await client.post("/v1/reservations", json=reservation(pool, 4, key=f"spot-{i}", spot=True))
+        assert r.status_code in (201, 202), r.text
+        ids.append(r.json()["id"])
+    return ids
+
+
+async def test_bulk_preempts_spot_work_inline(admin_client: httpx.AsyncClient) -> None:
+    """Found by a fresh-user run: a regular bulk item that fits only by preempting stayed pending."""
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("spot-a", 8))
+    victims = await _fill_with_spot(admin_client, pool)
+    r = await admin_client.post("/v1/reservations/batch", json={"items": [reservation(pool, 8, key="reg")]})
+    assert r.status_code == 200, r.text
+    (answer,) = r.json()["items"]
+    assert answer["status"] == 201 and answer["reservation"]["status"] == "placed", answer
+    assert answer["reservation"]["conditions"][0]["type"] == "Preempted"
+    assert sorted(answer["reservation"]["conditions"][0]["reservationIds"]) == sorted(victims)
+    for victim in victims:
+        view = (await admin_client.get(f"/v1/reservations/{victim}")).json()
+        assert view["status"] == "preempted", view
+
+
+async def test_pool_lease_preempts_spot_work_inline(lease_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(lease_client)
+    await add_node(lease_client, pool, gpu_node("spot-lease", 8))
+    victims = await _fill_with_spot(lease_client, pool)
+    for victim in victims:
+        got = await lease_client.get(f"/v1/reservations/{victim}", params={"waitSeconds": 10})
+        assert got.json()["status"] == "placed", got.text
+    r = await lease_client.post("/v1/reservations", json=reservation(pool, 8, key="reg-lease"))
+    assert r.status_code == 202, r.text
+    got = await lease_client.get(f"/v1/reservations/{r.json()['id']}", params={"waitSeconds": 10})
+    view = got.json()
+    assert view["status"] == "placed" and view["conditions"][0]["type"] == "Preempted", view
+    for victim in victims:
+        assert (await lease_client.get(f"/v1/reservations/{victim}")).json()["status"] == "preempted"
