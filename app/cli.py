@@ -169,6 +169,7 @@ CpuOpt = Annotated[float | None, typer.Option("--cpu", help="CPU cores.")]
 MemOpt = Annotated[float | None, typer.Option("--memory", help="Memory (MiB).")]
 IdemOpt = Annotated[str | None, typer.Option("--idempotency-key", help="Retry key (default: random).")]
 ClassOpt = Annotated[str, typer.Option("--class", help="Device class.")]
+SpotOpt = Annotated[bool, typer.Option("--spot", help="Spot work: regular work may preempt it.")]
 
 
 def _request_command(send: Callable[[ServiceClient, dict[str, Any], Output], bool]) -> Callable[..., None]:
@@ -187,12 +188,13 @@ def _request_command(send: Callable[[ServiceClient, dict[str, Any], Output], boo
         memory: MemOpt = None,
         idempotency_key: IdemOpt = None,
         device_class: ClassOpt = "gpu",
+        spot: SpotOpt = False,
         output: OutputOpt = Output.table,
         server: ServerOpt = DEFAULT_SERVER,
         key: KeyOpt = None,
     ) -> None:
         flags = RequestFlags(
-            tenant, pool, gpus, for_, selector, nvlink, cpu, memory, idempotency_key, device_class
+            tenant, pool, gpus, for_, selector, nvlink, cpu, memory, idempotency_key, device_class, spot
         )
         with service(server, key, REQUEST_FLAGS) as api:
             done = send(api, flags.request_body(), output)

@@ -150,6 +150,22 @@ def test_reserve_and_preview_exit_codes_placed_pending_and_no_fit(server: Server
     assert code == 0 and f"{placed['id']} released" in out
 
 
+def test_spot_work_and_the_preview_that_would_preempt_it(server: Server) -> None:
+    pool = make_pool(server, {"s1": 4})
+    (name, _node_id), tenant = next(iter(pool.nodes.items())), f"t-{secrets.token_hex(3)}"
+    common = ["--tenant", tenant, "--pool", pool.id]
+    code, out, err = finished(
+        cli_process(server.url, "reserve", *common, "--gpus", "4", "--spot", "-o", "json")
+    )
+    assert code == 0, err
+    assert json.loads(out)["spec"]["spot"] is True
+    code, out, _ = finished(cli_process(server.url, "preview", *common, "--gpus", "4"))
+    assert code == 3 and "does not fit" in out
+    assert f"fits by preempting 1 spot reservation(s) on {name}" in out, out
+    code, out, _ = finished(cli_process(server.url, "preview", *common, "--gpus", "4", "--spot"))
+    assert code == 3 and "preempting" not in out  # spot never preempts spot
+
+
 def test_get_pools_and_nodes_in_every_output(server: Server) -> None:
     pool = make_pool(server, {"n1": 2, "n2": 1})
     (n1, n1_id), (n2, n2_id) = pool.nodes.items()

@@ -38,6 +38,7 @@ REQUEST_FLAGS: dict[str, str] = {
     "resources.memory": "--memory",
     "duration": "--for",
     "idempotencyKey": "--idempotency-key",
+    "spot": "--spot",
 }
 LIST_RESERVATION_FLAGS: dict[str, str] = {"tenantId": "--tenant", "status": "--status", "limit": "--limit"}
 
@@ -80,6 +81,7 @@ class RequestFlags:
     memory: float | None
     idempotency_key: str | None
     device_class: str
+    spot: bool = False  # --spot: may be preempted by regular work (docs/preemption.md)
 
     def request_body(self) -> dict[str, Any]:
         """The ``POST /v1/reservations`` (and preview) body. Raises :class:`UsageError` when an amount
@@ -115,4 +117,5 @@ class RequestFlags:
             "resources": {name: amount for name, amount in resources.items() if amount is not None},
             "duration": self.duration,
             "idempotencyKey": self.idempotency_key or f"cli-{secrets.token_hex(8)}",
+            **({"spot": True} if self.spot else {}),
         }

@@ -139,9 +139,17 @@ def _section(title: str, body: RenderableType | str) -> Group:
 
 def preview_view(answer: Mapping[str, Any], wide: bool) -> RenderableType:
     """``fits``: the candidates best first (node name, score, atoms; ``wide`` adds the node id and
-    each scorer); else ``does not fit: <reason>``."""
+    each scorer); else ``does not fit: <reason>``, and what preempting spot work would take."""
     if not answer.get("fits"):
-        return Text.from_markup(f"[yellow]does not fit[/yellow]: {escape(str(answer.get('reason', '')))}")
+        text = Text.from_markup(f"[yellow]does not fit[/yellow]: {escape(str(answer.get('reason', '')))}")
+        preemptible = answer.get("preemptible")
+        if preemptible:
+            nodes = joined(c.get("nodeName") or c["nodeId"] for c in preemptible.get("candidates", []))
+            text.append(
+                f"\nfits by preempting {preemptible['reservations']} spot reservation(s) on {nodes}, "
+                f"from {preemptible['startsAt']}"
+            )
+        return text
     candidates = answer.get("candidates", [])
     scorers = sorted({name for c in candidates for name in c.get("scores", {})}) if wide else []
     table = _table("node", *(["id"] if wide else []), "score", *scorers, "atoms")
