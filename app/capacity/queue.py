@@ -54,7 +54,6 @@ from app.capacity.reservations import (
 )
 from app.capacity.snapshot import PoolCache
 from app.db.tables import reservations
-from app.db.tx import read_only
 from app.observability.metrics import (
     PLACEMENT_BATCH_SIZE,
     QUEUED_DECIDED,
@@ -276,7 +275,7 @@ class QueueWorker:
         deadline = asyncio.get_running_loop().time() + seconds
         try:
             while True:
-                view = await read_only(engine, get_reservation, reservation_id, tenant_id)
+                view = await get_reservation(engine, reservation_id, tenant_id)
                 remaining = deadline - asyncio.get_running_loop().time()
                 if view["status"] != "queued" or remaining <= 0:
                     return view

@@ -432,18 +432,6 @@ async def list_reservations(
     return {"items": items, "next": (items[-1]["createdAt"], items[-1]["id"]) if more else None}
 
 
-async def reservation_tenant(conn: AsyncConnection, reservation_id: str) -> tuple[str, str] | None:
-    """``(tenant_id, pool_id)`` of a reservation, or None (for authorization before the service call)."""
-    row = (
-        await conn.execute(
-            sa.select(reservations.c.tenant_id, reservations.c.pool_id).where(
-                reservations.c.id == reservation_id
-            )
-        )
-    ).first()
-    return (row.tenant_id, row.pool_id) if row else None
-
-
 async def release_reservation(
     engine: AsyncEngine, reservation_id: str, tenant_id: str | None, now: datetime | None = None
 ) -> dict[str, Any]:
