@@ -85,7 +85,7 @@ from app.db.tables import (
 from app.db.windows import room_for
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
-from app.placement.system_labels import ANY_LABEL_VALUE, label_counts
+from app.placement.system_labels import unmet_label
 from app.quota import service as quota
 
 LOST_RACE_SQLSTATES = frozenset({"40P01", "23P01"})  # deadlock detected, exclusion violation
@@ -156,15 +156,10 @@ def sqlstate(exc: DBAPIError) -> str | None:
 
 
 def labels_hold(wanted: Mapping[str, str], have: Mapping[str, tuple[str, str]]) -> bool:
-    """Do the node's labels (key -> (value, source)) satisfy ``wanted`` (``'*'`` = any value)?
-    A ``bc.dev/`` label counts only when its source is ``system`` (seed 000)."""
-    for key, value in wanted.items():
-        got = have.get(key)
-        if got is None or not label_counts(key, got[1]):
-            return False
-        if value != ANY_LABEL_VALUE and got[0] != value:
-            return False
-    return True
+    """Do the node's labels (key -> (value, source)) satisfy ``wanted`` (``'*'`` = any value)? The one
+    labels rule, :func:`app.placement.system_labels.unmet_label`, found nothing unmet."""
+    held = [(k, have[k]) for k in wanted if k in have]
+    return unmet_label(wanted.items(), {k: v for k, (v, _) in held}, {k: s for k, (_, s) in held}) is None
 
 
 async def commit_placements(

@@ -49,11 +49,11 @@ from app.capacity.edges import notify_pool
 from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache, PoolHead
-from app.db.locks import lock_pool
+from app.db.locks import lock_pool, pool_not_found
 from app.db.tables import TS, allocations, device_bookings, pools, reservations, scalar_holdings
 from app.db.tx import reads
 from app.db.windows import cut
-from app.errors import IdempotencyKeyReused, InvalidInput, NotFound, quote_input
+from app.errors import IdempotencyKeyReused, InvalidInput
 from app.ids import new_id
 from app.jsonnum import num
 from app.placement.model import PlacementRequest, Plan
@@ -241,10 +241,10 @@ async def _insert_reservation(
         row = (await conn.execute(stmt)).first()
     except IntegrityError as exc:  # the pool foreign key: no such pool, and nothing was written
         if sqlstate(exc) == FOREIGN_KEY_VIOLATION:
-            raise NotFound(f"pool {quote_input(body.poolId)} not found") from None
+            raise pool_not_found(body.poolId) from None
         raise
     if row is None:  # no pool row (the insert's foreign key raised first when it ran)
-        raise NotFound(f"pool {quote_input(body.poolId)} not found")
+        raise pool_not_found(body.poolId)
     return row.created_at, PoolHead(row.id, row.archived_at is not None, row.inventory_version)
 
 

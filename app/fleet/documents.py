@@ -47,6 +47,7 @@ from pydantic import (
 )
 
 from app.errors import InvalidInput, quote_input
+from app.jsonnum import num
 
 FLEET_SCHEMA = "vq.placement-fleet/1"
 REQUEST_SCHEMA = "vq.placement-request/1"
@@ -405,13 +406,6 @@ def load_request(data: dict[str, Any]) -> PlacementRequestDoc:
         raise as_invalid_input(error, "request") from None
 
 
-def plain_number(value: float | int) -> float | int:
-    """A figure as JSON shows it: integral values as integers (``14400``, not ``14400.0``)."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    return value
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _plain(item) for key, item in value.items()}
@@ -420,7 +414,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, float):
-        return plain_number(value)
+        return num(value)
     return value
 
 
