@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.batch import BatchEntry, BatchOptions, place_batch
 from app.capacity.intake import Decision, insert_reservations, mark_decided
+from app.capacity.listener import listen_until_lost
 from app.capacity.placer import Pending, Placed, db_now
 from app.capacity.placers import (
     DECIDED_CHANNEL,
@@ -68,7 +69,6 @@ QUEUE_WORKER = "pool-lease-worker"
 QUEUE_LISTENER = "pool-lease-listener"
 BUSY_RETRY = 0.5  # seconds: queued rows another worker holds are looked at again this soon
 LISTENER_RETRY = 1.0
-LISTENER_PING = 10.0
 RECHECK_SECONDS = 1.0  # a long-poll re-reads at least this often (a release sends no decided edge)
 MAX_WAIT_SECONDS = 30
 QUOTA_EXCEEDED_REASON = "QuotaExceeded"  # as the wake-edge controller's
@@ -294,38 +294,17 @@ class QueueWorker:
         """Hold a connection that LISTENs on ``bc_queue`` and ``bc_decided`` until it fails (the
         lifecycle runs this again after ``LISTENER_RETRY``); each (re)connection makes the next run a
         sweep of every pool with queued work (edges sent while nobody listened were not heard)."""
-        async with engine.connect() as conn:
-            raw = (await conn.get_raw_connection()).driver_connection
-            assert raw is not None
-            lost = asyncio.Event()
+        await listen_until_lost(
+            engine,
+            {QUEUE_CHANNEL: self.heard_queue, DECIDED_CHANNEL: self.heard_decided},
+            self._on_listening,
+            self._on_stopped,
+        )
 
-            def on_queue(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
-                self.heard_queue(payload)
+    def _on_listening(self) -> None:
+        self.listening = True
+        self._last_sweep = -math.inf
+        self.poke()
 
-            def on_decided(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
-                self.heard_decided(payload)
-
-            def on_lost(_conn: Any) -> None:
-                lost.set()
-
-            raw.add_termination_listener(on_lost)
-            await raw.add_listener(QUEUE_CHANNEL, on_queue)
-            await raw.add_listener(DECIDED_CHANNEL, on_decided)
-            self.listening = True
-            self._last_sweep = -math.inf
-            self.poke()
-            try:
-                while not lost.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(LISTENER_PING):
-                            await lost.wait()
-                    if not lost.is_set():
-                        async with asyncio.timeout(LISTENER_PING):
-                            await raw.fetchval("SELECT 1")
-            finally:
-                self.listening = False
-                if not raw.is_closed():
-                    with contextlib.suppress(Exception):
-                        await raw.remove_listener(QUEUE_CHANNEL, on_queue)
-                        await raw.remove_listener(DECIDED_CHANNEL, on_decided)
-                raw.remove_termination_listener(on_lost)
+    def _on_stopped(self) -> None:
+        self.listening = False

@@ -27,8 +27,6 @@ node_resources -> quota_usage, as every capacity transaction.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -43,6 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.capacity.commit import QuotaCharge
 from app.capacity.conditions import NO_FIT, QUOTA_EXCEEDED, UNSCHEDULABLE, with_unschedulable
 from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
+from app.capacity.listener import listen_until_lost
 from app.capacity.placer import Placed, db_now
 from app.capacity.placers import INLINE, WAKE, Admission, PlacementContext, placer
 from app.capacity.repair import REPAIR_PREFIX, repair_broken
@@ -59,7 +58,6 @@ WAKE_PENDING = "wake-pending"
 WAKE_LISTENER = "wake-listener"
 WAKE_BATCH = 1000  # reservations tried per pool and wake, at most (the rest at the next edge or sweep)
 LISTENER_RETRY = 1.0  # seconds between two attempts to (re)connect the listener
-LISTENER_PING = 10.0  # seconds between two checks that the listening connection is alive
 
 PLACED, STILL_PENDING, QUOTA_EXCEEDED_RESULT = "placed", "pending", "quota_exceeded"
 WOKEN_REASON = "Woken"
@@ -284,33 +282,12 @@ class WakeController:
         """Hold a connection that LISTENs on the wake channel until it fails (the lifecycle runs this
         again after ``LISTENER_RETRY``). Each (re)connection also makes the next wake a full sweep: edges
         sent while nobody listened were not heard."""
-        async with engine.connect() as conn:
-            raw = (await conn.get_raw_connection()).driver_connection
-            assert raw is not None
-            lost = asyncio.Event()
+        await listen_until_lost(engine, {WAKE_CHANNEL: self.heard}, self._on_listening, self._on_stopped)
 
-            def on_notify(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
-                self.heard(payload)
+    def _on_listening(self) -> None:
+        self.listening = True
+        self._last_sweep = -math.inf
+        self.poke()
 
-            def on_lost(_conn: Any) -> None:
-                lost.set()
-
-            raw.add_termination_listener(on_lost)
-            await raw.add_listener(WAKE_CHANNEL, on_notify)
-            self.listening = True
-            self._last_sweep = -math.inf
-            self.poke()
-            try:
-                while not lost.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(LISTENER_PING):
-                            await lost.wait()
-                    if not lost.is_set():
-                        async with asyncio.timeout(LISTENER_PING):
-                            await raw.fetchval("SELECT 1")
-            finally:
-                self.listening = False
-                if not raw.is_closed():
-                    with contextlib.suppress(Exception):
-                        await raw.remove_listener(WAKE_CHANNEL, on_notify)
-                raw.remove_termination_listener(on_lost)
+    def _on_stopped(self) -> None:
+        self.listening = False
