@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import math
-import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.batch import BatchEntry, BatchOptions, place_batch
 from app.capacity.intake import Decision, insert_reservations, mark_decided
-from app.capacity.listener import listen_until_lost
+from app.capacity.listener import ListeningController
 from app.capacity.placer import Pending, Placed, db_now
 from app.capacity.placers import (
     DECIDED_CHANNEL,
@@ -210,27 +209,18 @@ async def pools_with_queued(conn: AsyncConnection, pool_id: str | None = None) -
 # ------------------------------------------------------------------------------------ the worker
 
 
-class QueueWorker:
+class QueueWorker(ListeningController[str]):
     """The batch worker of one service process: :meth:`listen` (LISTEN on the queue and decided
     channels) and :meth:`run` (decide the queued work of the pools heard about); ``poke`` starts a run
     now (set once the lifecycle exists). Also the in-process hub of long-polls (:meth:`wait`)."""
 
-    def __init__(
-        self,
-        cache: PoolCache,
-        config: CapacityConfig,
-        sweep_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.cache = cache
-        self.config = config
-        self.sweep_seconds = sweep_seconds
-        self.clock = clock
-        self.poke: Callable[[], None] = lambda: None
-        self.listening = False
-        self._heard: set[str] = set()
-        self._last_sweep = -math.inf
-        self._watchers: dict[str, set[asyncio.Event]] = defaultdict(set)
+    @functools.cached_property
+    def _watchers(self) -> dict[str, set[asyncio.Event]]:
+        """Reservation id -> the events of the long-polls waiting on it."""
+        return defaultdict(set)
+
+    def channels(self) -> Mapping[str, Callable[[str], None]]:
+        return {QUEUE_CHANNEL: self.heard_queue, DECIDED_CHANNEL: self.heard_decided}
 
     def heard_queue(self, pool_id: str) -> None:
         """A queue edge of ``pool_id``: remember it and start a run."""
@@ -247,8 +237,7 @@ class QueueWorker:
         """One run: each pool heard about (every pool with queued work when the sweep is due), batch
         after batch until none is claimable; returns how many reservations were decided here."""
         targets, self._heard = self._heard, set()
-        if self.clock() - self._last_sweep >= self.sweep_seconds:
-            self._last_sweep = self.clock()
+        if self.sweep_due():
             async with engine.connect() as conn:
                 targets |= set(await pools_with_queued(conn))
         decided = 0
@@ -289,22 +278,3 @@ class QueueWorker:
                 watchers.discard(event)
                 if not watchers:
                     del self._watchers[reservation_id]
-
-    async def listen(self, engine: AsyncEngine) -> None:
-        """Hold a connection that LISTENs on ``bc_queue`` and ``bc_decided`` until it fails (the
-        lifecycle runs this again after ``LISTENER_RETRY``); each (re)connection makes the next run a
-        sweep of every pool with queued work (edges sent while nobody listened were not heard)."""
-        await listen_until_lost(
-            engine,
-            {QUEUE_CHANNEL: self.heard_queue, DECIDED_CHANNEL: self.heard_decided},
-            self._on_listening,
-            self._on_stopped,
-        )
-
-    def _on_listening(self) -> None:
-        self.listening = True
-        self._last_sweep = -math.inf
-        self.poke()
-
-    def _on_stopped(self) -> None:
-        self.listening = False

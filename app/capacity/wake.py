@@ -28,9 +28,7 @@ node_resources -> quota_usage, as every capacity transaction.
 from __future__ import annotations
 
 import logging
-import math
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -41,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.capacity.commit import QuotaCharge
 from app.capacity.conditions import NO_FIT, QUOTA_EXCEEDED, UNSCHEDULABLE, with_unschedulable
 from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
-from app.capacity.listener import listen_until_lost
+from app.capacity.listener import ListeningController
 from app.capacity.placer import Placed, db_now
 from app.capacity.placers import INLINE, WAKE, Admission, PlacementContext, placer
 from app.capacity.repair import REPAIR_PREFIX, repair_broken
@@ -222,26 +220,13 @@ async def pools_with_pending(conn: AsyncConnection) -> list[str]:
     return list((await conn.execute(stmt)).scalars())
 
 
-class WakeController:
+class WakeController(ListeningController[tuple[str, str | None]]):
     """The wake-edge controller of one service process: a LISTEN connection that collects the edges
     heard (:meth:`listen`) and the task that wakes the pools they name (:meth:`run`), with a full sweep
     at most every ``sweep_seconds``. ``poke`` (set once the lifecycle exists) starts :meth:`run` now."""
 
-    def __init__(
-        self,
-        cache: PoolCache,
-        config: CapacityConfig,
-        sweep_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.cache = cache
-        self.config = config
-        self.sweep_seconds = sweep_seconds
-        self.clock = clock
-        self.poke: Callable[[], None] = lambda: None
-        self.listening = False  # the LISTEN is registered (tests wait for it)
-        self._heard: set[tuple[str, str | None]] = set()
-        self._last_sweep = -math.inf
+    def channels(self) -> Mapping[str, Callable[[str], None]]:
+        return {WAKE_CHANNEL: self.heard}
 
     def heard(self, payload: str) -> None:
         """An edge's payload arrived: remember its pool (and tenant) and start a wake."""
@@ -268,8 +253,7 @@ class WakeController:
         last wake, and every pool with pending work when the sweep is due. Returns what happened to each
         reservation tried."""
         swept: list[str] = []
-        if self.clock() - self._last_sweep >= self.sweep_seconds:
-            self._last_sweep = self.clock()
+        if self.sweep_due():
             async with engine.connect() as conn:
                 swept = await pools_with_pending(conn)
         await repair_broken(engine, self.cache, self.config)  # BookingRepair first: it may free atoms
@@ -277,17 +261,3 @@ class WakeController:
         for pool_id, tenant_id in self._targets(swept):
             woken += await wake_pool(engine, self.cache, self.config, pool_id, tenant_id)
         return woken
-
-    async def listen(self, engine: AsyncEngine) -> None:
-        """Hold a connection that LISTENs on the wake channel until it fails (the lifecycle runs this
-        again after ``LISTENER_RETRY``). Each (re)connection also makes the next wake a full sweep: edges
-        sent while nobody listened were not heard."""
-        await listen_until_lost(engine, {WAKE_CHANNEL: self.heard}, self._on_listening, self._on_stopped)
-
-    def _on_listening(self) -> None:
-        self.listening = True
-        self._last_sweep = -math.inf
-        self.poke()
-
-    def _on_stopped(self) -> None:
-        self.listening = False
