@@ -82,6 +82,7 @@ from app.db.tables import (
     reservations,
     scalar_holdings,
 )
+from app.db.unnest import wanted_amounts
 from app.db.windows import room_for
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
@@ -110,6 +111,20 @@ class LostRace:
     node_id: str
     reason: str
     kind: str
+
+
+def atom_booked(node_id: str, node_name: str) -> LostRace:
+    """The lost race ``an atom on <node> was booked concurrently`` (kind ``atom_booked``)."""
+    return LostRace(node_id, f"an atom on {node_name} was booked concurrently", ATOM_BOOKED)
+
+
+def booked_concurrently(exc: DBAPIError, node_id: str, node_name: str) -> LostRace:
+    """A guarded statement on the node failed on a lock (a deadlock or a lock conflict,
+    :data:`LOST_RACE_SQLSTATES`): the race for its atoms was lost (:func:`atom_booked`). Any other
+    error is raised again."""
+    if sqlstate(exc) not in LOST_RACE_SQLSTATES:
+        raise exc
+    return atom_booked(node_id, node_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,11 +205,7 @@ async def commit_placements(
                 conn, request, candidate, reservation_id, start, end, extras if last else NO_EXTRAS
             )
         except DBAPIError as exc:
-            if sqlstate(exc) not in LOST_RACE_SQLSTATES:
-                raise
-            result = LostRace(
-                candidate.node_id, f"an atom on {candidate.node_name} was booked concurrently", ATOM_BOOKED
-            )
+            result = booked_concurrently(exc, candidate.node_id, candidate.node_name)
         if isinstance(result, LostRace):
             outcome = result
             break
@@ -389,14 +400,8 @@ _RESERVATION = sa.bindparam("reservation_id", type_=sa.Text)
 _DURING = sa.bindparam("during", type_=device_bookings.c.during.type)
 _STARTS = sa.bindparam("starts_at", type_=TS)
 _ENDS = sa.bindparam("ends_at", type_=TS)
-_WANTED = (
-    sa.func.unnest(
-        sa.bindparam("scalar_names", type_=pg.ARRAY(sa.Text)),
-        sa.bindparam("scalar_amounts", type_=pg.ARRAY(sa.Numeric)),
-    )
-    .table_valued(sa.column("resource", sa.Text), sa.column("amount", sa.Numeric))
-    .render_derived(name="wanted")
-)
+# unnest(:scalar_names, :scalar_amounts) AS wanted(resource, amount)
+_WANTED = wanted_amounts("scalar_names", "scalar_amounts")
 
 
 @cache
@@ -549,9 +554,7 @@ def bookings_lost(written: Any, candidate: Candidate) -> LostRace | None:
     fewer rows than atoms: ``an atom on <node> was booked concurrently``."""
     if written.booked == len(candidate.atoms):
         return None
-    return LostRace(
-        candidate.node_id, f"an atom on {candidate.node_name} was booked concurrently", ATOM_BOOKED
-    )
+    return atom_booked(candidate.node_id, candidate.node_name)
 
 
 def holdings_lost(written: Any, candidate: Candidate) -> LostRace | None:

@@ -41,16 +41,14 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.commit import (
-    ATOM_BOOKED,
     ATOM_UNHEALTHY,
-    LOST_RACE_SQLSTATES,
     NOT_SCHEDULABLE,
     CommitExtras,
     Committed,
     LostRace,
     QuotaCharge,
+    booked_concurrently,
     commit_placements,
-    sqlstate,
 )
 from app.capacity.cuts import cut_allocations
 from app.capacity.edges import notify_pool
@@ -328,11 +326,7 @@ async def commit_preemption(
         else:
             outcome = lost
     except DBAPIError as exc:
-        if sqlstate(exc) not in LOST_RACE_SQLSTATES:
-            raise
-        outcome = LostRace(
-            first.node_id, f"an atom on {first.node_name} was booked concurrently", ATOM_BOOKED
-        )
+        outcome = booked_concurrently(exc, first.node_id, first.node_name)
     if isinstance(outcome, LostRace):
         await conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {savepoint}")
     await conn.exec_driver_sql(f"RELEASE SAVEPOINT {savepoint}")

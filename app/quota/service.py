@@ -30,6 +30,7 @@ from app.capacity.edges import notify_pool
 from app.db.locks import pool_not_found
 from app.db.tables import TS, pools, quota_holdings, quota_limits, quota_usage
 from app.db.tx import reads, transaction
+from app.db.unnest import wanted_amounts
 from app.db.windows import cut, held_at, peak_instant, room_for
 from app.errors import QuotaExceeded
 from app.jsonnum import num
@@ -227,14 +228,7 @@ async def _limit(conn: AsyncConnection, tenant_id: str, pool_id: str, resource: 
 _P = {c: sa.bindparam(c, type_=quota_holdings.c[c].type) for c in ("reservation_id", "tenant_id", "pool_id")}
 _WINDOW = (sa.bindparam("starts_at", type_=TS), sa.bindparam("ends_at", type_=TS))
 # one row per resource charged: unnest(:resources, :amounts) AS wanted(resource, amount)
-_WANTED = (
-    sa.func.unnest(
-        sa.bindparam("resources", type_=pg.ARRAY(sa.Text)),
-        sa.bindparam("amounts", type_=pg.ARRAY(sa.Numeric)),
-    )
-    .table_valued(sa.column("resource", sa.Text), sa.column("amount", sa.Numeric))
-    .render_derived(name="wanted")
-)
+_WANTED = wanted_amounts("resources", "amounts")
 _LIMIT = (
     sa.select(quota_limits.c.limit)
     .where(
