@@ -12,9 +12,8 @@ from app.api.models.reservations import Preview, Reservation, ReservationList, R
 from app.api.paging import CURSOR_QUERY, cursor_key, envelope, time_then_id
 from app.capacity import queue as svc_queue
 from app.capacity import reservations as svc_reservations
-from app.db.tx import read_only
-from app.errors import quote_input
-from app.iam.authorize import authorize, authorize_owned
+from app.capacity.access import authorized_reservation_tenant
+from app.iam.authorize import authorize
 from app.placement.request import ReservationRequest
 
 router = APIRouter(tags=["reservations"])
@@ -73,13 +72,6 @@ async def create_reservation(
     return view
 
 
-async def _authorized_tenant(svc: Services, principal: Principal, reservation_id: str, action: str) -> str:
-    owner = await read_only(svc.engine, svc_reservations.reservation_tenant, reservation_id)
-    return authorize_owned(
-        principal, action, owner[0] if owner else None, f"reservation {quote_input(reservation_id)}"
-    )
-
-
 @router.get(
     "/v1/reservations/{reservation_id}",
     response_model=Reservation,
@@ -101,11 +93,13 @@ async def get_reservation(
 ) -> dict[str, Any]:
     """The reservation; with ``waitSeconds`` a queued one is answered once a batch worker decided it
     (or when the wait is over, still queued)."""
-    tenant = await _authorized_tenant(svc, principal, reservation_id, "compute:reservations:read")
+    tenant = await authorized_reservation_tenant(
+        svc.engine, principal, reservation_id, "compute:reservations:read"
+    )
     if waitSeconds > 0:
         worker: svc_queue.QueueWorker = request.app.state.queue
         return await worker.wait(svc.engine, reservation_id, tenant, waitSeconds)
-    return await read_only(svc.engine, svc_reservations.get_reservation, reservation_id, tenant)
+    return await svc_reservations.get_reservation(svc.engine, reservation_id, tenant)
 
 
 @router.get(
@@ -127,7 +121,7 @@ async def list_reservations(
     tenant = tenantId or principal.tenant_id
     authorize(principal, "compute:reservations:read", f"tenant:{tenant}" if tenant else "*")
     after = None if cursor is None else cursor_key(cursor, "reservations", time_then_id)
-    page = await read_only(svc.engine, svc_reservations.list_reservations, tenant, status, limit, after)
+    page = await svc_reservations.list_reservations(svc.engine, tenant, status, limit, after)
     return envelope(page, "reservations")
 
 
@@ -141,5 +135,7 @@ async def list_reservations(
 async def release_reservation(
     reservation_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
 ) -> dict[str, Any]:
-    tenant = await _authorized_tenant(svc, principal, reservation_id, "compute:reservations:release")
+    tenant = await authorized_reservation_tenant(
+        svc.engine, principal, reservation_id, "compute:reservations:release"
+    )
     return await svc_reservations.release_reservation(svc.engine, reservation_id, tenant)

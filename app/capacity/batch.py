@@ -344,9 +344,7 @@ async def _lock_tenant_rows(conn: AsyncConnection, tenant: str, pool_id: str, re
         return
     # SELECT resource FROM quota_usage WHERE tenant_id = :t AND pool_id = :p AND resource = ANY(:rs)
     #  ORDER BY resource FOR UPDATE
-    if await quota._lock_usage_rows(conn, tenant, pool_id, resources) < len(resources):
-        await quota._ensure_usage_rows(conn, tenant, pool_id, resources)
-        await quota._lock_usage_rows(conn, tenant, pool_id, resources)
+    await quota.lock_usage_rows(conn, tenant, pool_id, resources)
 
 
 async def _plan_all(

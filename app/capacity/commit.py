@@ -82,10 +82,11 @@ from app.db.tables import (
     reservations,
     scalar_holdings,
 )
+from app.db.unnest import wanted_amounts
 from app.db.windows import room_for
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
-from app.placement.system_labels import ANY_LABEL_VALUE, label_counts
+from app.placement.system_labels import unmet_label
 from app.quota import service as quota
 
 LOST_RACE_SQLSTATES = frozenset({"40P01", "23P01"})  # deadlock detected, exclusion violation
@@ -110,6 +111,20 @@ class LostRace:
     node_id: str
     reason: str
     kind: str
+
+
+def atom_booked(node_id: str, node_name: str) -> LostRace:
+    """The lost race ``an atom on <node> was booked concurrently`` (kind ``atom_booked``)."""
+    return LostRace(node_id, f"an atom on {node_name} was booked concurrently", ATOM_BOOKED)
+
+
+def booked_concurrently(exc: DBAPIError, node_id: str, node_name: str) -> LostRace:
+    """A guarded statement on the node failed on a lock (a deadlock or a lock conflict,
+    :data:`LOST_RACE_SQLSTATES`): the race for its atoms was lost (:func:`atom_booked`). Any other
+    error is raised again."""
+    if sqlstate(exc) not in LOST_RACE_SQLSTATES:
+        raise exc
+    return atom_booked(node_id, node_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,15 +171,10 @@ def sqlstate(exc: DBAPIError) -> str | None:
 
 
 def labels_hold(wanted: Mapping[str, str], have: Mapping[str, tuple[str, str]]) -> bool:
-    """Do the node's labels (key -> (value, source)) satisfy ``wanted`` (``'*'`` = any value)?
-    A ``bc.dev/`` label counts only when its source is ``system`` (seed 000)."""
-    for key, value in wanted.items():
-        got = have.get(key)
-        if got is None or not label_counts(key, got[1]):
-            return False
-        if value != ANY_LABEL_VALUE and got[0] != value:
-            return False
-    return True
+    """Do the node's labels (key -> (value, source)) satisfy ``wanted`` (``'*'`` = any value)? The one
+    labels rule, :func:`app.placement.system_labels.unmet_label`, found nothing unmet."""
+    held = [(k, have[k]) for k in wanted if k in have]
+    return unmet_label(wanted.items(), {k: v for k, (v, _) in held}, {k: s for k, (_, s) in held}) is None
 
 
 async def commit_placements(
@@ -195,11 +205,7 @@ async def commit_placements(
                 conn, request, candidate, reservation_id, start, end, extras if last else NO_EXTRAS
             )
         except DBAPIError as exc:
-            if sqlstate(exc) not in LOST_RACE_SQLSTATES:
-                raise
-            result = LostRace(
-                candidate.node_id, f"an atom on {candidate.node_name} was booked concurrently", ATOM_BOOKED
-            )
+            result = booked_concurrently(exc, candidate.node_id, candidate.node_name)
         if isinstance(result, LostRace):
             outcome = result
             break
@@ -394,14 +400,8 @@ _RESERVATION = sa.bindparam("reservation_id", type_=sa.Text)
 _DURING = sa.bindparam("during", type_=device_bookings.c.during.type)
 _STARTS = sa.bindparam("starts_at", type_=TS)
 _ENDS = sa.bindparam("ends_at", type_=TS)
-_WANTED = (
-    sa.func.unnest(
-        sa.bindparam("scalar_names", type_=pg.ARRAY(sa.Text)),
-        sa.bindparam("scalar_amounts", type_=pg.ARRAY(sa.Numeric)),
-    )
-    .table_valued(sa.column("resource", sa.Text), sa.column("amount", sa.Numeric))
-    .render_derived(name="wanted")
-)
+# unnest(:scalar_names, :scalar_amounts) AS wanted(resource, amount)
+_WANTED = wanted_amounts("scalar_names", "scalar_amounts")
 
 
 @cache
@@ -554,9 +554,7 @@ def bookings_lost(written: Any, candidate: Candidate) -> LostRace | None:
     fewer rows than atoms: ``an atom on <node> was booked concurrently``."""
     if written.booked == len(candidate.atoms):
         return None
-    return LostRace(
-        candidate.node_id, f"an atom on {candidate.node_name} was booked concurrently", ATOM_BOOKED
-    )
+    return atom_booked(candidate.node_id, candidate.node_name)
 
 
 def holdings_lost(written: Any, candidate: Candidate) -> LostRace | None:

@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -46,8 +45,8 @@ from app.capacity.commit import (
 )
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache, PoolHead
-from app.db.locks import lock_pool
-from app.db.tables import nodes
+from app.db.locks import lock_node, lock_pool
+from app.errors import NotFound
 from app.observability.metrics import LOST_RACES, record_placement
 from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
 from app.placement.options import SchedulerOptions
@@ -82,11 +81,14 @@ def plan_seed(reservation_id: str, attempt: int) -> int:
 
 async def _hold_node_for_retry(conn: AsyncConnection, node_id: str) -> None:
     """Lock the node a race was lost on (``FOR UPDATE``, kept to the end of the transaction) before it is
-    read again; a deadlock or a lock conflict answer leaves it unlocked (the retry may lose again)."""
+    read again; a deadlock or a lock conflict answer leaves it unlocked (the retry may lose again), and
+    so does a node that is gone (the retry reads that)."""
     try:
         async with conn.begin_nested():  # SAVEPOINT: a deadlock aborts only this statement
-            # SELECT id FROM nodes WHERE id = :node FOR UPDATE
-            await conn.execute(sa.select(nodes.c.id).where(nodes.c.id == node_id).with_for_update())
+            # SELECT * FROM nodes WHERE id = :node FOR UPDATE
+            await lock_node(conn, node_id)
+    except NotFound:
+        pass
     except DBAPIError as exc:
         if sqlstate(exc) not in LOST_RACE_SQLSTATES:
             raise

@@ -41,23 +41,21 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.commit import (
-    ATOM_BOOKED,
     ATOM_UNHEALTHY,
-    LOST_RACE_SQLSTATES,
     NOT_SCHEDULABLE,
     CommitExtras,
     Committed,
     LostRace,
     QuotaCharge,
+    booked_concurrently,
     commit_placements,
-    sqlstate,
 )
+from app.capacity.cuts import cut_allocations
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Placed, plan_seed
 from app.capacity.snapshot import PoolCache, read_snapshot
 from app.db.locks import lock_pool
-from app.db.tables import TS, allocations, device_bookings, reservations, scalar_holdings
-from app.db.windows import cut
+from app.db.tables import TS, allocations, reservations, scalar_holdings
 from app.observability.metrics import PREEMPTION_ATTEMPTS, PREEMPTION_VICTIMS
 from app.placement.model import PlacementRequest
 from app.placement.options import SchedulerOptions
@@ -265,7 +263,7 @@ def preemptor_condition(at: datetime, victims: tuple[SpotWork, ...], tenant_id: 
 async def evict_victims(conn: AsyncConnection, plan: PreemptionPlan, at: datetime) -> None:
     """Cut the claimed victims at ``at`` and mark them preempted (their rows are locked by
     :func:`claim_victims`, so nothing here can race): quota first, then bookings and scalar holdings
-    (the cut of a release, :func:`app.capacity.reservations.free_allocations`), then the rows."""
+    (the cut of a release, :func:`app.capacity.cuts.cut_allocations`), then the rows."""
     ids = [v.reservation_id for v in plan.victims]
     for rid in ids:
         await quota.cut_holdings(conn, rid, at)  # the refund of the remainder
@@ -279,23 +277,7 @@ async def evict_victims(conn: AsyncConnection, plan: PreemptionPlan, at: datetim
             )
         ).scalars()
     )
-    # DELETE FROM device_bookings WHERE allocation_id = ANY(:live) AND lower(during) >= :at;
-    # UPDATE device_bookings SET during = tstzrange(lower(during), :at, '[)')
-    #  WHERE allocation_id = ANY(:live) AND during @> :at;
-    await conn.execute(
-        sa.delete(device_bookings).where(
-            device_bookings.c.allocation_id.in_(live), sa.func.lower(device_bookings.c.during) >= at
-        )
-    )
-    await conn.execute(
-        sa.update(device_bookings)
-        .where(
-            device_bookings.c.allocation_id.in_(live), device_bookings.c.during.op("@>")(sa.literal(at, TS))
-        )
-        .values(during=sa.func.tstzrange(sa.func.lower(device_bookings.c.during), at, "[)"))
-    )
-    await cut(conn, scalar_holdings, [scalar_holdings.c.allocation_id.in_(live)], at)
-    await conn.execute(sa.update(allocations).where(allocations.c.id.in_(live)).values(released_at=at))
+    await cut_allocations(conn, live, at)
     # UPDATE reservations SET status = 'preempted', conditions = conditions || :condition,
     #        released_at = :at, updated_at = now() WHERE id = ANY(:ids)
     await conn.execute(
@@ -344,11 +326,7 @@ async def commit_preemption(
         else:
             outcome = lost
     except DBAPIError as exc:
-        if sqlstate(exc) not in LOST_RACE_SQLSTATES:
-            raise
-        outcome = LostRace(
-            first.node_id, f"an atom on {first.node_name} was booked concurrently", ATOM_BOOKED
-        )
+        outcome = booked_concurrently(exc, first.node_id, first.node_name)
     if isinstance(outcome, LostRace):
         await conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {savepoint}")
     await conn.exec_driver_sql(f"RELEASE SAVEPOINT {savepoint}")

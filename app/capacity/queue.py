@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import math
-import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.batch import BatchEntry, batch_options, place_batch
 from app.capacity.intake import Decision, insert_reservations, mark_decided
+from app.capacity.listener import ListeningController
 from app.capacity.placer import Pending, Placed, db_now
 from app.capacity.placers import (
     DECIDED_CHANNEL,
@@ -54,7 +54,6 @@ from app.capacity.reservations import (
 )
 from app.capacity.snapshot import PoolCache
 from app.db.tables import reservations
-from app.db.tx import read_only
 from app.observability.metrics import (
     PLACEMENT_BATCH_SIZE,
     QUEUED_DECIDED,
@@ -69,7 +68,6 @@ QUEUE_WORKER = "pool-lease-worker"
 QUEUE_LISTENER = "pool-lease-listener"
 BUSY_RETRY = 0.5  # seconds: queued rows another worker holds are looked at again this soon
 LISTENER_RETRY = 1.0
-LISTENER_PING = 10.0
 RECHECK_SECONDS = 1.0  # a long-poll re-reads at least this often (a release sends no decided edge)
 MAX_WAIT_SECONDS = 30
 QUOTA_EXCEEDED_REASON = "QuotaExceeded"  # as the wake-edge controller's
@@ -211,27 +209,18 @@ async def pools_with_queued(conn: AsyncConnection, pool_id: str | None = None) -
 # ------------------------------------------------------------------------------------ the worker
 
 
-class QueueWorker:
+class QueueWorker(ListeningController[str]):
     """The batch worker of one service process: :meth:`listen` (LISTEN on the queue and decided
     channels) and :meth:`run` (decide the queued work of the pools heard about); ``poke`` starts a run
     now (set once the lifecycle exists). Also the in-process hub of long-polls (:meth:`wait`)."""
 
-    def __init__(
-        self,
-        cache: PoolCache,
-        config: CapacityConfig,
-        sweep_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.cache = cache
-        self.config = config
-        self.sweep_seconds = sweep_seconds
-        self.clock = clock
-        self.poke: Callable[[], None] = lambda: None
-        self.listening = False
-        self._heard: set[str] = set()
-        self._last_sweep = -math.inf
-        self._watchers: dict[str, set[asyncio.Event]] = defaultdict(set)
+    @functools.cached_property
+    def _watchers(self) -> dict[str, set[asyncio.Event]]:
+        """Reservation id -> the events of the long-polls waiting on it."""
+        return defaultdict(set)
+
+    def channels(self) -> Mapping[str, Callable[[str], None]]:
+        return {QUEUE_CHANNEL: self.heard_queue, DECIDED_CHANNEL: self.heard_decided}
 
     def heard_queue(self, pool_id: str) -> None:
         """A queue edge of ``pool_id``: remember it and start a run."""
@@ -248,8 +237,7 @@ class QueueWorker:
         """One run: each pool heard about (every pool with queued work when the sweep is due), batch
         after batch until none is claimable; returns how many reservations were decided here."""
         targets, self._heard = self._heard, set()
-        if self.clock() - self._last_sweep >= self.sweep_seconds:
-            self._last_sweep = self.clock()
+        if self.sweep_due():
             async with engine.connect() as conn:
                 targets |= set(await pools_with_queued(conn))
         decided = 0
@@ -276,7 +264,7 @@ class QueueWorker:
         deadline = asyncio.get_running_loop().time() + seconds
         try:
             while True:
-                view = await read_only(engine, get_reservation, reservation_id, tenant_id)
+                view = await get_reservation(engine, reservation_id, tenant_id)
                 remaining = deadline - asyncio.get_running_loop().time()
                 if view["status"] != "queued" or remaining <= 0:
                     return view
@@ -290,43 +278,3 @@ class QueueWorker:
                 watchers.discard(event)
                 if not watchers:
                     del self._watchers[reservation_id]
-
-    async def listen(self, engine: AsyncEngine) -> None:
-        """Hold a connection that LISTENs on ``bc_queue`` and ``bc_decided`` until it fails (the
-        lifecycle runs this again after ``LISTENER_RETRY``); each (re)connection makes the next run a
-        sweep of every pool with queued work (edges sent while nobody listened were not heard)."""
-        async with engine.connect() as conn:
-            raw = (await conn.get_raw_connection()).driver_connection
-            assert raw is not None
-            lost = asyncio.Event()
-
-            def on_queue(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
-                self.heard_queue(payload)
-
-            def on_decided(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
-                self.heard_decided(payload)
-
-            def on_lost(_conn: Any) -> None:
-                lost.set()
-
-            raw.add_termination_listener(on_lost)
-            await raw.add_listener(QUEUE_CHANNEL, on_queue)
-            await raw.add_listener(DECIDED_CHANNEL, on_decided)
-            self.listening = True
-            self._last_sweep = -math.inf
-            self.poke()
-            try:
-                while not lost.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(LISTENER_PING):
-                            await lost.wait()
-                    if not lost.is_set():
-                        async with asyncio.timeout(LISTENER_PING):
-                            await raw.fetchval("SELECT 1")
-            finally:
-                self.listening = False
-                if not raw.is_closed():
-                    with contextlib.suppress(Exception):
-                        await raw.remove_listener(QUEUE_CHANNEL, on_queue)
-                        await raw.remove_listener(DECIDED_CHANNEL, on_decided)
-                raw.remove_termination_listener(on_lost)

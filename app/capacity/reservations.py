@@ -45,15 +45,15 @@ from app.capacity import preemption
 from app.capacity.access import reservation_not_found, visible
 from app.capacity.commit import CommitExtras, Committed, MarkPlaced, QuotaCharge, sqlstate
 from app.capacity.conditions import NO_FIT, ended_condition, unschedulable_condition, window_passed_condition
+from app.capacity.cuts import cut_allocations
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache, PoolHead
-from app.db.locks import lock_pool
-from app.db.tables import TS, allocations, device_bookings, pools, reservations, scalar_holdings
+from app.db.locks import lock_pool, pool_not_found
+from app.db.tables import TS, allocations, pools, reservations
 from app.db.tx import reads
-from app.db.windows import cut
-from app.errors import IdempotencyKeyReused, InvalidInput, NotFound, quote_input
+from app.errors import IdempotencyKeyReused, InvalidInput
 from app.ids import new_id
 from app.jsonnum import num
 from app.placement.model import PlacementRequest, Plan
@@ -241,10 +241,10 @@ async def _insert_reservation(
         row = (await conn.execute(stmt)).first()
     except IntegrityError as exc:  # the pool foreign key: no such pool, and nothing was written
         if sqlstate(exc) == FOREIGN_KEY_VIOLATION:
-            raise NotFound(f"pool {quote_input(body.poolId)} not found") from None
+            raise pool_not_found(body.poolId) from None
         raise
     if row is None:  # no pool row (the insert's foreign key raised first when it ran)
-        raise NotFound(f"pool {quote_input(body.poolId)} not found")
+        raise pool_not_found(body.poolId)
     return row.created_at, PoolHead(row.id, row.archived_at is not None, row.inventory_version)
 
 
@@ -432,18 +432,6 @@ async def list_reservations(
     return {"items": items, "next": (items[-1]["createdAt"], items[-1]["id"]) if more else None}
 
 
-async def reservation_tenant(conn: AsyncConnection, reservation_id: str) -> tuple[str, str] | None:
-    """``(tenant_id, pool_id)`` of a reservation, or None (for authorization before the service call)."""
-    row = (
-        await conn.execute(
-            sa.select(reservations.c.tenant_id, reservations.c.pool_id).where(
-                reservations.c.id == reservation_id
-            )
-        )
-    ).first()
-    return (row.tenant_id, row.pool_id) if row else None
-
-
 async def release_reservation(
     engine: AsyncEngine, reservation_id: str, tenant_id: str | None, now: datetime | None = None
 ) -> dict[str, Any]:
@@ -495,24 +483,7 @@ async def free_allocations(conn: AsyncConnection, live: list[Any], pool_id: str,
     if not live:
         return
     await lock_pool(conn, pool_id, for_update=False)
-    ids = [a.id for a in live]
-    # DELETE FROM device_bookings WHERE allocation_id = ANY(:ids) AND lower(during) >= :at;
-    # UPDATE device_bookings SET during = tstzrange(lower(during), :at, '[)')
-    #  WHERE allocation_id = ANY(:ids) AND during @> :at;
-    await conn.execute(
-        sa.delete(device_bookings).where(
-            device_bookings.c.allocation_id.in_(ids), sa.func.lower(device_bookings.c.during) >= at
-        )
-    )
-    await conn.execute(
-        sa.update(device_bookings)
-        .where(
-            device_bookings.c.allocation_id.in_(ids), device_bookings.c.during.op("@>")(sa.literal(at, TS))
-        )
-        .values(during=sa.func.tstzrange(sa.func.lower(device_bookings.c.during), at, "[)"))
-    )
-    await cut(conn, scalar_holdings, [scalar_holdings.c.allocation_id.in_(ids)], at)
-    await conn.execute(sa.update(allocations).where(allocations.c.id.in_(ids)).values(released_at=at))
+    await cut_allocations(conn, [a.id for a in live], at)  # app.capacity.cuts
 
 
 async def end_reservations(

@@ -41,7 +41,6 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.commit import labels_hold
 from app.capacity.predicates import schedulable_sql_tolerating
 from app.capacity.snapshot import (
     PoolCache,
@@ -74,6 +73,7 @@ from app.placement.pipeline import plan_placement
 from app.placement.scorers import scorers_of
 from app.placement.scorers.contract import NODE
 from app.placement.selectors import selector_matches as matches_selector
+from app.placement.system_labels import unmet_label
 
 TIE_MARGIN = 1e-9  # float noise between SQL and Python arithmetic: never trust a bound closer than this
 PlanPath = Literal["shortlist", "full"]
@@ -427,9 +427,7 @@ def _groups(inventory: PoolInventory, request: PlacementRequest) -> dict[tuple[i
 
 
 def _labels_hold(node: NodeInventory, wanted: Mapping[str, str]) -> bool:
-    return labels_hold(
-        wanted, {k: (v, node.label_sources.get(k, "operator")) for k, v in node.labels.items()}
-    )
+    return unmet_label(wanted.items(), node.labels, node.label_sources) is None
 
 
 def shortlist_rows(

@@ -24,6 +24,7 @@ from sqlalchemy.dialects.postgresql import Range
 from sqlalchemy.dialects.postgresql import aggregate_order_by as pg_aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.locks import pool_not_found
 from app.db.tables import (
     capacity_device_links,
     device_bookings,
@@ -35,7 +36,6 @@ from app.db.tables import (
     scalar_holdings,
 )
 from app.db.windows import peaks_by
-from app.errors import NotFound, quote_input
 from app.placement.model import Atom, NodeInventory, NodeSnapshot, NodeState, PoolSnapshot, ScalarResource
 from app.placement.topology import node_topology
 
@@ -138,7 +138,7 @@ async def read_pool_head(conn: AsyncConnection, pool_id: str) -> PoolHead:
         )
     ).first()
     if row is None:
-        raise NotFound(f"pool {quote_input(pool_id)} not found")
+        raise pool_not_found(pool_id)
     return PoolHead(row.id, row.archived_at is not None, row.inventory_version)
 
 

@@ -27,12 +27,8 @@ node_resources -> quota_usage, as every capacity transaction.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import math
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -43,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.capacity.commit import QuotaCharge
 from app.capacity.conditions import NO_FIT, QUOTA_EXCEEDED, UNSCHEDULABLE, with_unschedulable
 from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
+from app.capacity.listener import ListeningController
 from app.capacity.placer import Placed, db_now
 from app.capacity.placers import INLINE, WAKE, Admission, PlacementContext, placer
 from app.capacity.repair import REPAIR_PREFIX, repair_broken
@@ -59,7 +56,6 @@ WAKE_PENDING = "wake-pending"
 WAKE_LISTENER = "wake-listener"
 WAKE_BATCH = 1000  # reservations tried per pool and wake, at most (the rest at the next edge or sweep)
 LISTENER_RETRY = 1.0  # seconds between two attempts to (re)connect the listener
-LISTENER_PING = 10.0  # seconds between two checks that the listening connection is alive
 
 PLACED, STILL_PENDING, QUOTA_EXCEEDED_RESULT = "placed", "pending", "quota_exceeded"
 WOKEN_REASON = "Woken"
@@ -224,26 +220,13 @@ async def pools_with_pending(conn: AsyncConnection) -> list[str]:
     return list((await conn.execute(stmt)).scalars())
 
 
-class WakeController:
+class WakeController(ListeningController[tuple[str, str | None]]):
     """The wake-edge controller of one service process: a LISTEN connection that collects the edges
     heard (:meth:`listen`) and the task that wakes the pools they name (:meth:`run`), with a full sweep
     at most every ``sweep_seconds``. ``poke`` (set once the lifecycle exists) starts :meth:`run` now."""
 
-    def __init__(
-        self,
-        cache: PoolCache,
-        config: CapacityConfig,
-        sweep_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.cache = cache
-        self.config = config
-        self.sweep_seconds = sweep_seconds
-        self.clock = clock
-        self.poke: Callable[[], None] = lambda: None
-        self.listening = False  # the LISTEN is registered (tests wait for it)
-        self._heard: set[tuple[str, str | None]] = set()
-        self._last_sweep = -math.inf
+    def channels(self) -> Mapping[str, Callable[[str], None]]:
+        return {WAKE_CHANNEL: self.heard}
 
     def heard(self, payload: str) -> None:
         """An edge's payload arrived: remember its pool (and tenant) and start a wake."""
@@ -270,8 +253,7 @@ class WakeController:
         last wake, and every pool with pending work when the sweep is due. Returns what happened to each
         reservation tried."""
         swept: list[str] = []
-        if self.clock() - self._last_sweep >= self.sweep_seconds:
-            self._last_sweep = self.clock()
+        if self.sweep_due():
             async with engine.connect() as conn:
                 swept = await pools_with_pending(conn)
         await repair_broken(engine, self.cache, self.config)  # BookingRepair first: it may free atoms
@@ -279,38 +261,3 @@ class WakeController:
         for pool_id, tenant_id in self._targets(swept):
             woken += await wake_pool(engine, self.cache, self.config, pool_id, tenant_id)
         return woken
-
-    async def listen(self, engine: AsyncEngine) -> None:
-        """Hold a connection that LISTENs on the wake channel until it fails (the lifecycle runs this
-        again after ``LISTENER_RETRY``). Each (re)connection also makes the next wake a full sweep: edges
-        sent while nobody listened were not heard."""
-        async with engine.connect() as conn:
-            raw = (await conn.get_raw_connection()).driver_connection
-            assert raw is not None
-            lost = asyncio.Event()
-
-            def on_notify(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
-                self.heard(payload)
-
-            def on_lost(_conn: Any) -> None:
-                lost.set()
-
-            raw.add_termination_listener(on_lost)
-            await raw.add_listener(WAKE_CHANNEL, on_notify)
-            self.listening = True
-            self._last_sweep = -math.inf
-            self.poke()
-            try:
-                while not lost.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(LISTENER_PING):
-                            await lost.wait()
-                    if not lost.is_set():
-                        async with asyncio.timeout(LISTENER_PING):
-                            await raw.fetchval("SELECT 1")
-            finally:
-                self.listening = False
-                if not raw.is_closed():
-                    with contextlib.suppress(Exception):
-                        await raw.remove_listener(WAKE_CHANNEL, on_notify)
-                raw.remove_termination_listener(on_lost)

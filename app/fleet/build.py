@@ -266,6 +266,28 @@ def _unreachable(record: dict[str, Any], now: datetime) -> dict[str, Any]:
     return record
 
 
+def _set_limits(
+    record: dict[str, Any], notes: list[str], walltime: int | None, max_nodes: int | None, no_walltime: str
+) -> None:
+    """A scheduler's queue limits into the target ``record``, each with its note: a known walltime
+    (``max walltime <n> s``) or, when the scheduler shows none, the kept one (``<no_walltime>: walltime
+    kept``); then the node limit (:func:`_set_max_nodes`)."""
+    if walltime is not None:
+        record["max_walltime_seconds"] = walltime
+        record["walltime_unlimited"] = False
+        notes.append(f"max walltime {walltime} s")
+    else:
+        notes.append(f"{no_walltime}: walltime kept")
+    _set_max_nodes(record, notes, max_nodes)
+
+
+def _set_max_nodes(record: dict[str, Any], notes: list[str], max_nodes: int | None) -> None:
+    """``max_nodes`` into ``record`` with the note ``max nodes <n>``; None keeps the record's."""
+    if max_nodes is not None:
+        record["max_nodes"] = max_nodes
+        notes.append(f"max nodes {max_nodes}")
+
+
 def _apply_slurm(record: dict[str, Any], sinfo: str, now: datetime) -> tuple[dict[str, Any], str]:
     shape = parse_sinfo_shape(sinfo)
     record = dict(record)
@@ -282,15 +304,9 @@ def _apply_slurm(record: dict[str, Any], sinfo: str, now: datetime) -> tuple[dic
         record.pop("max_walltime_seconds", None)
         record["walltime_unlimited"] = True
         notes.append("walltime unlimited")
-    elif shape.max_walltime_seconds is not None:
-        record["max_walltime_seconds"] = shape.max_walltime_seconds
-        record["walltime_unlimited"] = False
-        notes.append(f"max walltime {shape.max_walltime_seconds} s")
+        _set_max_nodes(record, notes, shape.max_nodes)
     else:
-        notes.append("time limit n/a: walltime kept")
-    if shape.max_nodes is not None:
-        record["max_nodes"] = shape.max_nodes
-        notes.append(f"max nodes {shape.max_nodes}")
+        _set_limits(record, notes, shape.max_walltime_seconds, shape.max_nodes, "time limit n/a")
     record["observed_at"] = now.isoformat()
     record["reachable"] = True
     return record, "; ".join(notes)
@@ -302,15 +318,7 @@ def _apply_pbs(
     limits = queue_limits(evidence.qstat or "", queue)
     record = dict(record)
     notes = []
-    if limits.max_walltime_seconds is not None:
-        record["max_walltime_seconds"] = limits.max_walltime_seconds
-        record["walltime_unlimited"] = False
-        notes.append(f"max walltime {limits.max_walltime_seconds} s")
-    else:
-        notes.append("no resources_max.walltime: walltime kept")
-    if limits.max_nodes is not None:
-        record["max_nodes"] = limits.max_nodes
-        notes.append(f"max nodes {limits.max_nodes}")
+    _set_limits(record, notes, limits.max_walltime_seconds, limits.max_nodes, "no resources_max.walltime")
     if limits.maintenance:
         record["maintenance"] = True
         notes.append("queue disabled or stopped: maintenance")

@@ -18,10 +18,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 
 from app.errors import InvalidInput
-from app.fleet.documents import AwareDatetime, NonNegativeInt, NonNegativeNumber, as_invalid_input
+from app.fleet.documents import AwareDatetime, NonNegativeInt, NonNegativeNumber, validated
 
 CAPACITY_SCHEMA = "vq.broker-capacity/1"
 
@@ -65,10 +65,7 @@ def load_capacity_answer(data: Any) -> CapacityAnswer:
         raise InvalidInput(
             f"capacity answer: schema_name: {shown}, want {CAPACITY_SCHEMA!r}", path="schema_name"
         )
-    try:
-        return CapacityAnswer.model_validate(data)
-    except ValidationError as error:
-        raise as_invalid_input(error, "capacity answer") from None
+    return validated(CapacityAnswer, data, "capacity answer")
 
 
 def answer_observed_at(answer: CapacityAnswer, answered_at: datetime | None = None) -> datetime:

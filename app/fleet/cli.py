@@ -74,6 +74,17 @@ def fail_malformed(error: InvalidInput, source: str | None = None) -> None:
     raise typer.Exit(EXIT_MALFORMED)
 
 
+def print_document(make: Callable[[], str]) -> None:
+    """Print what ``make()`` renders (no newline added); a malformed input document fails with
+    :func:`fail_malformed` (exit code 2)."""
+    try:
+        output = make()
+    except InvalidInput as error:
+        fail_malformed(error)
+        return
+    typer.echo(output, nl=False)
+
+
 def run_explain(
     fleet_path: Path,
     request_path: Path,
@@ -129,12 +140,7 @@ def explain_command(
     """Show where one job should run and why: every rejected target with its reasons, every eligible one
     with its predicted completion (staging + queue wait + execution + transfer). Reads two files;
     submits, reserves and contacts nothing. Exit code 2 on a malformed document."""
-    try:
-        output = run_explain(fleet, request, as_json, now, max_age, estimate)
-    except InvalidInput as error:
-        fail_malformed(error)
-        return
-    typer.echo(output, nl=False)
+    print_document(lambda: run_explain(fleet, request, as_json, now, max_age, estimate))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -369,9 +375,4 @@ def compare_command(
 ) -> None:
     """See what \\[broker] policy = "completion-time" would change on this host's recorded jobs: each job
     placed by the capacity ordering and by the completion-time re-ranker. Read-only; contacts nothing."""
-    try:
-        output = run_compare(fleet, history, jobs, now, max_age, as_json)
-    except InvalidInput as error:
-        fail_malformed(error)
-        return
-    typer.echo(output, nl=False)
+    print_document(lambda: run_compare(fleet, history, jobs, now, max_age, as_json))

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from app.errors import InvalidInput
 from app.fleet.build import (
@@ -31,7 +33,7 @@ from app.fleet.capacity import CapacityAnswer, load_capacity_answer
 from app.fleet.documents import FleetTarget, PlacementFleet
 from app.fleet.history import JobRecord
 from app.fleet.pbs import pbsnodes_command, qstat_command
-from app.fleet.runtimes import RuntimeListing, generations_command, load_runtime_listing
+from app.fleet.runtimes import generations_command, load_runtime_listing
 from app.fleet.slurm import shape_command
 from app.fleet.ssh import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -40,6 +42,8 @@ from app.fleet.ssh import (
     HostConfig,
     run_command,
 )
+
+T = TypeVar("T")
 
 
 def capacity_command(target: FleetTarget) -> list[str]:
@@ -57,19 +61,47 @@ def _json_answer(text: str, what: str) -> object:
         raise CommandFailed(f"{what} is not JSON: {error.msg} at line {error.lineno}") from None
 
 
+@dataclass(frozen=True, slots=True)
+class _Fetch:
+    """A JSON document fetched over SSH: the command, what the document is called when it is not JSON
+    (``the listing``), the prefix of a failure to validate (``malformed listing``), the wait (seconds)
+    and the output limit (bytes)."""
+
+    argv: list[str]
+    what: str
+    malformed: str
+    wait_s: float
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """Why a fetch gave no document: the command's failure or ``<malformed>: <message>``."""
+
+    reason: str
+
+
+async def _fetch_document(host: HostConfig, fetch: _Fetch, load: Callable[[object], T]) -> T | _Failed:
+    """Run ``fetch.argv`` on ``host`` and ``load`` its JSON output, or why that failed."""
+    try:
+        result = await run_command(
+            host, fetch.argv, timeout_seconds=fetch.wait_s, max_output_bytes=fetch.limit
+        )
+        return load(_json_answer(result.checked(), fetch.what))
+    except CommandFailed as failure:
+        return _Failed(failure.reason)
+    except InvalidInput as error:
+        return _Failed(f"{fetch.malformed}: {error.message}")
+
+
 async def _collect_capacity(
     host: HostConfig, target: FleetTarget, wait_s: float, limit: int, clock: Callable[[], datetime]
 ) -> CapacityEvidence:
     called_at = clock()
-    try:
-        result = await run_command(
-            host, capacity_command(target), timeout_seconds=wait_s, max_output_bytes=limit
-        )
-        answer: CapacityAnswer = load_capacity_answer(_json_answer(result.checked(), "the capacity answer"))
-    except CommandFailed as failure:
-        return CapacityEvidence(failure=failure.reason)
-    except InvalidInput as error:
-        return CapacityEvidence(failure=f"malformed answer: {error.message}")
+    fetch = _Fetch(capacity_command(target), "the capacity answer", "malformed answer", wait_s, limit)
+    answer = await _fetch_document(host, fetch, load_capacity_answer)
+    if isinstance(answer, _Failed):
+        return CapacityEvidence(failure=answer.reason)
     return CapacityEvidence(answer=answer, answered_at=called_at)
 
 
@@ -97,15 +129,10 @@ async def _collect_shape(host: HostConfig, queue: str, wait_s: float, limit: int
 
 
 async def _collect_runtimes(host: HostConfig, root: str, wait_s: float, limit: int) -> RuntimeEvidence:
-    try:
-        result = await run_command(
-            host, generations_command(root), timeout_seconds=wait_s, max_output_bytes=limit
-        )
-        listing: RuntimeListing = load_runtime_listing(_json_answer(result.checked(), "the listing"))
-    except CommandFailed as failure:
-        return RuntimeEvidence(failure=failure.reason)
-    except InvalidInput as error:
-        return RuntimeEvidence(failure=f"malformed listing: {error.message}")
+    fetch = _Fetch(generations_command(root), "the listing", "malformed listing", wait_s, limit)
+    listing = await _fetch_document(host, fetch, load_runtime_listing)
+    if isinstance(listing, _Failed):
+        return RuntimeEvidence(failure=listing.reason)
     return RuntimeEvidence(listing=listing)
 
 

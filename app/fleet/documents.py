@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -47,6 +47,9 @@ from pydantic import (
 )
 
 from app.errors import InvalidInput, quote_input
+from app.jsonnum import num
+
+M = TypeVar("M", bound=BaseModel)
 
 FLEET_SCHEMA = "vq.placement-fleet/1"
 REQUEST_SCHEMA = "vq.placement-request/1"
@@ -344,6 +347,15 @@ def _path(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc)
 
 
+def validated(model: type[M], data: Any, what: str) -> M:
+    """``model.model_validate(data)``; a validation error raised as :func:`as_invalid_input` (``what``
+    names the document in the message: ``fleet``, ``request``, ``job history``, ...)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise as_invalid_input(error, what) from None
+
+
 def as_invalid_input(error: ValidationError, what: str) -> InvalidInput:
     """The first validation error as :class:`InvalidInput` naming the field; all errors in details."""
     problems: list[dict[str, str]] = []
@@ -386,10 +398,7 @@ def load_fleet(data: dict[str, Any]) -> PlacementFleet:
     including an unknown or missing ``schema_name``. Nothing is guessed or filled.
     """
     _check_schema_name(data, FLEET_SCHEMA, "fleet")
-    try:
-        return PlacementFleet.model_validate(data)
-    except ValidationError as error:
-        raise as_invalid_input(error, "fleet") from None
+    return validated(PlacementFleet, data, "fleet")
 
 
 def load_request(data: dict[str, Any]) -> PlacementRequestDoc:
@@ -399,17 +408,7 @@ def load_request(data: dict[str, Any]) -> PlacementRequestDoc:
     malformed, including an unknown or missing ``schema_name``.
     """
     _check_schema_name(data, REQUEST_SCHEMA, "request")
-    try:
-        return PlacementRequestDoc.model_validate(data)
-    except ValidationError as error:
-        raise as_invalid_input(error, "request") from None
-
-
-def plain_number(value: float | int) -> float | int:
-    """A figure as JSON shows it: integral values as integers (``14400``, not ``14400.0``)."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    return value
+    return validated(PlacementRequestDoc, data, "request")
 
 
 def _plain(value: Any) -> Any:
@@ -420,7 +419,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, float):
-        return plain_number(value)
+        return num(value)
     return value
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, model_validator
 
 from app.errors import InvalidInput, quote_input
 from app.fleet.documents import (
@@ -29,7 +29,7 @@ from app.fleet.documents import (
     PositiveInt,
     PositiveNumber,
     RuntimeRange,
-    as_invalid_input,
+    validated,
 )
 
 ESTIMATE_SCHEMA = "vq.calibrated-estimate/1"
@@ -153,10 +153,7 @@ def load_estimate(data: dict[str, Any]) -> CalibratedEstimate:
     if name != ESTIMATE_SCHEMA:
         shown = "missing" if name is None else repr(name)
         raise InvalidInput(f"estimate: schema_name: {shown}, want {ESTIMATE_SCHEMA!r}", path="schema_name")
-    try:
-        return CalibratedEstimate.model_validate(data)
-    except ValidationError as error:
-        raise as_invalid_input(error, "estimate") from None
+    return validated(CalibratedEstimate, data, "estimate")
 
 
 def _runtime_fill(request: PlacementRequestDoc, estimate: CalibratedEstimate) -> FieldFill:

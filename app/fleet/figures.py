@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from app.fleet.documents import plain_number
+from app.jsonnum import num
 
 
 def exact(value: float | int) -> Fraction:
@@ -39,7 +39,7 @@ def json_num(value: float | int | None) -> float | int | None:
     """A figure for JSON: rounded to 3 decimals, integral values as integers; None stays None."""
     if value is None:
         return None
-    return plain_number(round(float(value), 3))
+    return num(round(float(value), 3))
 
 
 def labels_text(values: list[str] | tuple[str, ...]) -> str:

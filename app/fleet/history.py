@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from app.errors import InvalidInput
-from app.fleet.documents import PositiveInt, QueueWait, as_invalid_input
+from app.fleet.documents import PositiveInt, QueueWait, validated
 
 JOB_HISTORY_SCHEMA = "vq.job-history/1"
 DEFAULT_HISTORY_JOBS = 50
@@ -67,10 +67,7 @@ def load_job_history(data: Any) -> JobHistory:
     """Validate a parsed ``vq.job-history/1``; raises :class:`InvalidInput` naming the field."""
     if not isinstance(data, dict) or data.get("schema_name") != JOB_HISTORY_SCHEMA:
         raise InvalidInput(f"job history: schema_name: want {JOB_HISTORY_SCHEMA!r}", path="schema_name")
-    try:
-        return JobHistory.model_validate(data)
-    except ValidationError as error:
-        raise as_invalid_input(error, "job history") from None
+    return validated(JobHistory, data, "job history")
 
 
 def stored_record(record: JobRecord) -> dict[str, Any]:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 
 from app.errors import InvalidInput
-from app.fleet.documents import DIGEST_PATTERN, LABEL_PATTERN, MAX_LABELS, as_invalid_input
+from app.fleet.documents import DIGEST_PATTERN, LABEL_PATTERN, MAX_LABELS, validated
 
 RUNTIME_LISTING_SCHEMA = "vq.runtime-generations/1"
 
@@ -61,10 +61,7 @@ def load_runtime_listing(data: Any) -> RuntimeListing:
         raise InvalidInput(
             f"runtime listing: schema_name: want {RUNTIME_LISTING_SCHEMA!r}", path="schema_name"
         )
-    try:
-        return RuntimeListing.model_validate(data)
-    except ValidationError as error:
-        raise as_invalid_input(error, "runtime listing") from None
+    return validated(RuntimeListing, data, "runtime listing")
 
 
 def generations_command(root: str) -> list[str]:

@@ -42,9 +42,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.db.locks import lock_pool
+from app.db.locks import lock_node, lock_pool
 from app.db.tables import capacity_device_links, devices, node_labels, node_taints, nodes
-from app.errors import Conflict, InvalidInput, PoolArchived
+from app.errors import Conflict, InvalidInput
 from app.inventory import service as inventory
 from app.inventory.agent_hooks import on_atoms_unavailable, on_node_may_fit
 from app.inventory.importer import ImportedNode, build_imported_node
@@ -151,12 +151,10 @@ async def _hello(
     ).scalar()
     if node_id is None:
         return await _create(conn, body, desired)
-    pool = await lock_pool(conn, body.poolId, for_update=exclusive)
-    if pool.archived_at is not None:
-        raise PoolArchived(f"pool {body.poolId} is archived", {"poolId": body.poolId})
+    inventory.refuse_archived(await lock_pool(conn, body.poolId, for_update=exclusive))
     # SELECT * FROM nodes WHERE id = :node FOR UPDATE; SELECT * FROM devices WHERE node_id = :node
     #   ORDER BY id FOR UPDATE                                   -- pools -> nodes -> devices
-    node = (await conn.execute(sa.select(nodes).where(nodes.c.id == node_id).with_for_update())).one()
+    node = await lock_node(conn, node_id)
     current = {
         r.id: r
         for r in (
@@ -183,8 +181,7 @@ async def _hello(
 
 
 async def _create(conn: AsyncConnection, body: HelloBody, desired: _Desired) -> HelloOutcome:
-    if (await inventory.get_pool_row(conn, body.poolId)).archived_at is not None:
-        raise PoolArchived(f"pool {body.poolId} is archived", {"poolId": body.poolId})
+    inventory.refuse_archived(await inventory.get_pool_row(conn, body.poolId))
     view = await inventory.add_node(
         conn,
         body.poolId,
@@ -197,7 +194,7 @@ async def _create(conn: AsyncConnection, body: HelloBody, desired: _Desired) -> 
         ),
         system_labels=desired.system_labels,
     )
-    node = (await conn.execute(sa.select(nodes).where(nodes.c.id == view["id"]).with_for_update())).one()
+    node = await lock_node(conn, view["id"])
     await _set_liveness(conn, node, body.intervalSeconds, body.error)
     await on_node_may_fit(conn, body.poolId, node.id)
     return HelloOutcome(await inventory.get_node(conn, node.id), True, True)
@@ -429,7 +426,7 @@ async def _changed_heartbeat(
     pool_id = await inventory.node_pool_id(conn, node_id)
     authorize_pool(pool_id)
     await lock_pool(conn, pool_id, for_update=False)
-    node = (await conn.execute(sa.select(nodes).where(nodes.c.id == node_id).with_for_update())).one()
+    node = await lock_node(conn, node_id)
     if node.agent_interval_seconds is None:
         raise Conflict(f"node {node_id} has no agent: send Hello first", {"nodeId": node_id})
     current = {

@@ -31,6 +31,7 @@ from pydantic_core import PydanticCustomError
 
 from app.errors import InvalidInput, quote_input
 from app.ids import TenantId
+from app.jsonnum import num
 from app.placement.model import (
     COMPARISON_OPS,
     MAX_EXPRESSIONS,
@@ -270,13 +271,8 @@ class ReservationRequest(BaseModel):
     def spec(self) -> dict[str, Any]:
         """The canonical JSON spec stored with a reservation and compared for idempotent retries."""
         spec = self.model_dump(mode="json", by_alias=True, exclude={"idempotencyKey"})
-        spec["resources"] = {name: _json_number(amount) for name, amount in self.resources.items()}
+        spec["resources"] = {name: num(amount) for name, amount in self.resources.items()}
         return spec
-
-
-def _json_number(amount: Decimal) -> int | float:
-    """A scalar amount as a JSON number (32, 0.5), as the allocation views print it."""
-    return int(amount) if amount == amount.to_integral_value() else float(amount)
 
 
 def to_placement_request(

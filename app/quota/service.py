@@ -30,6 +30,7 @@ from app.capacity.edges import notify_pool
 from app.db.locks import pool_not_found
 from app.db.tables import TS, pools, quota_holdings, quota_limits, quota_usage
 from app.db.tx import reads, transaction
+from app.db.unnest import wanted_amounts
 from app.db.windows import cut, held_at, peak_instant, room_for
 from app.errors import QuotaExceeded
 from app.jsonnum import num
@@ -157,15 +158,19 @@ async def charge(
     if not wanted:
         return
     resources = sorted(wanted)
-    if await _lock_usage_rows(conn, tenant_id, pool_id, resources) < len(resources):
-        # a first charge: INSERT ... ON CONFLICT DO NOTHING waits for a concurrent inserter of the same
-        # row to finish, so the second lock sees every row
-        await _ensure_usage_rows(conn, tenant_id, pool_id, resources)
-        await _lock_usage_rows(conn, tenant_id, pool_id, resources)
-    held = await _guarded_holds(conn, tenant_id, pool_id, reservation_id, wanted, start, end)
+    await lock_usage_rows(conn, tenant_id, pool_id, resources)
+    params = hold_params(tenant_id, pool_id, reservation_id, wanted, start, end)
+    held = set((await conn.execute(HOLD_QUOTA, params)).scalars())  # one statement for all resources
     refused = next((r for r in resources if r not in held), None)  # the first refused, in sorted order
     if refused is not None:
         raise await refusal(conn, tenant_id, pool_id, refused, wanted[refused], start, end)
+
+
+async def lock_usage_rows(conn: AsyncConnection, tenant_id: str, pool_id: str, resources: list[str]) -> None:
+    """Lock the tenant's ``quota_usage`` rows of ``resources`` (sorted) to the end of the transaction,
+    inserting the missing ones first (:func:`lock_first_usage_rows`): the lock of a charge."""
+    if await _lock_usage_rows(conn, tenant_id, pool_id, resources) < len(resources):
+        await lock_first_usage_rows(conn, tenant_id, pool_id, resources)
 
 
 async def lock_first_usage_rows(
@@ -227,14 +232,7 @@ async def _limit(conn: AsyncConnection, tenant_id: str, pool_id: str, resource: 
 _P = {c: sa.bindparam(c, type_=quota_holdings.c[c].type) for c in ("reservation_id", "tenant_id", "pool_id")}
 _WINDOW = (sa.bindparam("starts_at", type_=TS), sa.bindparam("ends_at", type_=TS))
 # one row per resource charged: unnest(:resources, :amounts) AS wanted(resource, amount)
-_WANTED = (
-    sa.func.unnest(
-        sa.bindparam("resources", type_=pg.ARRAY(sa.Text)),
-        sa.bindparam("amounts", type_=pg.ARRAY(sa.Numeric)),
-    )
-    .table_valued(sa.column("resource", sa.Text), sa.column("amount", sa.Numeric))
-    .render_derived(name="wanted")
-)
+_WANTED = wanted_amounts("resources", "amounts")
 _LIMIT = (
     sa.select(quota_limits.c.limit)
     .where(
@@ -304,21 +302,6 @@ def hold_params(
     }
 
 
-async def _guarded_holds(
-    conn: AsyncConnection,
-    tenant_id: str,
-    pool_id: str,
-    reservation_id: str,
-    wanted: Mapping[str, Decimal],
-    start: datetime,
-    end: datetime,
-) -> set[str]:
-    """Hold every amount of ``wanted`` that stays within its limit (one statement for all resources);
-    returns the resources held."""
-    params = hold_params(tenant_id, pool_id, reservation_id, wanted, start, end)
-    return set((await conn.execute(HOLD_QUOTA, params)).scalars())
-
-
 async def refund(conn: AsyncConnection, reservation_id: str) -> None:
     """Drop everything the reservation holds (it was charged and then could not be placed)."""
     await conn.execute(sa.delete(quota_holdings).where(quota_holdings.c.reservation_id == reservation_id))
@@ -334,8 +317,7 @@ async def drop_holdings(conn: AsyncConnection, reservation_id: str) -> None:
     charged again for its new window when it is woken: its quota holdings are removed, not cut, since
     one row per reservation and resource holds its window (a cut row would collide with the new charge).
     The time it was placed stays on its allocations."""
-    # DELETE FROM quota_holdings WHERE reservation_id = :id
-    await conn.execute(sa.delete(quota_holdings).where(quota_holdings.c.reservation_id == reservation_id))
+    await refund(conn, reservation_id)  # DELETE FROM quota_holdings WHERE reservation_id = :id
 
 
 async def _pool_exists(conn: AsyncConnection, pool_id: str) -> None:

@@ -5,10 +5,11 @@ node lacks has room 0. Reason: ``scalars: <resource> needs <n>, <room> free``.""
 
 from __future__ import annotations
 
-from decimal import ROUND_FLOOR, Decimal
+from decimal import Decimal
 
 from app.placement.context import NodeWork, PlanContext, amount_decimal
 from app.placement.model import ScalarResource
+from app.placement.scalar_capacity import scalar_capacity
 
 NAME = "scalars"
 READS: tuple[str, ...] = ()
@@ -26,10 +27,7 @@ def scalar_room(resource: ScalarResource | None) -> Decimal:
     """``floor(allocatable * ratio) - allocated``, at least 0 (``None``, a missing row, is 0)."""
     if resource is None:
         return ZERO
-    capacity = (amount_decimal(resource.allocatable) * amount_decimal(resource.ratio)).to_integral_value(
-        rounding=ROUND_FLOOR
-    )
-    room = capacity - amount_decimal(resource.allocated)
+    room = scalar_capacity(resource.allocatable, resource.ratio) - amount_decimal(resource.allocated)
     return room if room > 0 else ZERO
 
 
