@@ -19,12 +19,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.batch import BatchEntry, batch_options, place_batch
+from app.capacity.commit import LOST_RACE_SQLSTATES, sqlstate
 from app.capacity.intake import Decision, Written, delete_unwritten, insert_reservations, mark_decided
 from app.capacity.placer import Pending, Placed, db_now
 from app.capacity.placers import must_place_inline
+from app.capacity.races import ATOM_BOOKED
 from app.capacity.reservations import (
     CapacityConfig,
     _committed_view,
@@ -38,7 +41,7 @@ from app.capacity.reservations import (
 )
 from app.capacity.snapshot import PoolCache
 from app.errors import AppError
-from app.observability.metrics import PLACEMENT_BATCH_SIZE, count_batch_attempts
+from app.observability.metrics import LOST_RACES, PLACEMENT_BATCH_SIZE, count_batch_attempts
 from app.placement.request import ReservationRequest
 
 MAX_ITEMS = 256
@@ -70,13 +73,7 @@ async def create_batch(
     out: dict[int, ItemResult] = {i: it for i, it in enumerate(items) if isinstance(it, ItemResult)}
     plain = {i: it for i, it in enumerate(items) if isinstance(it, ReservationRequest) and not _inline(it)}
     if plain:
-        tokens: list[tuple[str, int]] = []
-        try:
-            async with engine.begin() as conn:
-                out.update(await _batch(conn, cache, config, plain, tokens))
-        finally:  # committed or rolled back: the bookings are visible to every plan now
-            for pool_id, token in tokens:
-                cache.forget(pool_id, token)
+        out.update(await _batch_transaction(engine, cache, config, plain))
     for i, it in enumerate(items):
         if isinstance(it, ReservationRequest) and i not in plain:
             try:
@@ -85,6 +82,31 @@ async def create_batch(
             except AppError as exc:
                 out[i] = failed(exc)
     return [out[i] for i in range(len(items))]
+
+
+TRANSACTION_ATTEMPTS = 3  # a deadlock the batch's savepoints did not absorb: run the whole call again
+
+
+async def _batch_transaction(
+    engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, plain: dict[int, ReservationRequest]
+) -> dict[int, ItemResult]:
+    """The plain items in one transaction. A deadlock (40P01) or exclusion violation (23P01) outside
+    the guarded statements' savepoints (a cordon or Hello taking a node the batch holds) is a lost
+    race of the whole call: it is rolled back (nothing written) and run again, up to
+    :data:`TRANSACTION_ATTEMPTS` times; the last one raises."""
+    for attempt in range(1, TRANSACTION_ATTEMPTS + 1):
+        tokens: list[tuple[str, int]] = []
+        try:
+            async with engine.begin() as conn:
+                return await _batch(conn, cache, config, plain, tokens)
+        except DBAPIError as exc:
+            if sqlstate(exc) not in LOST_RACE_SQLSTATES or attempt == TRANSACTION_ATTEMPTS:
+                raise
+            LOST_RACES.labels(ATOM_BOOKED).inc()
+        finally:  # committed or rolled back: the bookings are visible to every plan now
+            for pool_id, token in tokens:
+                cache.forget(pool_id, token)
+    raise AssertionError("unreachable")
 
 
 def _inline(body: ReservationRequest) -> bool:
