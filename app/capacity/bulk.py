@@ -40,7 +40,7 @@ from app.capacity.reservations import (
     quota_amounts,
 )
 from app.capacity.snapshot import PoolCache
-from app.errors import AppError
+from app.errors import AppError, InvalidInput
 from app.observability.metrics import LOST_RACES, PLACEMENT_BATCH_SIZE, count_batch_attempts
 from app.placement.request import ReservationRequest
 
@@ -136,7 +136,8 @@ async def _batch(
         elif w.created:
             try:
                 check_start(plain[i], now, config.max_lead)
-            except AppError as exc:
+            except AppError as error:
+                exc = error.under(f"items.{i}") if isinstance(error, InvalidInput) else error
                 out[i] = failed(exc)
                 unwritten.append(w.row.id)
                 bad_start[w.row.id] = exc

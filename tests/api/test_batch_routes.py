@@ -116,7 +116,7 @@ async def test_bulk_items_are_independent_and_failed_ones_change_nothing(
     assert answers[4]["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
     assert answers[5]["error"]["code"] == "NOT_FOUND"
     assert answers[7]["reservation"]["id"] == answers[0]["reservation"]["id"]
-    assert answers[8]["error"]["details"]["path"] == "start"
+    assert answers[8]["error"]["details"]["path"] == "items.8.start"  # the item's path, as for the others
     assert answers[9]["reservation"]["status"] == "placed"
     placed = [answers[i]["reservation"] for i in (0, 9)]
     atoms = [a for p in placed for a in p["allocations"][0]["atoms"]]
