@@ -54,7 +54,6 @@ from app.capacity.cuts import cut_allocations
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Placed, plan_seed
 from app.capacity.snapshot import PoolCache, read_snapshot
-from app.db.locks import lock_pool
 from app.db.tables import TS, allocations, reservations, scalar_holdings
 from app.observability.metrics import PREEMPTION_ATTEMPTS, PREEMPTION_VICTIMS
 from app.placement.model import PlacementRequest
@@ -361,15 +360,16 @@ async def place_preempting(
     now: datetime,
 ) -> PlacedByPreemption | None:
     """Place regular ``request`` by preempting spot work, inside the caller's open transaction (the
-    reservation row already written); ``now`` is the database clock. None when preemption would not make
-    it fit, the pool is archived, or every attempt lost a race (the caller keeps its pending reason)."""
+    reservation row already written, the pool row held ``FOR SHARE``: the create and the batch take it
+    first, so an archived pool shows in the plan's head read); ``now`` is the database clock. None when
+    preemption would not make it fit, the pool is archived, or every attempt lost a race (the caller
+    keeps its pending reason)."""
     assert request.start is not None and request.end is not None
     at = min(now, request.start)  # a start a little in the past (clock skew) is the preemption instant
     spot: list[SpotWork] | None = await read_spot_work(conn, request.pool_id, request.start, request.end)
     if not spot:
         return None  # no spot work overlaps: not an attempt (nothing to preempt)
     excluded: dict[str, str] = {}
-    pool_locked = False
     for attempt in range(1, how.max_attempts + 1):
         options = replace(
             how.options,
@@ -382,13 +382,6 @@ async def place_preempting(
         if plan is None:
             PREEMPTION_ATTEMPTS.labels("no_fit").inc()
             return None
-        if not pool_locked:
-            # SELECT ... FROM pools WHERE id = :pool FOR SHARE
-            pool = await lock_pool(conn, request.pool_id, for_update=False)
-            pool_locked = True
-            if pool.archived_at is not None:
-                PREEMPTION_ATTEMPTS.labels("no_fit").inc()
-                return None
         outcome = await commit_preemption(conn, request, plan, reservation_id, 100 + attempt, at, how.charge)
         if isinstance(outcome, LostRace):
             if outcome.kind in EXCLUDING_KINDS:

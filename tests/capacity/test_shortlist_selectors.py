@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -15,10 +14,11 @@ from app.capacity.shortlist import plan_request, selector_matches
 from app.capacity.snapshot import PoolCache, read_pool_head, read_snapshot
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, NodeCreate
-from app.placement.model import DeviceRequest, MatchExpression, PlacementRequest, Plan, Selector
+from app.placement.model import DeviceRequest, MatchExpression, PlacementRequest, Selector
 from app.placement.options import SchedulerOptions
 from app.placement.pipeline import plan_placement
 from tests.capacity.helpers import book, db_time, make_pool_with_nodes
+from tests.capacity.test_shortlist import _comparable
 
 SELECTORS = [
     Selector((MatchExpression("vramGiB", "Gte", (Decimal(80),)),)),
@@ -55,16 +55,6 @@ def _mixed_node(name: str, rng: random.Random) -> NodeCreate:
             ],
             "resources": {"cpu": {"allocatable": 64}},
         }
-    )
-
-
-def _comparable(plan: Any, needed: int) -> Any:
-    if not isinstance(plan, Plan):
-        return ("rejected", plan.summary)
-    return (
-        plan.chosen.node_id,
-        plan.chosen.atoms,
-        [(c.node_id, c.atoms, round(c.score, 12)) for c in plan.ranked[:needed]],
     )
 
 

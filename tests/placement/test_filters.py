@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from app.placement.filters import FILTER_NAMES
 from app.placement.filters.scalars import format_amount, scalar_room
 from app.placement.model import (
     DeviceRequest,
@@ -35,20 +34,6 @@ def reason_for(
         return None
     assert isinstance(result, Rejections)
     return result.by_node[node.id]
-
-
-def test_registry_order() -> None:
-    assert FILTER_NAMES == (
-        "schedulable",
-        "labels",
-        "plugins",
-        "scalars",
-        "selector",
-        "fits",
-        "topology",
-        "picker",
-        "lease",
-    )
 
 
 SYS = {"bc.dev/cap.devices.limits": "system"}
