@@ -13,7 +13,8 @@ In one run and one database:
    ``bench/rawhttp.py`` (about 0.15 ms of CPU per request; httpx spent 2-3 ms, as much as the service,
    on the same two cores), one keep-alive connection each, like agents;
 5. runs previews again while heartbeats are paced at ``--paced`` per second: preview p99 under load and its
-   ratio to idle (the target: within 2x);
+   ratio to idle (the target: within 2x). Previews are timed from a process of their own (idle and under
+   load alike), so the senders' event loop does not delay the preview client's;
 6. registers ``--hellos`` new nodes through ``POST /v1/nodes/hello`` (the DGX A100 ``topo -m`` fixture,
    8 clients) into a second pool: Hellos per second (each creates a node with 8 atoms, 28 links, labels);
 7. the baseline: the heartbeat's one statement alone, sent by asyncpg at the same concurrency (the floor the
@@ -21,7 +22,7 @@ In one run and one database:
 
 The database is dropped at the end. Everything (PostgreSQL, the service, the clients) shares the machine.
 
-    python bench/heartbeat.py [--nodes 10000] [--seconds 8] [--clients 32] [--workers 1,2] [--paced 500]
+    python bench/heartbeat.py [--nodes 10000] [--seconds 8] [--clients 32] [--layouts 1,2,1+1] [--paced 500]
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -77,7 +79,7 @@ def devices_of(node_id: str) -> list[str]:
 
 
 async def previews(client: httpx.AsyncClient, pool: str, count: int) -> list[float]:
-    """``count`` sequential previews (ms)."""
+    """``count`` sequential previews (ms), timed in this event loop."""
     times = []
     for _ in range(count):
         t0 = time.perf_counter()
@@ -86,6 +88,26 @@ async def previews(client: httpx.AsyncClient, pool: str, count: int) -> list[flo
         if r.status_code != 200 or not r.json()["fits"]:
             raise RuntimeError(f"preview failed: {r.status_code} {r.text[:300]}")
     return times
+
+
+def _timed_previews(url: str, headers: dict[str, str], pool: str, count: int) -> list[float]:
+    """``count`` sequential previews (ms) from a process of their own: the heartbeat senders' event loop
+    must not delay the preview client's (the senders then share only the CPU, as other clients would)."""
+
+    async def go() -> list[float]:
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as client:
+            await previews(client, pool, 2)  # this process's connection and imports
+            return await previews(client, pool, count)
+
+    return asyncio.run(go())
+
+
+async def timed_previews(
+    executor: ProcessPoolExecutor, url: str, headers: dict[str, str], pool: str, count: int
+) -> list[float]:
+    """:func:`_timed_previews` in ``executor``'s process."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(executor, _timed_previews, url, headers, pool, count)
 
 
 def heartbeat_body(node: str) -> dict:
@@ -200,6 +222,7 @@ async def run(args: argparse.Namespace) -> None:
     print(f"database {name}; service logs in {log_dir}", flush=True)
     await admin_exec(args.database_url, f'CREATE DATABASE "{name}"')
     services: list[Service] = []
+    timer = ProcessPoolExecutor(max_workers=1)  # the preview client's own process
     pg: asyncpg.Pool | None = None
     rows = []
     try:
@@ -222,9 +245,15 @@ async def run(args: argparse.Namespace) -> None:
         print(
             f"baseline: the quiet-heartbeat statement alone (asyncpg, {args.clients} clients): {base:,.0f}/s"
         )
-        for workers in [int(w) for w in args.workers.split(",")]:
-            service = await start_service(url, admin_key, workers, log_dir)
+        for layout in args.layouts.split(","):
+            workers, _, agent_workers = layout.partition("+")
+            service = await start_service(url, admin_key, int(workers), log_dir)
             services.append(service)
+            # "W+A": the agents talk to a replica of their own (A workers), users to the first (W workers)
+            agent_service = service
+            if agent_workers:
+                agent_service = await start_service(url, admin_key, int(agent_workers), log_dir)
+                services.append(agent_service)
             admin = {"Authorization": f"Bearer {admin_key}"}
             async with httpx.AsyncClient(base_url=service.url, headers=admin, timeout=60) as c:
                 key = (
@@ -238,36 +267,39 @@ async def run(args: argparse.Namespace) -> None:
                 ).json()["key"]
             agent_headers = {"Authorization": f"Bearer {key}"}
 
-            agents = partial(RawConnection, service.url, agent_headers)
+            agents = partial(RawConnection, agent_service.url, agent_headers)
 
             async with httpx.AsyncClient(base_url=service.url, headers=admin, timeout=120) as client:
-                await asyncio.gather(*(previews(client, pool, 2) for _ in range(2 * workers)))  # warm caches
-                idle = await previews(client, pool, args.previews)
+                warm = 2 * int(workers)
+                await asyncio.gather(*(previews(client, pool, 2) for _ in range(warm)))  # warm caches
+                idle = await timed_previews(timer, service.url, admin, pool, args.previews)
                 rate, outcomes = await flood(agents, node_ids, args.clients, args.seconds)
                 stop = asyncio.Event()
                 pacer = asyncio.create_task(paced(agents, node_ids, args.paced, args.clients, stop))
                 t0 = time.perf_counter()
-                loaded = await previews(client, pool, args.previews)
+                loaded = await timed_previews(timer, service.url, admin, pool, args.previews)
                 stop.set()
                 answered = await pacer
                 achieved = answered / (time.perf_counter() - t0)
-                if args.hellos and workers == int(args.workers.split(",")[0]):
+                if args.hellos and layout == args.layouts.split(",")[0]:
                     hello_pool = (await client.post("/v1/pools", json={"name": "bench-hellos"})).json()["id"]
                     hello_rate = await hellos(client, hello_pool, args.hellos)
                     print(f"registered {args.hellos} nodes through Hello: {hello_rate:,.1f}/s", flush=True)
             idle99, loaded99 = pct(idle, 0.99), pct(loaded, 0.99)
             rows.append(
-                (workers, rate, outcomes, pct(idle, 0.5), idle99, achieved, pct(loaded, 0.5), loaded99)
+                (layout, rate, outcomes, pct(idle, 0.5), idle99, achieved, pct(loaded, 0.5), loaded99)
             )
             print(
-                f"workers {workers}: heartbeats {rate:,.0f}/s ({rate / base:.2f} of the statement alone) "
+                f"layout {layout}: heartbeats {rate:,.0f}/s ({rate / base:.2f} of the statement alone) "
                 f"{outcomes}; preview idle p50 {pct(idle, 0.5):.1f} ms p99 {idle99:.1f} ms; "
                 f"with {achieved:,.0f} heartbeats/s p50 {pct(loaded, 0.5):.1f} ms p99 {loaded99:.1f} ms "
                 f"({loaded99 / idle99:.2f}x idle)",
                 flush=True,
             )
-            service.stop()
+            for s in (service, agent_service):
+                s.stop()
     finally:
+        timer.shutdown()
         for s in services:
             s.stop()
         if pg is not None:
@@ -278,10 +310,10 @@ async def run(args: argparse.Namespace) -> None:
             f"WHERE datname = '{name}' AND pid <> pg_backend_pid()",
         )
         await admin_exec(args.database_url, f'DROP DATABASE IF EXISTS "{name}"')
-    print("\nworkers  heartbeats/s  vs statement  preview p99 idle  p99 under paced load  ratio")
-    for workers, rate, _, _, idle99, achieved, _, loaded99 in rows:
+    print("\n layout  heartbeats/s  vs statement  preview p99 idle  p99 under paced load  ratio")
+    for layout, rate, _, _, idle99, achieved, _, loaded99 in rows:
         print(
-            f"{workers:>7}  {rate:>12,.0f}  {rate / base:>12.2f}  {idle99:>13.1f} ms  "
+            f"{layout:>7}  {rate:>12,.0f}  {rate / base:>12.2f}  {idle99:>13.1f} ms  "
             f"{loaded99:>11.1f} ms @ {achieved:,.0f}/s  {loaded99 / idle99:>5.2f}x"
         )
 
@@ -294,7 +326,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--workers", default="1,2")
+    parser.add_argument(
+        "--layouts",
+        default="1,2,1+1",
+        help="service layouts: W (one service, W workers, agents and users alike) or W+A (users on W "
+        "workers, agents on a replica of their own with A workers)",
+    )
     parser.add_argument("--paced", type=float, default=500.0, help="heartbeats/s while previews are timed")
     parser.add_argument("--previews", type=int, default=200)
     parser.add_argument("--hellos", type=int, default=300, help="nodes registered through Hello (0: skip)")
