@@ -720,6 +720,7 @@ async def run(args: argparse.Namespace) -> None:
     admin_key = "bench-" + secrets.token_hex(16)
     clients_list = [int(x) for x in args.clients.split(",")]
     workers_list = [int(x) for x in args.workers.split(",")]
+    modes = set(args.modes.split(","))
     log_dir = Path(tempfile.mkdtemp(prefix="bc-bench-"))
     services: list[Service] = []
     print(f"database {name} on {make_url(server_url).host}; service logs in {log_dir}", flush=True)
@@ -776,6 +777,10 @@ async def run(args: argparse.Namespace) -> None:
         for workers in workers_list:
             first = workers == workers_list[0]
             for placer in ("inline", "pool-lease"):
+                if placer == "pool-lease" and "pool-lease" not in modes:
+                    continue
+                if placer == "inline" and not modes & {"inline", "bulk", "extras"}:
+                    continue
                 service = await timed(
                     f"start service --workers {workers} ({placer})",
                     lambda w=workers, p=placer: start_service(url, admin_key, w, log_dir, p),
@@ -798,7 +803,7 @@ async def run(args: argparse.Namespace) -> None:
                                 lambda n=n: lease_cell(client, pool_1k, shape, n, args.seconds, cap, n),
                             )
                     else:
-                        if first:
+                        if first and "extras" in modes:
                             future = await timed(
                                 "future holdings case",
                                 lambda: future_case(pg, client, pool_empty, pool_busy, args.future_repeat),
@@ -817,19 +822,19 @@ async def run(args: argparse.Namespace) -> None:
                                             client, pool_10k, s, args.big_preview_repeat
                                         ),
                                     )
-                        for n in clients_list:
+                        for n in clients_list if "inline" in modes else []:
                             await measure(
                                 (workers, "inline", n),
                                 lambda n=n: http_cell(
                                     client, pool_1k, shape, n, args.seconds, cap, tenants=n
                                 ),
                             )
-                        for n in clients_list:
+                        for n in clients_list if "bulk" in modes else []:
                             await measure(
                                 (workers, "bulk", n),
                                 lambda n=n: bulk_cell(client, pool_1k, shape, n, args.seconds, cap, n),
                             )
-                        if first:
+                        if first and "extras" in modes:
                             n = args.one_tenant_clients
                             single_tenant[n] = await http_cell(
                                 client, pool_1k, shape, n, args.seconds, cap, tenants=1
@@ -942,6 +947,11 @@ def main() -> None:
     parser.add_argument("--clients", default="1,4,16", help="concurrent clients, comma-separated")
     parser.add_argument("--workers", default="1,2", help="service worker counts, comma-separated")
     parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument(
+        "--modes",
+        default="inline,pool-lease,bulk,extras",
+        help="what to measure, comma-separated (extras: previews, future holdings, one tenant)",
+    )
     parser.add_argument("--one-tenant-clients", type=int, default=32, help="clients of the one-tenant row")
     parser.add_argument("--big-nodes", type=int, default=10_000)
     parser.add_argument("--no-10k", action="store_true", help="skip the 10,000-node preview")
