@@ -5,11 +5,13 @@ In one run and one database:
 1. creates ``bc_bench_<random>``, migrates it and bulk-loads a pool of 10,000 nodes x 8 GPUs (the loader
    of ``bench/reserve.py``), then marks every node as an agent's (heartbeat now; interval 3600 s so the
    service's liveness sweep does not mark them lost while the run takes its time: the cost is the same);
-2. starts the service (``better-compute serve --workers W``) and creates an agent key
+2. for each layout, starts the service (``better-compute serve --workers W``; with ``W+A`` a second
+   replica of A workers that the agents talk to, users the first) and creates an agent key
    (``compute:nodes:hello`` on the pool), so each request pays the real key lookup;
 3. measures preview p50 / p99 idle (sequential requests, 1 GPU + 4 cpu);
 4. floods unchanged heartbeats (all 8 devices healthy, the one-statement path) from C concurrent clients
-   for S seconds: heartbeats per second. The heartbeat senders use the lean HTTP client of
+   for S seconds: heartbeats per second, and the service's CPU per heartbeat (from ``/proc``: other work
+   on the machine does not inflate it, as it does wall time). The senders use the lean HTTP client of
    ``bench/rawhttp.py`` (about 0.15 ms of CPU per request; httpx spent 2-3 ms, as much as the service,
    on the same two cores), one keep-alive connection each, like agents;
 5. runs previews again while heartbeats are paced at ``--paced`` per second: preview p99 under load and its
@@ -273,7 +275,9 @@ async def run(args: argparse.Namespace) -> None:
                 warm = 2 * int(workers)
                 await asyncio.gather(*(previews(client, pool, 2) for _ in range(warm)))  # warm caches
                 idle = await timed_previews(timer, service.url, admin, pool, args.previews)
+                cpu0 = agent_service.cpu_seconds()
                 rate, outcomes = await flood(agents, node_ids, args.clients, args.seconds)
+                cpu_ms = 1000 * (agent_service.cpu_seconds() - cpu0) / max(1, sum(outcomes.values()))
                 stop = asyncio.Event()
                 pacer = asyncio.create_task(paced(agents, node_ids, args.paced, args.clients, stop))
                 t0 = time.perf_counter()
@@ -286,12 +290,11 @@ async def run(args: argparse.Namespace) -> None:
                     hello_rate = await hellos(client, hello_pool, args.hellos)
                     print(f"registered {args.hellos} nodes through Hello: {hello_rate:,.1f}/s", flush=True)
             idle99, loaded99 = pct(idle, 0.99), pct(loaded, 0.99)
-            rows.append(
-                (layout, rate, outcomes, pct(idle, 0.5), idle99, achieved, pct(loaded, 0.5), loaded99)
-            )
+            rows.append((layout, rate, cpu_ms, pct(idle, 0.5), idle99, achieved, pct(loaded, 0.5), loaded99))
             print(
                 f"layout {layout}: heartbeats {rate:,.0f}/s ({rate / base:.2f} of the statement alone) "
-                f"{outcomes}; preview idle p50 {pct(idle, 0.5):.1f} ms p99 {idle99:.1f} ms; "
+                f"{outcomes}, {cpu_ms:.2f} ms of service CPU each; "
+                f"preview idle p50 {pct(idle, 0.5):.1f} ms p99 {idle99:.1f} ms; "
                 f"with {achieved:,.0f} heartbeats/s p50 {pct(loaded, 0.5):.1f} ms p99 {loaded99:.1f} ms "
                 f"({loaded99 / idle99:.2f}x idle)",
                 flush=True,
@@ -310,10 +313,10 @@ async def run(args: argparse.Namespace) -> None:
             f"WHERE datname = '{name}' AND pid <> pg_backend_pid()",
         )
         await admin_exec(args.database_url, f'DROP DATABASE IF EXISTS "{name}"')
-    print("\n layout  heartbeats/s  vs statement  preview p99 idle  p99 under paced load  ratio")
-    for layout, rate, _, _, idle99, achieved, _, loaded99 in rows:
+    print("\n layout  heartbeats/s  vs statement  CPU each  preview p99 idle  p99 under paced load  ratio")
+    for layout, rate, cpu_ms, _, idle99, achieved, _, loaded99 in rows:
         print(
-            f"{layout:>7}  {rate:>12,.0f}  {rate / base:>12.2f}  {idle99:>13.1f} ms  "
+            f"{layout:>7}  {rate:>12,.0f}  {rate / base:>12.2f}  {cpu_ms:>5.2f} ms  {idle99:>13.1f} ms  "
             f"{loaded99:>11.1f} ms @ {achieved:,.0f}/s  {loaded99 / idle99:>5.2f}x"
         )
 

@@ -214,6 +214,29 @@ class Service:
     url: str
     log: Path
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system) used so far by the service and its worker processes (Linux
+        ``/proc``): a figure that other work on the machine does not inflate, unlike wall time."""
+        tick = os.sysconf("SC_CLK_TCK")
+        children: dict[int, list[int]] = {}
+        times: dict[int, int] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            pid = int(entry.name)
+            children.setdefault(int(fields[1]), []).append(pid)
+            times[pid] = int(fields[11]) + int(fields[12])
+        total, todo = 0, [self.process.pid]
+        while todo:
+            pid = todo.pop()
+            total += times.get(pid, 0)
+            todo.extend(children.get(pid, []))
+        return total / tick
+
     def stop(self) -> None:
         """Terminate the service (its uvicorn workers exit with it)."""
         if self.process.poll() is None:
