@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import json_path, plain_message, responses
 from app.api.models.reservations import ReservationBatch, ReservationBatchRequest
+from app.api.text_guard import unstorable_item
 from app.capacity import bulk
 from app.errors import AppError, InvalidInput
 from app.iam.authorize import authorize
@@ -38,6 +39,9 @@ def _body_of(index: int, item: Any) -> dict[str, Any]:
 
 def _checked(principal: Principal, index: int, item: Any) -> ReservationRequest | bulk.ItemResult:
     """The item as a ReservationRequest the principal may create, or its error answer."""
+    bad_text = unstorable_item(index, item)
+    if bad_text is not None:
+        return bulk.failed(bad_text)
     try:
         body = ReservationRequest.model_validate(item)
         authorize(principal, "compute:reservations:create", f"tenant:{body.tenantId}", f"pool:{body.poolId}")

@@ -80,7 +80,27 @@ async def check_json_body(request: Request) -> None:
         raise InvalidInput(f"{key}: named twice in one JSON object", path=key) from None
     except (ValueError, RecursionError):
         return  # not JSON (or nested past the guard's limit): the body validation answers that
+    if request.url.path in PER_ITEM_ROUTES and isinstance(data, dict) and isinstance(data.get("items"), list):
+        data = {key: value for key, value in data.items() if key != "items"}  # the route checks each item
     found = find_unstorable(data)
     if found:
-        path, problem = clip_input(found[0]), found[1]
-        raise InvalidInput(f"{path}: {problem}" if path else problem, path=path)
+        raise unstorable(found)
+
+
+# routes whose body is ``{items: [...]}`` of independent items: an item's unstorable text is that item's
+# 422 alone (:func:`unstorable_item`), not the whole call's (issue 15: one item's error does not fail
+# the others)
+PER_ITEM_ROUTES = frozenset({"/v1/reservations/batch"})
+
+
+def unstorable(found: tuple[str, str]) -> InvalidInput:
+    """The 422 for :func:`find_unstorable`'s ``(path, problem)``."""
+    path, problem = clip_input(found[0]), found[1]
+    return InvalidInput(f"{path}: {problem}" if path else problem, path=path)
+
+
+def unstorable_item(index: int, item: Any) -> InvalidInput | None:
+    """The 422 of item ``index`` of a :data:`PER_ITEM_ROUTES` body (path ``items.<index>...``) when it
+    holds text PostgreSQL cannot store, else None."""
+    found = find_unstorable(item, f"items.{index}")
+    return unstorable(found) if found else None

@@ -162,6 +162,33 @@ async def test_bulk_takes_at_most_256_items(admin_client: httpx.AsyncClient, cle
     assert await _counts(clean_db) == before
 
 
+async def test_bulk_item_with_unstorable_text_fails_alone(
+    admin_client: httpx.AsyncClient, clean_db: AsyncEngine
+) -> None:
+    """A NUL (PostgreSQL cannot store it) in one item is that item's 422, naming its path; the other items
+    are created. A key named twice stays the whole call's 422: the body itself is ambiguous JSON."""
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("nul-a", 4))
+    before = await _counts(clean_db)
+    bad = reservation(pool, 1, key="nul-2") | {"tenantId": "ac\x00me"}
+    items = [reservation(pool, 1, key="nul-1"), bad, reservation(pool, 1, key="nul-3")]
+    r = await admin_client.post("/v1/reservations/batch", json={"items": items})
+    assert r.status_code == 200, r.text
+    answers = r.json()["items"]
+    assert [a["status"] for a in answers] == [201, 422, 201], answers
+    assert answers[1]["error"]["code"] == "INVALID_INPUT"
+    assert answers[1]["error"]["details"]["path"] == "items.1.tenantId"
+    after = await _counts(clean_db)
+    assert after["reservations"] == before["reservations"] + 2
+    assert after["device_bookings"] == before["device_bookings"] + 2
+    duplicated = b'{"items": [{"tenantId": "a", "tenantId": "b"}]}'
+    r = await admin_client.post(
+        "/v1/reservations/batch", content=duplicated, headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 422 and r.json()["error"]["details"]["path"] == "tenantId", r.text
+    assert await _counts(clean_db) == after
+
+
 async def test_bulk_pending_items_are_not_refused_by_each_others_charges(
     admin_client: httpx.AsyncClient, clean_db: AsyncEngine
 ) -> None:
