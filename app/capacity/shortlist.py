@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -41,7 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.predicates import schedulable_sql_tolerating
+from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
 from app.capacity.snapshot import (
     PoolCache,
     PoolHead,
@@ -51,6 +52,7 @@ from app.capacity.snapshot import (
     scalar_peaks,
     window,
 )
+from app.db.prepared import Prepared
 from app.db.tables import TS, device_bookings, devices, node_resources, nodes, pools, scalar_holdings
 from app.db.windows import overlapping
 from app.observability.metrics import PLAN_DURATION, PLANS
@@ -229,14 +231,21 @@ INSIDE_SCALARS = (
     )
     .where(node_resources.c.node_id == sa.any_(_INSIDE), node_resources.c.resource == sa.any_(_NAMES))
 )
+_INSIDE_SCALARS = Prepared(INSIDE_SCALARS)
 
 
-def _exceptions_statement(request: PlacementRequest) -> Any:
+_DURING = sa.bindparam("during", type_=device_bookings.c.during.type)
+_TOLERATED = sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text))  # predicates.tolerated_reasons(tenant)
+
+
+@cache
+def exceptions_statement(with_scalars: bool) -> Prepared:
     """The parts of :func:`read_exceptions` as one ``UNION ALL`` of rows ``(kind, node_id, atom,
     reasons, ok, resource, peak, cap)``: ``b`` booked and ``u`` unavailable atoms, ``r`` nodes with
-    NoSchedule reasons, ``s`` the scalar exceptions (with requested resources only)."""
-    assert request.start is not None and request.end is not None
-    pool_id = request.pool_id
+    NoSchedule reasons, ``s`` the scalar exceptions (``with_scalars``: a request with resources). Built
+    and compiled once per variant from bind parameters only (``pool_id``, ``during``, ``tolerated`` and,
+    with scalars, ``names``, ``most``, ``starts_at``, ``ends_at``: :func:`exceptions_params`) and run
+    prepared (:class:`app.db.prepared.Prepared`)."""
     pad = {
         "atom": sa.null().label("atom"),
         "reasons": sa.cast(sa.null(), pg.ARRAY(sa.Text)).label("reasons"),
@@ -254,25 +263,22 @@ def _exceptions_statement(request: PlacementRequest) -> Any:
     parts: list[Any] = [
         sa.select(*row("b", devices.c.node_id, atom=device_bookings.c.device_id))
         .join(devices, devices.c.pk == device_bookings.c.device_pk)
-        .where(
-            device_bookings.c.pool_id == pool_id,
-            device_bookings.c.during.op("&&")(window(request.start, request.end)),
-        ),
+        .where(device_bookings.c.pool_id == _POOL, device_bookings.c.during.op("&&")(_DURING)),
         sa.select(*row("u", devices.c.node_id, atom=devices.c.id))
         .join(nodes, nodes.c.id == devices.c.node_id)
-        .where(nodes.c.pool_id == pool_id, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable))),
+        .where(nodes.c.pool_id == _POOL, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable))),
         sa.select(
             *row(
                 "r",
                 nodes.c.id,
                 reasons=nodes.c.no_schedule_reasons,
-                ok=schedulable_sql_tolerating(request.tenant_id),
+                ok=schedulable_sql_within(sa.cast(_TOLERATED, pg.ARRAY(sa.Text))),
             )
         )
         .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
-        .where(nodes.c.pool_id == pool_id, nodes.c.no_schedule_reasons != sa.text("'{}'::text[]")),
+        .where(nodes.c.pool_id == _POOL, nodes.c.no_schedule_reasons != sa.text("'{}'::text[]")),
     ]
-    if request.resources:
+    if with_scalars:
         scalars = SCALAR_EXCEPTIONS.subquery("scalars")
         parts.append(
             sa.select(
@@ -285,13 +291,32 @@ def _exceptions_statement(request: PlacementRequest) -> Any:
                 )
             )
         )
-    return sa.union_all(*parts)
+    return Prepared(sa.union_all(*parts))
+
+
+def exceptions_params(request: PlacementRequest) -> dict[str, Any]:
+    """The bind parameters of :func:`exceptions_statement` for ``request``'s pool, window, tenant and
+    requested resources."""
+    assert request.start is not None and request.end is not None
+    params: dict[str, Any] = {
+        "pool_id": request.pool_id,
+        "during": window(request.start, request.end),
+        "tolerated": tolerated_reasons(request.tenant_id),
+    }
+    if request.resources:
+        params.update(
+            names=sorted(request.resources),
+            most=max(request.resources.values()),
+            starts_at=request.start,
+            ends_at=request.end,
+        )
+    return params
 
 
 async def read_exceptions(
     conn: AsyncConnection, request: PlacementRequest, assumed: Mapping[str, set[str]] | None = None
 ) -> Exceptions:
-    """The narrow volatile reads of a shortlist, in one round trip (:func:`_exceptions_statement`):
+    """The narrow volatile reads of a shortlist, in one round trip (:func:`exceptions_statement`):
     each part touches only the rows that differ from "free".
 
     ::
@@ -313,17 +338,9 @@ async def read_exceptions(
     unschedulable: set[str] = set()
     short: set[str] = set()
     peaks: dict[str, dict[str, Decimal]] = {}
-    params: dict[str, object] = {}
-    if request.resources:
-        params = {
-            "pool_id": request.pool_id,
-            "names": sorted(request.resources),
-            "most": max(request.resources.values()),
-            "starts_at": request.start,
-            "ends_at": request.end,
-        }
+    statement = exceptions_statement(bool(request.resources))
     # every part in one round trip: (kind, node id, atom, reasons, ok, resource, peak, cap) rows
-    for r in (await conn.execute(_exceptions_statement(request), params)).all():
+    for r in (await statement.run(conn, exceptions_params(request))).all():
         if r.kind == "b":
             booked.setdefault(r.node_id, set()).add(r.atom)
         elif r.kind == "u":
@@ -569,7 +586,7 @@ async def _inside_states(
             "starts_at": request.start,
             "ends_at": request.end,
         }
-        for r in (await conn.execute(INSIDE_SCALARS, params)).all():
+        for r in (await _INSIDE_SCALARS.run(conn, params)).all():
             resources.setdefault(r.node_id, {})[r.resource] = ScalarResource(r.allocatable, r.ratio, r.held)
     return {
         node_id: NodeState(
