@@ -67,8 +67,8 @@ from app.capacity.placer import (
 )
 from app.capacity.predicates import schedulable_sql_tolerating
 from app.capacity.reservations import CapacityConfig
-from app.capacity.shortlist import plan_request
-from app.capacity.snapshot import PoolCache, window
+from app.capacity.shortlist import BatchPlanned, SharedReads, plan_request
+from app.capacity.snapshot import PoolCache, PoolHead, window
 from app.db.locks import lock_pool
 from app.db.tables import (
     allocations,
@@ -173,12 +173,14 @@ async def place_batch(
     """Decide every entry of ``pool_id`` in ``conn``'s transaction (steps 1-5 above); returns the cache
     assumption tokens of the committed atoms: forget them once the transaction has ended."""
     pool = await lock_pool(conn, pool_id, for_update=False)
+    # the plans' head: the row locked FOR SHARE holds for the transaction (no archive, no inventory change)
+    head = PoolHead(pool.id, pool.archived_at is not None, pool.inventory_version)
     if pool.archived_at is not None:
         for e in entries:
             if e.undecided:
                 e.outcome = Pending(ARCHIVED_POOL)
     tokens: list[int] = []
-    await _plan_and_commit(conn, cache, opts, pool_id, entries, tokens, first_attempt=1)
+    await _plan_and_commit(conn, cache, opts, head, entries, tokens, first_attempt=1)
     if opts.preemption is not None:
         await _preempt_pending(conn, cache, opts, entries)
     if await _charge_placed(conn, cache, pool_id, entries, tokens):
@@ -187,7 +189,7 @@ async def place_batch(
         for e in again:
             e.outcome, e.lost = None, []
         if again:
-            await _plan_and_commit(conn, cache, opts, pool_id, again, tokens, opts.max_attempts + 1)
+            await _plan_and_commit(conn, cache, opts, head, again, tokens, opts.max_attempts + 1)
             await _charge_placed(conn, cache, pool_id, again, tokens)
     await _check_pending(conn, entries)
     return tokens
@@ -197,7 +199,7 @@ async def _plan_and_commit(
     conn: AsyncConnection,
     cache: PoolCache,
     opts: BatchOptions,
-    pool_id: str,
+    head: PoolHead,
     entries: list[BatchEntry],
     tokens: list[int],
     first_attempt: int,
@@ -205,11 +207,12 @@ async def _plan_and_commit(
     """Steps 2-4: plan the undecided entries and commit them, replanning the losers, up to
     ``max_attempts`` (numbered from ``first_attempt``: the savepoints and the seeds); the committed
     atoms' assumption tokens are appended to ``tokens``."""
+    pool_id = head.id
     for attempt in range(first_attempt, first_attempt + opts.max_attempts):
         todo = [e for e in entries if e.undecided]
         if not todo:
             break
-        planned = await _plan_all(conn, cache, opts, todo, attempt)
+        planned = await _plan_all(conn, cache, opts, head, todo, attempt)
         if planned is None:  # the pool was archived (the plan's own read)
             for e in todo:
                 e.outcome = Pending(ARCHIVED_POOL)
@@ -348,10 +351,19 @@ async def _lock_tenant_rows(conn: AsyncConnection, tenant: str, pool_id: str, re
 
 
 async def _plan_all(
-    conn: AsyncConnection, cache: PoolCache, opts: BatchOptions, todo: list[BatchEntry], attempt: int
+    conn: AsyncConnection,
+    cache: PoolCache,
+    opts: BatchOptions,
+    head: PoolHead,
+    todo: list[BatchEntry],
+    attempt: int,
 ) -> list[_Planned] | None:
-    """Plan ``todo`` one after another; each plan's atoms are assumed booked for the plans after it.
-    An entry that does not fit becomes pending; None when the pool turned out archived."""
+    """Plan ``todo`` one after another on reads they share (:class:`~app.capacity.shortlist.SharedReads`:
+    one exceptions read per group of window, resource names and tenant, this attempt's earlier plans
+    counted as booked and held where the windows overlap; earlier attempts' winners are read back from
+    this transaction); each plan's atoms are also assumed booked in the cache for the other plans of
+    this process. An entry that does not fit becomes pending; None when the pool turned out archived."""
+    shared = SharedReads(cache, head, [e.request for e in todo])
     planned: list[_Planned] = []
     for e in todo:
         request = e.request
@@ -363,7 +375,7 @@ async def _plan_all(
             excluded_nodes=opts.options.excluded_nodes | frozenset(r.node_id for r in excluded),
             exclusion_reasons={**opts.options.exclusion_reasons, **{r.node_id: r.reason for r in excluded}},
         )
-        outcome = await plan_request(conn, cache, request, options, opts.shortlist_min)
+        outcome = await plan_request(conn, cache, request, options, opts.shortlist_min, shared=shared)
         if outcome.head.archived:
             for p in planned:
                 cache.forget(request.pool_id, p.token)
@@ -375,6 +387,8 @@ async def _plan_all(
         assert isinstance(plan, Plan) and len(plan.placements) == 1  # gangs place inline
         chosen = plan.chosen
         token = cache.assume(request.pool_id, chosen.node_id, chosen.atoms, request.start, request.end)
+        atoms = frozenset(chosen.atoms)
+        shared.add(BatchPlanned(chosen.node_id, atoms, chosen.resources, request.start, request.end))
         planned.append(_Planned(e, chosen, token))
     return planned
 

@@ -32,10 +32,11 @@ reservation and max(topN, 10) for a preview.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from functools import cache
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from decimal import Decimal
+from functools import cache
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -72,6 +73,7 @@ from app.placement.model import (
 )
 from app.placement.options import SchedulerOptions
 from app.placement.pipeline import plan_placement
+from app.placement.scalar_capacity import scalar_capacity
 from app.placement.scorers import scorers_of
 from app.placement.scorers.contract import NODE
 from app.placement.selectors import selector_matches as matches_selector
@@ -332,32 +334,242 @@ async def read_exceptions(
           leaves no room (with the peak there; only these nodes are swept)
     """
     assert request.start is not None and request.end is not None
+    read = await _read_exceptions(conn, exceptions_params(request), bool(request.resources))
+    short, peaks = read.scalar_short(request.resources)
+    booked = read.booked
+    for node_id, atoms in (assumed or {}).items():  # other plans of this process are committing these
+        booked.setdefault(node_id, set()).update(atoms)
+    return Exceptions(booked, read.unavailable, read.reasons, read.unschedulable, frozenset(short), peaks)
+
+
+@dataclass(frozen=True, slots=True)
+class _ExceptionRows:
+    """What one :func:`exceptions_statement` read returned, before a request's amounts judge the
+    scalar rows: ``scalars`` are ``(node id, resource, peak or None, cap)``."""
+
+    booked: dict[str, set[str]]
+    unavailable: dict[str, set[str]]
+    reasons: dict[str, tuple[str, ...]]
+    unschedulable: frozenset[str]
+    scalars: list[tuple[str, str, Decimal | None, Decimal]]
+
+    def scalar_short(self, wanted: Mapping[str, Decimal]) -> tuple[set[str], dict[str, dict[str, Decimal]]]:
+        """The nodes without room for ``wanted`` (resource -> amount) over the window, and the peaks
+        read (node id -> resource -> peak). Rows of resources ``wanted`` lacks are ignored; a read made
+        for a larger ``most`` holds every row a smaller one would (and its extra rows judge as roomy)."""
+        short: set[str] = set()
+        peaks: dict[str, dict[str, Decimal]] = {}
+        for node_id, resource, peak, cap in self.scalars:
+            n = wanted.get(resource)
+            if n is None:
+                continue
+            if peak is not None:
+                peaks.setdefault(node_id, {})[resource] = peak
+            if (Decimal(0) if peak is None else peak) + Decimal(n) > cap:
+                short.add(node_id)
+        return short, peaks
+
+
+async def _read_exceptions(
+    conn: AsyncConnection, params: Mapping[str, Any], with_scalars: bool
+) -> _ExceptionRows:
     booked: dict[str, set[str]] = {}
     unavailable: dict[str, set[str]] = {}
     reasons: dict[str, tuple[str, ...]] = {}
     unschedulable: set[str] = set()
-    short: set[str] = set()
-    peaks: dict[str, dict[str, Decimal]] = {}
-    statement = exceptions_statement(bool(request.resources))
+    scalars: list[tuple[str, str, Decimal | None, Decimal]] = []
     # every part in one round trip: (kind, node id, atom, reasons, ok, resource, peak, cap) rows
-    for r in (await statement.run(conn, exceptions_params(request))).all():
-        if r.kind == "b":
-            booked.setdefault(r.node_id, set()).add(r.atom)
-        elif r.kind == "u":
-            unavailable.setdefault(r.node_id, set()).add(r.atom)
-        elif r.kind == "r":
-            reasons[r.node_id] = tuple(r.reasons)
-            if not r.ok:
-                unschedulable.add(r.node_id)
+    for kind, node_id, atom, node_reasons, ok, resource, peak, cap in (
+        await exceptions_statement(with_scalars).run(conn, params)
+    ).all():
+        if kind == "b":
+            booked.setdefault(node_id, set()).add(atom)
+        elif kind == "u":
+            unavailable.setdefault(node_id, set()).add(atom)
+        elif kind == "r":
+            reasons[node_id] = tuple(node_reasons)
+            if not ok:
+                unschedulable.add(node_id)
         else:
-            peak = Decimal(0) if r.peak is None else r.peak
-            if r.peak is not None:
-                peaks.setdefault(r.node_id, {})[r.resource] = peak
-            if peak + Decimal(request.resources[r.resource]) > r.cap:
-                short.add(r.node_id)
-    for node_id, atoms in (assumed or {}).items():  # other plans of this process are committing these
-        booked.setdefault(node_id, set()).update(atoms)
-    return Exceptions(booked, unavailable, reasons, frozenset(unschedulable), frozenset(short), peaks)
+            scalars.append((node_id, resource, peak, cap))
+    return _ExceptionRows(booked, unavailable, reasons, frozenset(unschedulable), scalars)
+
+
+# ------------------------------------------------------------------ reads shared by a batch's plans
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlanned:
+    """An earlier plan of a batch, not committed yet: the atoms and scalar amounts it takes on its node
+    over ``[start, end)``."""
+
+    node_id: str
+    atoms: frozenset[str]
+    resources: Mapping[str, Decimal]
+    start: datetime
+    end: datetime
+
+
+GroupKey = tuple[datetime, datetime, tuple[str, ...], tuple[str, ...]]
+
+
+def group_key(request: PlacementRequest) -> GroupKey:
+    """The requests that share one exceptions read: (start, end, resource names, tolerated reasons)."""
+    assert request.start is not None and request.end is not None
+    return (
+        request.start,
+        request.end,
+        tuple(sorted(request.resources)),
+        tuple(tolerated_reasons(request.tenant_id)),
+    )
+
+
+@dataclass
+class _Group:
+    """One exceptions read of a batch and the batch's plans over it: ``booked`` holds the read's
+    bookings, the process's assumptions at read time and the overlapping plans' atoms; ``extra`` node id
+    -> resource -> the overlapping plans' amounts; ``scalars`` the ``node_resources`` rows with their
+    peaks over the window read so far (:data:`INSIDE_SCALARS`, without ``extra``)."""
+
+    start: datetime
+    end: datetime
+    names: list[str]
+    rows: _ExceptionRows
+    booked: dict[str, set[str]]
+    mark: int  # the cache's newest assumption token when the rows were read (PoolCache.assumed_after)
+    extra: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+    scalars: dict[str, dict[str, ScalarResource]] = field(default_factory=dict)
+
+    def take(self, planned: BatchPlanned) -> None:
+        """Count an earlier plan of the batch when its window overlaps this group's."""
+        if planned.start < self.end and self.start < planned.end:
+            self.booked.setdefault(planned.node_id, set()).update(planned.atoms)
+            held = self.extra.setdefault(planned.node_id, {})
+            for resource, n in planned.resources.items():
+                held[resource] = held.get(resource, Decimal(0)) + Decimal(n)
+
+    async def fetch(self, conn: AsyncConnection, node_ids: Iterable[str]) -> None:
+        """Read the scalar rows of the nodes not read yet (one statement, none when all are)."""
+        missing = sorted(n for n in set(node_ids) if n not in self.scalars)
+        if not missing or not self.names:
+            return
+        params = {"inside": missing, "names": self.names, "starts_at": self.start, "ends_at": self.end}
+        for node_id in missing:
+            self.scalars[node_id] = {}
+        for r in (await _INSIDE_SCALARS.run(conn, params)).all():
+            self.scalars[r.node_id][r.resource] = ScalarResource(r.allocatable, r.ratio, r.held)
+
+    def resources(self, node_id: str) -> dict[str, ScalarResource]:
+        """The node's scalar rows as a plan of this group sees them: the peak read plus the batch's."""
+        rows = self.scalars.get(node_id, {})
+        extra = self.extra.get(node_id)
+        if not extra:
+            return rows
+        return {r: replace(s, allocated=s.allocated + extra.get(r, Decimal(0))) for r, s in rows.items()}
+
+
+class SharedReads:
+    """The reads the plans of one batch attempt share (one pool, one transaction; issue 15): one
+    exceptions read per :func:`group_key` group (made with the group's largest ``most``, so it serves
+    every amount of the group), each later plan of the batch seeing the earlier ones (:meth:`add`):
+    their atoms as booked and their scalar amounts as held wherever the windows overlap (added to the
+    window's peak: exact for equal windows, an upper bound for windows that overlap in part), and
+    ``head`` (the pool row the batch locked) instead of a head read per plan.
+
+    What other transactions book after a group's read is caught by the guarded commit, as for a plan
+    made on a read of its own (the loser replans without the node, on fresh reads: a new attempt makes
+    new ``SharedReads``). ``reads`` counts the exceptions reads (tests)."""
+
+    def __init__(self, cache: PoolCache, head: PoolHead, requests: Iterable[PlacementRequest]) -> None:
+        self.cache = cache
+        self.head = head
+        self.reads = 0
+        self._most: dict[GroupKey, Decimal] = {}
+        for r in requests:
+            if r.resources:
+                key = group_key(r)
+                self._most[key] = max(self._most.get(key, Decimal(0)), *map(Decimal, r.resources.values()))
+        self._groups: dict[GroupKey, _Group] = {}
+        self._planned: list[BatchPlanned] = []
+
+    def add(self, planned: BatchPlanned) -> None:
+        """A plan of the batch: the plans after it see it."""
+        self._planned.append(planned)
+        for group in self._groups.values():
+            group.take(planned)
+
+    async def group(self, conn: AsyncConnection, request: PlacementRequest) -> _Group:
+        """The request's group, read on first use."""
+        key = group_key(request)
+        found = self._groups.get(key)
+        if found is None:
+            start, end, names, _ = key
+            params = exceptions_params(request)
+            if names:
+                params["most"] = self._most.get(key, params["most"])
+            # the assumptions live before the read (one may commit during it, after the read's snapshot)
+            # and those made after the mark, caught up with before each plan
+            live = self.cache.assumed(request.pool_id, start, end)
+            mark = self.cache.newest()
+            rows = await _read_exceptions(conn, params, bool(names))
+            self.reads += 1
+            booked = rows.booked
+            for node_id, atoms in live.items():
+                booked.setdefault(node_id, set()).update(atoms)
+            found = self._groups[key] = _Group(start, end, list(names), rows, booked, mark)
+            for planned in self._planned:
+                found.take(planned)
+        newer, found.mark = self.cache.assumed_after(request.pool_id, found.mark, found.start, found.end)
+        for node_id, atoms in newer.items():
+            found.booked.setdefault(node_id, set()).update(atoms)
+        return found
+
+    async def exceptions(self, conn: AsyncConnection, request: PlacementRequest) -> tuple[_Group, Exceptions]:
+        """The request's exceptions: its group's read judged with its amounts, plus the batch's plans
+        (a node whose peak plus the batch's amounts leaves no room for the request is short)."""
+        group = await self.group(conn, request)
+        short, peaks = group.rows.scalar_short(request.resources)
+        wanted = request.resources
+        touched = [n for n, held in group.extra.items() if any(r in wanted for r in held)]
+        await group.fetch(conn, touched)
+        for node_id in touched:
+            for resource, s in group.resources(node_id).items():
+                n = wanted.get(resource)
+                if n is not None and s.allocated + Decimal(n) > scalar_capacity(s.allocatable, s.ratio):
+                    short.add(node_id)
+        rows = group.rows
+        return group, Exceptions(
+            booked=group.booked,
+            unavailable=rows.unavailable,
+            reasons=rows.reasons,
+            unschedulable=rows.unschedulable,
+            short=frozenset(short),
+            peaks=peaks,
+        )
+
+    def overlay(self, snapshot: PoolSnapshot, request: PlacementRequest) -> PoolSnapshot:
+        """A whole-pool snapshot read in the transaction with the batch's scalar amounts over the
+        request's window added (its atoms come with the cache's assumptions already)."""
+        assert request.start is not None and request.end is not None
+        extra: dict[str, dict[str, Decimal]] = {}
+        for p in self._planned:
+            if p.start < request.end and request.start < p.end:
+                held = extra.setdefault(p.node_id, {})
+                for resource, n in p.resources.items():
+                    held[resource] = held.get(resource, Decimal(0)) + Decimal(n)
+        if not extra:
+            return snapshot
+        nodes_out = []
+        for node in snapshot.nodes:
+            more = extra.get(node.id)
+            if more:
+                resources = {
+                    r: replace(s, allocated=s.allocated + more.get(r, Decimal(0)))
+                    for r, s in node.state.resources.items()
+                }
+                node = replace(node, state=replace(node.state, resources=resources))
+            nodes_out.append(node)
+        return replace(snapshot, nodes=tuple(nodes_out))
 
 
 def _class_atoms(inventory: PoolInventory) -> dict[str, dict[str, frozenset[str]]]:
@@ -516,15 +728,20 @@ async def plan_request(
     shortlist_min: int = 48,
     needed: int | None = None,
     head: PoolHead | None = None,
+    shared: SharedReads | None = None,
 ) -> PlanOutcome:
     """Plan ``request`` on plain reads: through the shortlist when it applies and is provably the same
     as the whole pool, else on the whole pool. ``needed`` (default topN) is how many of the best
     candidates must be exact; ``head``: the pool row when the caller read it in this transaction
-    already (else it is read here). Raises NotFound when the pool does not exist."""
+    already (else it is read here); ``shared``: a batch's reads (:class:`SharedReads`: its head, one
+    exceptions read per group, the batch's earlier plans). Raises NotFound when the pool does not
+    exist."""
     assert request.start is not None and request.end is not None
+    if shared is not None:
+        head = head or shared.head
     with PLAN_DURATION.time():
         outcome = await _plan_request(
-            conn, cache, request, options, shortlist_min, needed or options.top_n, head
+            conn, cache, request, options, shortlist_min, needed or options.top_n, head, shared
         )
     PLANS.labels(outcome.path).inc()
     return outcome
@@ -538,6 +755,7 @@ async def _plan_request(
     shortlist_min: int,
     needed: int,
     head: PoolHead | None,
+    shared: SharedReads | None,
 ) -> PlanOutcome:
     assert request.start is not None and request.end is not None
     if shortlist_applies(request, options):
@@ -545,9 +763,13 @@ async def _plan_request(
         if not head.archived:
             k = shortlist_size(options, shortlist_min)
             inventory = await cache.inventory(conn, head)
-            exceptions = await read_exceptions(
-                conn, request, cache.assumed(request.pool_id, request.start, request.end)
-            )
+            group: _Group | None = None
+            if shared is not None:
+                group, exceptions = await shared.exceptions(conn, request)
+            else:
+                exceptions = await read_exceptions(
+                    conn, request, cache.assumed(request.pool_id, request.start, request.end)
+                )
             rows = shortlist_rows(inventory, request, options, exceptions, k + 1)
             if rows:
                 inside = [node_id for node_id, _ in rows[:k]]
@@ -557,7 +779,7 @@ async def _plan_request(
                     nodes=tuple(
                         NodeSnapshot(inventory.nodes[node_id], state)
                         for node_id, state in (
-                            await _inside_states(conn, inside, request, exceptions)
+                            await _inside_states(conn, inside, request, exceptions, group)
                         ).items()
                     ),
                 )
@@ -566,19 +788,29 @@ async def _plan_request(
                 if isinstance(plan, Plan) and _provably_complete(plan, rows, k, needed, ceiling):
                     return PlanOutcome(head, plan, "shortlist")
     head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end, head=head)
+    if shared is not None:
+        snapshot = shared.overlay(snapshot, request)
     planner = plan_gang if request.gang is not None and request.gang.members > 1 else plan_placement
     return PlanOutcome(head, planner(request, snapshot, options), "full")
 
 
 async def _inside_states(
-    conn: AsyncConnection, inside: list[str], request: PlacementRequest, exceptions: Exceptions
+    conn: AsyncConnection,
+    inside: list[str],
+    request: PlacementRequest,
+    exceptions: Exceptions,
+    group: _Group | None = None,
 ) -> dict[str, NodeState]:
     """The volatile state of the shortlisted nodes, in ranking order: the exceptions already read plus
     their rows of the requested scalar resources, each with the peak held over the window
     (:data:`INSIDE_SCALARS`: a sweep over these nodes' holdings only; the shortlist path has no gang and
-    no node lease, so the pipeline reads no others)."""
+    no node lease, so the pipeline reads no others). With a batch's ``group`` the rows come from (and
+    are added to) the group's, with the batch's own amounts added."""
     resources: dict[str, dict[str, ScalarResource]] = {}
-    if request.resources:
+    if request.resources and group is not None:
+        await group.fetch(conn, inside)
+        resources = {node_id: group.resources(node_id) for node_id in inside}
+    elif request.resources:
         assert request.start is not None and request.end is not None
         params = {
             "inside": inside,
