@@ -431,6 +431,8 @@ class _Group:
     -> resource -> the overlapping plans' amounts; ``scalars`` the ``node_resources`` rows with their
     peaks over the window read so far (:data:`INSIDE_SCALARS`, without ``extra``)."""
 
+    cache: PoolCache
+    pool_id: str
     start: datetime
     end: datetime
     names: list[str]
@@ -447,6 +449,13 @@ class _Group:
             held = self.extra.setdefault(planned.node_id, {})
             for resource, n in planned.resources.items():
                 held[resource] = held.get(resource, Decimal(0)) + Decimal(n)
+
+    def catch_up(self) -> None:
+        """Count as booked what other plans of this process assumed since the last catch-up (called
+        again after each await before a plan, so no plan of another transaction slips in between)."""
+        newer, self.mark = self.cache.assumed_after(self.pool_id, self.mark, self.start, self.end)
+        for node_id, atoms in newer.items():
+            self.booked.setdefault(node_id, set()).update(atoms)
 
     async def fetch(self, conn: AsyncConnection, node_ids: Iterable[str]) -> None:
         """Read the scalar rows of the nodes not read yet (one statement, none when all are)."""
@@ -516,12 +525,11 @@ class SharedReads:
             booked = rows.booked
             for node_id, atoms in live.items():
                 booked.setdefault(node_id, set()).update(atoms)
-            found = self._groups[key] = _Group(start, end, list(names), rows, booked, mark)
+            found = _Group(self.cache, request.pool_id, start, end, list(names), rows, booked, mark)
+            self._groups[key] = found
             for planned in self._planned:
                 found.take(planned)
-        newer, found.mark = self.cache.assumed_after(request.pool_id, found.mark, found.start, found.end)
-        for node_id, atoms in newer.items():
-            found.booked.setdefault(node_id, set()).update(atoms)
+        found.catch_up()
         return found
 
     async def exceptions(self, conn: AsyncConnection, request: PlacementRequest) -> tuple[_Group, Exceptions]:
@@ -532,6 +540,7 @@ class SharedReads:
         wanted = request.resources
         touched = [n for n, held in group.extra.items() if any(r in wanted for r in held)]
         await group.fetch(conn, touched)
+        group.catch_up()
         for node_id in touched:
             for resource, s in group.resources(node_id).items():
                 n = wanted.get(resource)
@@ -809,6 +818,7 @@ async def _inside_states(
     resources: dict[str, dict[str, ScalarResource]] = {}
     if request.resources and group is not None:
         await group.fetch(conn, inside)
+        group.catch_up()  # exceptions.booked is the group's: it sees them
         resources = {node_id: group.resources(node_id) for node_id in inside}
     elif request.resources:
         assert request.start is not None and request.end is not None
