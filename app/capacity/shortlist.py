@@ -32,7 +32,7 @@ reservation and max(topN, 10) for a preview.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
@@ -441,11 +441,15 @@ class _Group:
     mark: int  # the cache's newest assumption token when the rows were read (PoolCache.assumed_after)
     extra: dict[str, dict[str, Decimal]] = field(default_factory=dict)
     scalars: dict[str, dict[str, ScalarResource]] = field(default_factory=dict)
+    changes: list[str] = field(default_factory=list)  # node ids changed, in order (touched_scores)
+    memo: dict[Any, tuple[int, dict[str, float | None]]] = field(default_factory=dict)
+    states: dict[str, NodeState] = field(default_factory=dict)  # inside states of nodes not changed
 
     def take(self, planned: BatchPlanned) -> None:
         """Count an earlier plan of the batch when its window overlaps this group's."""
         if planned.start < self.end and self.start < planned.end:
             self.booked.setdefault(planned.node_id, set()).update(planned.atoms)
+            self.changed(planned.node_id)
             held = self.extra.setdefault(planned.node_id, {})
             for resource, n in planned.resources.items():
                 held[resource] = held.get(resource, Decimal(0)) + Decimal(n)
@@ -456,6 +460,27 @@ class _Group:
         newer, self.mark = self.cache.assumed_after(self.pool_id, self.mark, self.start, self.end)
         for node_id, atoms in newer.items():
             self.booked.setdefault(node_id, set()).update(atoms)
+            self.changed(node_id)
+
+    def changed(self, node_id: str) -> None:
+        """The node's bookings or held amounts changed: memoized scores and states of it are stale."""
+        self.changes.append(node_id)
+        self.states.pop(node_id, None)
+
+    def touched_scores(
+        self, key: Any, touched: Iterable[str], score: Callable[[str], float | None]
+    ) -> dict[str, float | None]:
+        """``score`` of every touched node for requests of shape ``key``, memoized: recomputed only for
+        the nodes changed since the last call with ``key`` (every changed node is touched)."""
+        found = self.memo.get(key)
+        if found is None:
+            scores = {node_id: score(node_id) for node_id in touched}
+        else:
+            seen, scores = found
+            for node_id in set(self.changes[seen:]):
+                scores[node_id] = score(node_id)
+        self.memo[key] = (len(self.changes), scores)
+        return scores
 
     async def fetch(self, conn: AsyncConnection, node_ids: Iterable[str]) -> None:
         """Read the scalar rows of the nodes not read yet (one statement, none when all are)."""
@@ -465,8 +490,21 @@ class _Group:
         params = {"inside": missing, "names": self.names, "starts_at": self.start, "ends_at": self.end}
         for node_id in missing:
             self.scalars[node_id] = {}
+            self.states.pop(node_id, None)
         for r in (await _INSIDE_SCALARS.run(conn, params)).all():
             self.scalars[r.node_id][r.resource] = ScalarResource(r.allocatable, r.ratio, r.held)
+
+    def state(self, node_id: str) -> NodeState:
+        """The node's volatile state as a plan of this group sees it (memoized until it changes)."""
+        found = self.states.get(node_id)
+        if found is None:
+            found = self.states[node_id] = NodeState(
+                no_schedule_reasons=self.rows.reasons.get(node_id, ()),
+                unavailable=frozenset(self.rows.unavailable.get(node_id, ())),
+                booked=frozenset(self.booked.get(node_id, ())),
+                resources=self.resources(node_id),
+            )
+        return found
 
     def resources(self, node_id: str) -> dict[str, ScalarResource]:
         """The node's scalar rows as a plan of this group sees them: the peak read plus the batch's."""
@@ -668,12 +706,25 @@ def _labels_hold(node: NodeInventory, wanted: Mapping[str, str]) -> bool:
     return unmet_label(wanted.items(), node.labels, node.label_sources) is None
 
 
+def _shape_key(request: PlacementRequest, options: SchedulerOptions) -> Any:
+    """What a touched node's count score depends on besides the node: the device requests (class,
+    count, selector), resource names, nodeLabels and the scorers and weights."""
+    return (
+        tuple((d.device_class, d.count, selector_token(d.selector)) for d in request.devices),
+        frozenset(request.resources),
+        tuple(sorted(request.node_labels.items())),
+        scorers_of(options),
+        tuple(sorted(options.weights.items())),
+    )
+
+
 def shortlist_rows(
     inventory: PoolInventory,
     request: PlacementRequest,
     options: SchedulerOptions,
     exceptions: Exceptions,
     limit: int,
+    group: _Group | None = None,
 ) -> list[tuple[str, float]]:
     """The best ``limit`` viable nodes as ``(node id, count score)``, best first, ties on node id.
 
@@ -682,7 +733,9 @@ def shortlist_rows(
     request's selector, if any). Score: the count-only part (the ``COUNTS`` scorers'
     ``count_score_many``). Nodes with no exception are ranked per group
     of alike nodes (one score per group, ids in order), so the cost is the exceptions plus groups x
-    ``limit``, not the pool's size."""
+    ``limit``, not the pool's size. With a batch's ``group`` (whose ``exceptions`` these are) the touched
+    nodes' scores are memoized per request shape and recomputed only for the nodes the batch's plans
+    or the process's assumptions changed since (:meth:`_Group.touched_scores`)."""
     count_score_many, weights = scorers_of(options).count_score_many, options.weights
     counts = [(d.device_class, d.count) for d in request.devices]
     atoms = _class_atoms(inventory)
@@ -707,24 +760,37 @@ def shortlist_rows(
                 continue
             ranked.append((-score, node_id))
             taken += 1
-    for node_id in touched:
+    wanted_resources = frozenset(request.resources)
+
+    def touched_score(node_id: str) -> float | None:
+        """The count score of a touched node, None when it cannot hold the request (skip aside)."""
         node_atoms = atoms.get(node_id)
-        if node_atoms is None or not viable(node_id):
-            continue
-        if not frozenset(request.resources) <= inventory.resource_names.get(node_id, frozenset()):
-            continue
+        if node_atoms is None:
+            return None
+        if wanted_labels and not _labels_hold(inventory.nodes[node_id], wanted_labels):
+            return None
+        if not wanted_resources <= inventory.resource_names.get(node_id, frozenset()):
+            return None
         busy = exceptions.busy(node_id)
         parts = []
         for (device_class, count), matches in zip(counts, matching, strict=True):
             class_atoms = node_atoms.get(device_class, frozenset())
             taken_atoms = len(class_atoms & busy)
             if len(class_atoms) - taken_atoms < count:
-                break
+                return None
             if matches is not None and len(matches[node_id] - busy) < count:
-                break  # fewer free atoms match the selector than the count: the pipeline's fits
+                return None  # fewer free atoms match the selector than the count: the pipeline's fits
             parts.append((len(class_atoms), taken_atoms, count))
-        else:
-            ranked.append((-count_score_many(parts, weights) if parts else 0.0, node_id))
+        return count_score_many(parts, weights) if parts else 0.0
+
+    scores = (
+        group.touched_scores(_shape_key(request, options), touched, touched_score)
+        if group is not None
+        else {node_id: touched_score(node_id) for node_id in touched}
+    )
+    for node_id, found in scores.items():
+        if found is not None and node_id not in skip:
+            ranked.append((-found, node_id))
     ranked.sort()
     return [(node_id, -neg) for neg, node_id in ranked[:limit]]
 
@@ -779,7 +845,7 @@ async def _plan_request(
                 exceptions = await read_exceptions(
                     conn, request, cache.assumed(request.pool_id, request.start, request.end)
                 )
-            rows = shortlist_rows(inventory, request, options, exceptions, k + 1)
+            rows = shortlist_rows(inventory, request, options, exceptions, k + 1, group)
             if rows:
                 inside = [node_id for node_id, _ in rows[:k]]
                 snapshot = PoolSnapshot(
@@ -816,11 +882,12 @@ async def _inside_states(
     no node lease, so the pipeline reads no others). With a batch's ``group`` the rows come from (and
     are added to) the group's, with the batch's own amounts added."""
     resources: dict[str, dict[str, ScalarResource]] = {}
-    if request.resources and group is not None:
-        await group.fetch(conn, inside)
-        group.catch_up()  # exceptions.booked is the group's: it sees them
-        resources = {node_id: group.resources(node_id) for node_id in inside}
-    elif request.resources:
+    if group is not None:
+        if request.resources:
+            await group.fetch(conn, inside)
+            group.catch_up()  # exceptions.booked is the group's: it sees them
+        return {node_id: group.state(node_id) for node_id in inside}
+    if request.resources:
         assert request.start is not None and request.end is not None
         params = {
             "inside": inside,
