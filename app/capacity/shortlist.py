@@ -482,11 +482,13 @@ class _Group:
         self.memo[key] = (len(self.changes), scores)
         return scores
 
-    async def fetch(self, conn: AsyncConnection, node_ids: Iterable[str]) -> None:
-        """Read the scalar rows of the nodes not read yet (one statement, none when all are)."""
-        missing = sorted(n for n in set(node_ids) if n not in self.scalars)
+    async def fetch(self, conn: AsyncConnection, node_ids: Iterable[str], ahead: Iterable[str] = ()) -> None:
+        """Read the scalar rows of the nodes not read yet (one statement, none when all are), and with
+        them those of ``ahead`` (the next nodes of the ranking: plans after this one reach for them)."""
+        missing = {n for n in node_ids if n not in self.scalars}
         if not missing or not self.names:
             return
+        missing = sorted(missing | {n for n in ahead if n not in self.scalars})
         params = {"inside": missing, "names": self.names, "starts_at": self.start, "ends_at": self.end}
         for node_id in missing:
             self.scalars[node_id] = {}
@@ -845,7 +847,8 @@ async def _plan_request(
                 exceptions = await read_exceptions(
                     conn, request, cache.assumed(request.pool_id, request.start, request.end)
                 )
-            rows = shortlist_rows(inventory, request, options, exceptions, k + 1, group)
+            # a batch's group ranks 2K: the next K are read ahead with the first fetch they need
+            rows = shortlist_rows(inventory, request, options, exceptions, 2 * k if group else k + 1, group)
             if rows:
                 inside = [node_id for node_id, _ in rows[:k]]
                 snapshot = PoolSnapshot(
@@ -854,7 +857,9 @@ async def _plan_request(
                     nodes=tuple(
                         NodeSnapshot(inventory.nodes[node_id], state)
                         for node_id, state in (
-                            await _inside_states(conn, inside, request, exceptions, group)
+                            await _inside_states(
+                                conn, inside, request, exceptions, group, [n for n, _ in rows[k:]]
+                            )
                         ).items()
                     ),
                 )
@@ -875,6 +880,7 @@ async def _inside_states(
     request: PlacementRequest,
     exceptions: Exceptions,
     group: _Group | None = None,
+    ahead: Iterable[str] = (),
 ) -> dict[str, NodeState]:
     """The volatile state of the shortlisted nodes, in ranking order: the exceptions already read plus
     their rows of the requested scalar resources, each with the peak held over the window
@@ -884,7 +890,7 @@ async def _inside_states(
     resources: dict[str, dict[str, ScalarResource]] = {}
     if group is not None:
         if request.resources:
-            await group.fetch(conn, inside)
+            await group.fetch(conn, inside, ahead)
             group.catch_up()  # exceptions.booked is the group's: it sees them
         return {node_id: group.state(node_id) for node_id in inside}
     if request.resources:
