@@ -494,30 +494,44 @@ async def _check_pending(conn: AsyncConnection, entries: list[BatchEntry]) -> No
             e.outcome = None
 
 
+def _apart(keys: Iterable[tuple[Any, ...]]) -> bool:
+    """Whether, per holder, the distinct windows of ``keys`` (``(*holder, start, end)``, each once) are
+    pairwise apart: then one guard per (holder, window) with the window's total is exact, as no row of
+    one window counts in another's peak. Sorted by start, windows are apart when each starts at or after
+    the end of the one before."""
+    by_holder: dict[tuple[Any, ...], list[tuple[Any, Any]]] = defaultdict(list)
+    for *holder, start, end in keys:
+        by_holder[tuple(holder)].append((start, end))
+    for windows in by_holder.values():
+        windows.sort()
+        if any(later[0] < earlier[1] for earlier, later in zip(windows, windows[1:], strict=False)):
+            return False
+    return True
+
+
 async def _charge_together(conn: AsyncConnection, entries: list[BatchEntry], keep: bool) -> bool:
     """Every entry's charge in one statement (``app.quota.service.HOLD_QUOTA_ROWS``) in a SAVEPOINT,
     their ``quota_usage`` rows locked already: True when all fit (kept, or with ``keep=False`` only
     checked and rolled back), which is what charging them one after another would have answered; False
     (rolled back, nothing changed) when one did not fit, or when one tenant charges one resource over
-    several windows (their guards would not see each other): the caller charges them one by one."""
+    windows that overlap without being equal (their guards would not see each other): the caller
+    charges them one by one. Each row is guarded with the total of its (tenant, resource, window)."""
     rows = []
-    totals: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
-    windows: dict[tuple[str, str], set[tuple[Any, Any]]] = defaultdict(set)
+    totals: dict[tuple[str, str, Any, Any], Decimal] = defaultdict(Decimal)
     for e in entries:
         r = e.request
         for resource, n in sorted(e.amounts.items()):
             if Decimal(n) > 0:
                 rows.append((e.reservation_id, r.tenant_id, resource, Decimal(n), r.start, r.end))
-                totals[(r.tenant_id, resource)] += Decimal(n)
-                windows[(r.tenant_id, resource)].add((r.start, r.end))
+                totals[(r.tenant_id, resource, r.start, r.end)] += Decimal(n)
     if not rows:
         return True
-    if any(len(w) > 1 for w in windows.values()):
+    if not _apart(totals):
         return False
     columns = [list(c) for c in zip(*rows, strict=True)]
     names = ("reservation_ids", "tenant_ids", "resources", "amounts", "starts", "ends")
     params: dict[str, Any] = dict(zip(names, columns, strict=True))
-    params["totals"] = [totals[(row[1], row[2])] for row in rows]
+    params["totals"] = [totals[(row[1], row[2], row[4], row[5])] for row in rows]
     params["pool_id"] = entries[0].request.pool_id
     savepoint = await conn.begin_nested()
     # <HOLD_QUOTA_ROWS>: one row per (reservation, resource), guarded with its group's total
@@ -803,9 +817,11 @@ async def _hold_scalars(
 
     1. one statement locks every ``node_resources`` row (:func:`lock_scalars_statement`); an entry whose
        row is missing (or, skipping locked rows, held elsewhere) lost the race;
-    2. one statement (:data:`HOLD_SCALARS`) holds every (node, resource) group whose holds share one
-       window, each guarded with the group's total: the group fits whole or not at all;
-    3. the groups that did not fit, and those mixing windows, one hold at a time (:data:`HOLD_SCALAR`,
+    2. one statement (:data:`HOLD_SCALARS`) holds every (node, resource) whose holds' windows are
+       equal or apart, each row guarded with the total of its window: a window's holds fit whole or not
+       at all;
+    3. the (node, resource) pairs that did not fit whole, and those with windows that overlap in part,
+       one hold at a time (:data:`HOLD_SCALAR`,
        under the locks of step 1), so each hold sees the earlier ones: the first that no longer fit
        lose."""
     holds = sorted(
@@ -829,15 +845,19 @@ async def _hold_scalars(
     for node_id, resource, rid, n, p in holds:
         if rid not in lost:
             groups[(node_id, resource)].append((rid, n, p))
-    together = {  # rows of one window per (node, resource): those can share one guard
-        key: group
-        for key, group in groups.items()
-        if len({(p.entry.request.start, p.entry.request.end) for _, _, p in group}) == 1
+    totals: dict[tuple[str, str, Any, Any], Decimal] = defaultdict(Decimal)
+    for (node_id, resource), group in groups.items():
+        for _rid, n, p in group:
+            totals[(node_id, resource, p.entry.request.start, p.entry.request.end)] += n
+    apart = {  # (node, resource) whose windows are equal or apart: one guard per window is exact
+        key for key in groups if _apart(k for k in totals if (k[0], k[1]) == key)
     }
     rows = [
-        (ids[rid], resource, node_id, n, p.entry.request.start, p.entry.request.end, sum(g[1] for g in group))
-        for (node_id, resource), group in together.items()
+        (ids[rid], resource, node_id, n, r.start, r.end, totals[(node_id, resource, r.start, r.end)])
+        for (node_id, resource), group in groups.items()
+        if (node_id, resource) in apart
         for rid, n, p in group
+        for r in (p.entry.request,)
     ]
     held: set[tuple[str, str]] = set()
     if rows:
