@@ -240,16 +240,22 @@ _DURING = sa.bindparam("during", type_=device_bookings.c.during.type)
 _TOLERATED = sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text))  # predicates.tolerated_reasons(tenant)
 
 
+def _atoms(column: Any) -> Any:
+    """``array_agg(column)`` as ``text[]``."""
+    return sa.func.array_agg(column, type_=pg.ARRAY(sa.Text))
+
+
 @cache
 def exceptions_statement(with_scalars: bool) -> Prepared:
-    """The parts of :func:`read_exceptions` as one ``UNION ALL`` of rows ``(kind, node_id, atom,
-    reasons, ok, resource, peak, cap)``: ``b`` booked and ``u`` unavailable atoms, ``r`` nodes with
+    """The parts of :func:`read_exceptions` as one ``UNION ALL`` of rows ``(kind, node_id, atoms,
+    reasons, ok, resource, peak, cap)``: ``b`` booked and ``u`` unavailable atoms (one row per node, its
+    atoms aggregated: a pool's window can hold thousands of bookings), ``r`` nodes with
     NoSchedule reasons, ``s`` the scalar exceptions (``with_scalars``: a request with resources). Built
     and compiled once per variant from bind parameters only (``pool_id``, ``during``, ``tolerated`` and,
     with scalars, ``names``, ``most``, ``starts_at``, ``ends_at``: :func:`exceptions_params`) and run
     prepared (:class:`app.db.prepared.Prepared`)."""
     pad = {
-        "atom": sa.null().label("atom"),
+        "atoms": sa.cast(sa.null(), pg.ARRAY(sa.Text)).label("atoms"),
         "reasons": sa.cast(sa.null(), pg.ARRAY(sa.Text)).label("reasons"),
         "ok": sa.cast(sa.null(), sa.Boolean).label("ok"),
         "resource": sa.cast(sa.null(), sa.Text).label("resource"),
@@ -263,12 +269,14 @@ def exceptions_statement(with_scalars: bool) -> Prepared:
         ]
 
     parts: list[Any] = [
-        sa.select(*row("b", devices.c.node_id, atom=device_bookings.c.device_id))
+        sa.select(*row("b", devices.c.node_id, atoms=_atoms(device_bookings.c.device_id)))
         .join(devices, devices.c.pk == device_bookings.c.device_pk)
-        .where(device_bookings.c.pool_id == _POOL, device_bookings.c.during.op("&&")(_DURING)),
-        sa.select(*row("u", devices.c.node_id, atom=devices.c.id))
+        .where(device_bookings.c.pool_id == _POOL, device_bookings.c.during.op("&&")(_DURING))
+        .group_by(devices.c.node_id),
+        sa.select(*row("u", devices.c.node_id, atoms=_atoms(devices.c.id)))
         .join(nodes, nodes.c.id == devices.c.node_id)
-        .where(nodes.c.pool_id == _POOL, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable))),
+        .where(nodes.c.pool_id == _POOL, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable)))
+        .group_by(devices.c.node_id),
         sa.select(
             *row(
                 "r",
@@ -323,10 +331,10 @@ async def read_exceptions(
 
     ::
 
-        SELECT d.node_id, b.device_id FROM device_bookings b JOIN devices d ON d.pk = b.device_pk
-         WHERE b.pool_id = :pool AND b.during && :w;                           -- booked in the window
-        SELECT d.node_id, d.id FROM devices d JOIN nodes n ON n.id = d.node_id
-         WHERE n.pool_id = :pool AND NOT (d.healthy AND d.bookable);           -- partial index
+        SELECT d.node_id, array_agg(b.device_id) FROM device_bookings b JOIN devices d ON d.pk = b.device_pk
+         WHERE b.pool_id = :pool AND b.during && :w GROUP BY d.node_id;       -- booked in the window
+        SELECT d.node_id, array_agg(d.id) FROM devices d JOIN nodes n ON n.id = d.node_id
+         WHERE n.pool_id = :pool AND NOT (d.healthy AND d.bookable) GROUP BY d.node_id;  -- partial index
         SELECT n.id, n.no_schedule_reasons, <schedulable for tenant> FROM nodes n JOIN pools p ON ...
          WHERE n.pool_id = :pool AND n.no_schedule_reasons <> '{}';           -- partial index
         <SCALAR_EXCEPTIONS>: the nodes whose room for a requested scalar may be short: too small
@@ -378,14 +386,14 @@ async def _read_exceptions(
     reasons: dict[str, tuple[str, ...]] = {}
     unschedulable: set[str] = set()
     scalars: list[tuple[str, str, Decimal | None, Decimal]] = []
-    # every part in one round trip: (kind, node id, atom, reasons, ok, resource, peak, cap) rows
-    for kind, node_id, atom, node_reasons, ok, resource, peak, cap in (
+    # every part in one round trip: (kind, node id, atoms, reasons, ok, resource, peak, cap) rows
+    for kind, node_id, atoms, node_reasons, ok, resource, peak, cap in (
         await exceptions_statement(with_scalars).run(conn, params)
     ).all():
         if kind == "b":
-            booked.setdefault(node_id, set()).add(atom)
+            booked[node_id] = set(atoms)
         elif kind == "u":
-            unavailable.setdefault(node_id, set()).add(atom)
+            unavailable[node_id] = set(atoms)
         elif kind == "r":
             reasons[node_id] = tuple(node_reasons)
             if not ok:
