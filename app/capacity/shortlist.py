@@ -72,7 +72,7 @@ from app.placement.model import (
     Selector,
 )
 from app.placement.options import SchedulerOptions
-from app.placement.pipeline import plan_placement
+from app.placement.pipeline import NodeMemo, plan_placement
 from app.placement.scalar_capacity import scalar_capacity
 from app.placement.scorers import scorers_of
 from app.placement.scorers.contract import NODE
@@ -452,6 +452,8 @@ class _Group:
     changes: list[str] = field(default_factory=list)  # node ids changed, in order (touched_scores)
     memo: dict[Any, tuple[int, dict[str, float | None]]] = field(default_factory=dict)
     states: dict[str, NodeState] = field(default_factory=dict)  # inside states of nodes not changed
+    snapshots: dict[str, NodeSnapshot] = field(default_factory=dict)
+    node_memos: dict[Any, NodeMemo] = field(default_factory=dict)
 
     def take(self, planned: BatchPlanned) -> None:
         """Count an earlier plan of the batch when its window overlaps this group's."""
@@ -503,6 +505,25 @@ class _Group:
             self.states.pop(node_id, None)
         for r in (await _INSIDE_SCALARS.run(conn, params)).all():
             self.scalars[r.node_id][r.resource] = ScalarResource(r.allocatable, r.ratio, r.held)
+
+    def snapshot(self, inventory: PoolInventory, node_id: str, state: NodeState) -> NodeSnapshot:
+        """The node as the pipeline sees it, the same object while its inventory and state are."""
+        found = self.snapshots.get(node_id)
+        node = inventory.nodes[node_id]
+        if found is None or found.state is not state or found.inventory is not node:
+            found = self.snapshots[node_id] = NodeSnapshot(node, state)
+        return found
+
+    def node_memo(self, request: PlacementRequest, options: SchedulerOptions) -> NodeMemo:
+        """The pipeline's per-node outcomes for requests of this one's shape (``plan_placement``'s
+        ``memo``): what a filter or scorer reads of the request and options, seed and exclusions aside."""
+        key = (
+            _shape_key(request, options),
+            request.tenant_id,
+            request.binding,
+            tuple(sorted((r, Decimal(n)) for r, n in request.resources.items())),
+        )
+        return self.node_memos.setdefault(key, {})
 
     def state(self, node_id: str) -> NodeState:
         """The node's volatile state as a plan of this group sees it (memoized until it changes)."""
@@ -859,19 +880,21 @@ async def _plan_request(
             rows = shortlist_rows(inventory, request, options, exceptions, 2 * k if group else k + 1, group)
             if rows:
                 inside = [node_id for node_id, _ in rows[:k]]
+                states = await _inside_states(
+                    conn, inside, request, exceptions, group, [n for n, _ in rows[k:]]
+                )
                 snapshot = PoolSnapshot(
                     id=request.pool_id,
                     archived=False,
                     nodes=tuple(
-                        NodeSnapshot(inventory.nodes[node_id], state)
-                        for node_id, state in (
-                            await _inside_states(
-                                conn, inside, request, exceptions, group, [n for n, _ in rows[k:]]
-                            )
-                        ).items()
+                        group.snapshot(inventory, node_id, state)
+                        if group is not None
+                        else NodeSnapshot(inventory.nodes[node_id], state)
+                        for node_id, state in states.items()
                     ),
                 )
-                plan = plan_placement(request, snapshot, options)
+                memo = group.node_memo(request, options) if group is not None else None
+                plan = plan_placement(request, snapshot, options, memo)
                 ceiling = _pick_ceiling(inventory, request, options)
                 if isinstance(plan, Plan) and _provably_complete(plan, rows, k, needed, ceiling):
                     return PlanOutcome(head, plan, "shortlist")
