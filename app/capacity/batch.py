@@ -7,19 +7,26 @@ commit's, :mod:`app.db.locks`):
 
 1. **lock the pool row** ``FOR SHARE``: an archived pool (archived after the reservation was queued, or
    before) leaves every entry pending with ``the pool is archived``;
-2. **plan** the entries one after another, oldest first, each seeing the earlier ones of the batch (their
-   atoms are assumed booked in the :class:`~app.capacity.snapshot.PoolCache`, which memoizes rankings
-   per label set, and what earlier attempts wrote is read back in this transaction);
-3. **commit** the plans with guarded multi-row statements (:func:`_commit_plans`): one statement locks
-   the planned nodes per tenant, one the atoms, one writes the allocations, one the bookings
-   (``ON CONFLICT DO NOTHING RETURNING``: fewer rows for an entry = it lost the race), then each
-   scalar under its ``node_resources`` lock. A losing entry's rows are deleted; the others stay;
+2. **plan** the entries one after another, oldest first, on reads they share
+   (:class:`~app.capacity.shortlist.SharedReads`, issue 15): the locked pool row as their head, one
+   exceptions read per group of window, resource names and tenant, each plan seeing the earlier plans
+   of the attempt (their atoms booked and their scalar amounts held where the windows overlap) and
+   what other plans of this process assumed meanwhile (their atoms are assumed booked in the
+   :class:`~app.capacity.snapshot.PoolCache`, which memoizes rankings per label set); what earlier
+   attempts wrote is read back in this transaction;
+3. **commit** the plans with guarded multi-row statements (:func:`_commit_plans`), compiled once: one
+   statement locks the planned nodes per tenant, one the atoms, one writes the allocations, one the
+   bookings (``ON CONFLICT DO NOTHING RETURNING``: fewer rows for an entry = it lost the race), one
+   locks the ``node_resources`` rows and one holds the scalars, each window's holds on a (node,
+   resource) guarded with their total (those that do not fit whole go one at a time,
+   :func:`_hold_scalars`). A losing entry's rows are deleted; the others stay;
 4. **replan** the losers without the lost node (or with it re-read, seed 000's rule in
    :mod:`app.capacity.placer`), up to ``max_attempts``; then pending with ``Unschedulable after <n>
    conflicting attempts: ...``;
 5. **preempt** (``BatchOptions.preemption``): a regular entry left pending because nothing fit is placed
    inline by preempting spot work (:func:`app.capacity.preemption.place_preempting`), as a create would;
-6. **charge** quota, last: every placed entry's tenant rows locked once in sorted order, then each entry
+6. **charge** quota, last: every placed entry's tenant rows locked once in sorted order, then all the
+   entries in one guarded statement when they all fit (:func:`_charge_together`), else each entry
    in a SAVEPOINT; a refusal (:class:`~app.errors.QuotaExceeded`) refuses that entry alone and removes
    what it booked. A pending entry is checked the same way and the check rolled back (a pending request
    holds nothing, but over quota is 409 even when nothing fits), so each entry answers what it alone

@@ -28,6 +28,11 @@ give; a tie at ``U`` is safe when the inside node's id is smaller, since ties br
 the shortlist orders equal count scores by id. Otherwise, and whenever the shortlist plan finds nothing (the
 pending reason must describe the whole pool), the whole pool is planned. ``needed`` is topN for a
 reservation and max(topN, 10) for a preview.
+
+A batch (:mod:`app.capacity.batch`) plans its entries on reads they share (:class:`SharedReads`): one
+exceptions read per (window, resource names, tenant) group, the batch's earlier plans counted in, the
+touched nodes' scores, the inside nodes' states and the pipeline's per-node outcomes memoized until a
+plan or an assumption changes the node. The guarded commit still decides, as for a plan of its own.
 """
 
 from __future__ import annotations
