@@ -362,6 +362,11 @@ async def place_batch(
     await _plan_and_commit(conn, cache, opts, head, entries, tokens, first_attempt=1)
     if opts.preemption is not None:
         await _preempt_pending(conn, cache, opts, entries)
+    # every tenant's rows at once, in (tenant, resource) order, before the placed entries are charged and
+    # the pending ones checked: locking the pending tenants' rows only after the placed ones' would take
+    # tenants out of order (a pending tenant sorting first) against another batch taking them in order
+    if any(isinstance(e.outcome, Pending) for e in entries):
+        await _lock_batch_usage(conn, [e for e in entries if isinstance(e.outcome, (Placed, Pending))])
     if await _charge_placed(conn, cache, pool_id, entries, tokens):
         # a refused entry's bookings were removed: the entries nothing fit get one more plan
         again = [e for e in entries if isinstance(e.outcome, Pending) and e.outcome.reason != ARCHIVED_POOL]
