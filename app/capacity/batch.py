@@ -7,19 +7,26 @@ commit's, :mod:`app.db.locks`):
 
 1. **lock the pool row** ``FOR SHARE``: an archived pool (archived after the reservation was queued, or
    before) leaves every entry pending with ``the pool is archived``;
-2. **plan** the entries one after another, oldest first, each seeing the earlier ones of the batch (their
-   atoms are assumed booked in the :class:`~app.capacity.snapshot.PoolCache`, which memoizes rankings
-   per label set, and what earlier attempts wrote is read back in this transaction);
-3. **commit** the plans with guarded multi-row statements (:func:`_commit_plans`): one statement locks
-   the planned nodes per tenant, one the atoms, one writes the allocations, one the bookings
-   (``ON CONFLICT DO NOTHING RETURNING``: fewer rows for an entry = it lost the race), then each
-   scalar under its ``node_resources`` lock. A losing entry's rows are deleted; the others stay;
+2. **plan** the entries one after another, oldest first, on reads they share
+   (:class:`~app.capacity.shortlist.SharedReads`, issue 15): the locked pool row as their head, one
+   exceptions read per group of window, resource names and tenant, each plan seeing the earlier plans
+   of the attempt (their atoms booked and their scalar amounts held where the windows overlap) and
+   what other plans of this process assumed meanwhile (their atoms are assumed booked in the
+   :class:`~app.capacity.snapshot.PoolCache`, which memoizes rankings per label set); what earlier
+   attempts wrote is read back in this transaction;
+3. **commit** the plans with guarded multi-row statements (:func:`_commit_plans`), compiled once: one
+   statement locks the planned nodes per tenant, one the atoms, one writes the allocations, one the
+   bookings (``ON CONFLICT DO NOTHING RETURNING``: fewer rows for an entry = it lost the race), one
+   locks the ``node_resources`` rows and one holds the scalars, each window's holds on a (node,
+   resource) guarded with their total (those that do not fit whole go one at a time,
+   :func:`_hold_scalars`). A losing entry's rows are deleted; the others stay;
 4. **replan** the losers without the lost node (or with it re-read, seed 000's rule in
    :mod:`app.capacity.placer`), up to ``max_attempts``; then pending with ``Unschedulable after <n>
    conflicting attempts: ...``;
 5. **preempt** (``BatchOptions.preemption``): a regular entry left pending because nothing fit is placed
    inline by preempting spot work (:func:`app.capacity.preemption.place_preempting`), as a create would;
-6. **charge** quota, last: every placed entry's tenant rows locked once in sorted order, then each entry
+6. **charge** quota, last: every placed entry's tenant rows locked once in sorted order, then all the
+   entries in one guarded statement when they all fit (:func:`_charge_together`), else each entry
    in a SAVEPOINT; a refusal (:class:`~app.errors.QuotaExceeded`) refuses that entry alone and removes
    what it booked. A pending entry is checked the same way and the check rolled back (a pending request
    holds nothing, but over quota is 409 even when nothing fits), so each entry answers what it alone
@@ -36,10 +43,11 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import TSTZRANGE
+from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -65,12 +73,14 @@ from app.capacity.placer import (
     db_now,
     plan_seed,
 )
-from app.capacity.predicates import schedulable_sql_tolerating
+from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
 from app.capacity.reservations import CapacityConfig
-from app.capacity.shortlist import plan_request
-from app.capacity.snapshot import PoolCache, window
+from app.capacity.shortlist import BatchPlanned, SharedReads, plan_request
+from app.capacity.snapshot import PoolCache, PoolHead, window
 from app.db.locks import lock_pool
+from app.db.prepared import Prepared
 from app.db.tables import (
+    TS,
     allocations,
     device_bookings,
     devices,
@@ -90,13 +100,6 @@ from app.placement.summary import ARCHIVED_POOL
 from app.quota import service as quota
 
 _H = holding_params(scalar_holdings)
-# SELECT 1 FROM node_resources WHERE node_id = :node_id AND resource = :resource FOR UPDATE
-LOCK_SCALAR = (
-    sa.select(sa.literal(1))
-    .select_from(node_resources)
-    .where(node_resources.c.node_id == _H["node_id"], node_resources.c.resource == _H["resource"])
-    .with_for_update()
-)
 # INSERT INTO scalar_holdings (allocation_id, resource, node_id, pool_id, amount, starts_at, ends_at)
 # SELECT :allocation_id, :resource, :node_id, :pool_id, :amount, :starts_at, :ends_at FROM node_resources nr
 #  WHERE nr.node_id = :node_id AND nr.resource = :resource
@@ -116,6 +119,182 @@ HOLD_SCALAR = hold_if(
         _H["amount"],
         sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
     ),
+)
+
+
+_NODES = sa.bindparam("node_ids", type_=pg.ARRAY(sa.Text))
+_ATOM_IDS = sa.bindparam("atom_ids", type_=pg.ARRAY(sa.Text))
+_TOLERATED = sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text))  # predicates.tolerated_reasons(tenant)
+
+
+@cache
+def lock_nodes_statement(skip_locked: bool) -> Prepared:
+    """The batch's node guard for one tenant, built and compiled once per variant::
+
+    SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
+     WHERE n.id = ANY(:node_ids) AND n.pool_id = :pool_id
+       AND <schedulable tolerating :tolerated>             -- predicates.schedulable_sql_within
+     ORDER BY n.id FOR SHARE OF n [SKIP LOCKED]            -- a missing node: no longer schedulable
+    """
+    return Prepared(
+        sa.select(nodes.c.id)
+        .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
+        .where(
+            nodes.c.id == sa.any_(_NODES),
+            nodes.c.pool_id == sa.bindparam("pool_id", type_=sa.Text),
+            schedulable_sql_within(
+                sa.cast(sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text)), pg.ARRAY(sa.Text))
+            ),
+        )
+        .order_by(nodes.c.id)
+        .with_for_update(read=True, of=nodes, skip_locked=skip_locked)
+    )
+
+
+@cache
+def lock_atoms_statement(skip_locked: bool) -> Prepared:
+    """The batch's atom guard, built and compiled once per variant::
+
+    SELECT id, class, node_id FROM devices WHERE id = ANY(:atom_ids) AND healthy AND bookable
+     ORDER BY id FOR SHARE [SKIP LOCKED]                  -- an atom missing: unhealthy or unbookable
+    """
+    return Prepared(
+        sa.select(devices.c.id, devices.c["class"], devices.c.node_id)
+        .where(devices.c.id == sa.any_(_ATOM_IDS), devices.c.healthy, devices.c.bookable)
+        .order_by(devices.c.id)
+        .with_for_update(read=True, skip_locked=skip_locked)
+    )
+
+
+INSERT_ALLOCATION = sa.insert(allocations)
+_ROWS = {
+    name: sa.bindparam(name, type_=pg.ARRAY(t))
+    for name, t in (("ids", sa.Text), ("node_ids", sa.Text), ("starts", TS), ("ends", TS))
+}
+_BOOKING_ROWS = (
+    sa.func.unnest(_ATOM_IDS, _ROWS["ids"], _ROWS["starts"], _ROWS["ends"])
+    .table_valued(
+        sa.column("device_id", sa.Text),
+        sa.column("allocation_id", sa.Text),
+        sa.column("starts_at", TS),
+        sa.column("ends_at", TS),
+    )
+    .render_derived(name="w")
+)
+# INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
+#   SELECT d.pk, d.id, :pool_id, w.allocation_id, tstzrange(w.starts_at, w.ends_at, '[)')
+#     FROM devices d JOIN unnest(:atom_ids, :ids, :starts, :ends) AS w (device_id, allocation_id, starts_at,
+#          ends_at) ON w.device_id = d.id
+#   ON CONFLICT DO NOTHING RETURNING allocation_id      -- fewer rows for an allocation: booked meanwhile
+INSERT_BOOKINGS = Prepared(
+    pg_insert(device_bookings)
+    .from_select(
+        ["device_pk", "device_id", "pool_id", "allocation_id", "during"],
+        sa.select(
+            devices.c.pk,
+            devices.c.id,
+            sa.bindparam("pool_id", type_=sa.Text),
+            _BOOKING_ROWS.c.allocation_id,
+            sa.func.tstzrange(_BOOKING_ROWS.c.starts_at, _BOOKING_ROWS.c.ends_at, sa.literal_column("'[)'")),
+        ).select_from(devices.join(_BOOKING_ROWS, _BOOKING_ROWS.c.device_id == devices.c.id)),
+    )
+    .on_conflict_do_nothing()
+    .returning(device_bookings.c.allocation_id)
+)
+
+
+_SCALAR_KEYS = (
+    sa.func.unnest(_ROWS["node_ids"], sa.bindparam("resources", type_=pg.ARRAY(sa.Text)))
+    .table_valued(sa.column("node_id", sa.Text), sa.column("resource", sa.Text))
+    .render_derived(name="k")
+)
+
+
+@cache
+def lock_scalars_statement(skip_locked: bool) -> Prepared:
+    """Every ``node_resources`` row a batch holds from, in one statement, in (node, resource) order::
+
+    SELECT node_id, resource FROM node_resources
+     WHERE (node_id, resource) IN (SELECT * FROM unnest(:node_ids, :resources) AS k(node_id, resource))
+     ORDER BY node_id, resource FOR UPDATE [SKIP LOCKED]   -- a row missing: the resource ran out
+    """
+    return Prepared(
+        sa.select(node_resources.c.node_id, node_resources.c.resource)
+        .where(sa.tuple_(node_resources.c.node_id, node_resources.c.resource).in_(sa.select(_SCALAR_KEYS)))
+        .order_by(node_resources.c.node_id, node_resources.c.resource)
+        .with_for_update(skip_locked=skip_locked)
+    )
+
+
+_HOLDS = (
+    sa.func.unnest(
+        _ROWS["ids"],
+        sa.bindparam("resources", type_=pg.ARRAY(sa.Text)),
+        _ROWS["node_ids"],
+        sa.bindparam("amounts", type_=pg.ARRAY(sa.Numeric)),
+        _ROWS["starts"],
+        _ROWS["ends"],
+        sa.bindparam("totals", type_=pg.ARRAY(sa.Numeric)),
+    )
+    .table_valued(
+        sa.column("allocation_id", sa.Text),
+        sa.column("resource", sa.Text),
+        sa.column("node_id", sa.Text),
+        sa.column("amount", sa.Numeric),
+        sa.column("starts_at", TS),
+        sa.column("ends_at", TS),
+        sa.column("total", sa.Numeric),
+    )
+    .render_derived(name="w")
+)
+# The holds of many allocations in one statement, one group per (node, resource) whose holds share one
+# window, each row guarded with its group's total (the statement does not see its own rows):
+# INSERT INTO scalar_holdings (allocation_id, resource, node_id, pool_id, amount, starts_at, ends_at)
+# SELECT w.allocation_id, w.resource, w.node_id, :pool_id, w.amount, w.starts_at, w.ends_at
+#   FROM unnest(:ids, :resources, :node_ids, :amounts, :starts, :ends, :totals)
+#        AS w(allocation_id, resource, node_id, amount, starts_at, ends_at, total)
+#   JOIN node_resources nr ON nr.node_id = w.node_id AND nr.resource = w.resource
+#  WHERE (<peak of the node's w.resource holdings over [w.starts_at, w.ends_at)>) + w.total
+#        <= floor(nr.allocatable * nr.ratio)          -- windows.room_for: the sweep only if needed
+# RETURNING allocation_id, resource                   -- a group missing: it goes one hold at a time
+HOLD_SCALARS = Prepared(
+    sa.insert(scalar_holdings)
+    .from_select(
+        ["allocation_id", "resource", "node_id", "pool_id", "amount", "starts_at", "ends_at"],
+        sa.select(
+            _HOLDS.c.allocation_id,
+            _HOLDS.c.resource,
+            _HOLDS.c.node_id,
+            sa.bindparam("pool_id", type_=sa.Text),
+            _HOLDS.c.amount,
+            _HOLDS.c.starts_at,
+            _HOLDS.c.ends_at,
+        )
+        .select_from(
+            _HOLDS.join(
+                node_resources,
+                sa.and_(
+                    node_resources.c.node_id == _HOLDS.c.node_id,
+                    node_resources.c.resource == _HOLDS.c.resource,
+                ),
+            )
+        )
+        .where(
+            room_for(
+                scalar_holdings,
+                [
+                    scalar_holdings.c.node_id == _HOLDS.c.node_id,
+                    scalar_holdings.c.resource == _HOLDS.c.resource,
+                ],
+                _HOLDS.c.starts_at,
+                _HOLDS.c.ends_at,
+                _HOLDS.c.total,
+                sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
+                (_HOLDS, node_resources),
+            )
+        ),
+    )
+    .returning(scalar_holdings.c.allocation_id, scalar_holdings.c.resource)
 )
 
 
@@ -173,21 +352,28 @@ async def place_batch(
     """Decide every entry of ``pool_id`` in ``conn``'s transaction (steps 1-5 above); returns the cache
     assumption tokens of the committed atoms: forget them once the transaction has ended."""
     pool = await lock_pool(conn, pool_id, for_update=False)
+    # the plans' head: the row locked FOR SHARE holds for the transaction (no archive, no inventory change)
+    head = PoolHead(pool.id, pool.archived_at is not None, pool.inventory_version)
     if pool.archived_at is not None:
         for e in entries:
             if e.undecided:
                 e.outcome = Pending(ARCHIVED_POOL)
     tokens: list[int] = []
-    await _plan_and_commit(conn, cache, opts, pool_id, entries, tokens, first_attempt=1)
+    await _plan_and_commit(conn, cache, opts, head, entries, tokens, first_attempt=1)
     if opts.preemption is not None:
         await _preempt_pending(conn, cache, opts, entries)
+    # every tenant's rows at once, in (tenant, resource) order, before the placed entries are charged and
+    # the pending ones checked: locking the pending tenants' rows only after the placed ones' would take
+    # tenants out of order (a pending tenant sorting first) against another batch taking them in order
+    if any(isinstance(e.outcome, Pending) for e in entries):
+        await _lock_batch_usage(conn, [e for e in entries if isinstance(e.outcome, (Placed, Pending))])
     if await _charge_placed(conn, cache, pool_id, entries, tokens):
         # a refused entry's bookings were removed: the entries nothing fit get one more plan
         again = [e for e in entries if isinstance(e.outcome, Pending) and e.outcome.reason != ARCHIVED_POOL]
         for e in again:
             e.outcome, e.lost = None, []
         if again:
-            await _plan_and_commit(conn, cache, opts, pool_id, again, tokens, opts.max_attempts + 1)
+            await _plan_and_commit(conn, cache, opts, head, again, tokens, opts.max_attempts + 1)
             await _charge_placed(conn, cache, pool_id, again, tokens)
     await _check_pending(conn, entries)
     return tokens
@@ -197,7 +383,7 @@ async def _plan_and_commit(
     conn: AsyncConnection,
     cache: PoolCache,
     opts: BatchOptions,
-    pool_id: str,
+    head: PoolHead,
     entries: list[BatchEntry],
     tokens: list[int],
     first_attempt: int,
@@ -205,11 +391,12 @@ async def _plan_and_commit(
     """Steps 2-4: plan the undecided entries and commit them, replanning the losers, up to
     ``max_attempts`` (numbered from ``first_attempt``: the savepoints and the seeds); the committed
     atoms' assumption tokens are appended to ``tokens``."""
+    pool_id = head.id
     for attempt in range(first_attempt, first_attempt + opts.max_attempts):
         todo = [e for e in entries if e.undecided]
         if not todo:
             break
-        planned = await _plan_all(conn, cache, opts, todo, attempt)
+        planned = await _plan_all(conn, cache, opts, head, todo, attempt)
         if planned is None:  # the pool was archived (the plan's own read)
             for e in todo:
                 e.outcome = Pending(ARCHIVED_POOL)
@@ -287,6 +474,10 @@ async def _charge_placed(
     refusal refuses that entry alone and removes what it booked. True when any was refused."""
     placed = [e for e in entries if isinstance(e.outcome, Placed) and not e.charged]
     await _lock_batch_usage(conn, placed)
+    if await _charge_together(conn, placed, keep=True):
+        for e in placed:
+            e.charged = True
+        return False
     refused_any = False
     for e in sorted(placed, key=lambda e: (e.request.tenant_id, e.reservation_id)):
         assert isinstance(e.outcome, Placed)
@@ -307,10 +498,61 @@ async def _check_pending(conn: AsyncConnection, entries: list[BatchEntry]) -> No
     nothing, but over quota is 409 even when nothing fits), beside what the batch placed."""
     pending = [e for e in entries if isinstance(e.outcome, Pending)]
     await _lock_batch_usage(conn, pending)
+    if await _charge_together(conn, pending, keep=False):
+        return
     for e in sorted(pending, key=lambda e: (e.request.tenant_id, e.reservation_id)):
         e.refused = await _charge_one(conn, e, keep=False)
         if e.refused is not None:
             e.outcome = None
+
+
+def _apart(keys: Iterable[tuple[Any, ...]]) -> bool:
+    """Whether, per holder, the distinct windows of ``keys`` (``(*holder, start, end)``, each once) are
+    pairwise apart: then one guard per (holder, window) with the window's total is exact, as no row of
+    one window counts in another's peak. Sorted by start, windows are apart when each starts at or after
+    the end of the one before."""
+    by_holder: dict[tuple[Any, ...], list[tuple[Any, Any]]] = defaultdict(list)
+    for *holder, start, end in keys:
+        by_holder[tuple(holder)].append((start, end))
+    for windows in by_holder.values():
+        windows.sort()
+        if any(later[0] < earlier[1] for earlier, later in zip(windows, windows[1:], strict=False)):
+            return False
+    return True
+
+
+async def _charge_together(conn: AsyncConnection, entries: list[BatchEntry], keep: bool) -> bool:
+    """Every entry's charge in one statement (``app.quota.service.HOLD_QUOTA_ROWS``) in a SAVEPOINT,
+    their ``quota_usage`` rows locked already: True when all fit (kept, or with ``keep=False`` only
+    checked and rolled back), which is what charging them one after another would have answered; False
+    (rolled back, nothing changed) when one did not fit, or when one tenant charges one resource over
+    windows that overlap without being equal (their guards would not see each other): the caller
+    charges them one by one. Each row is guarded with the total of its (tenant, resource, window)."""
+    rows = []
+    totals: dict[tuple[str, str, Any, Any], Decimal] = defaultdict(Decimal)
+    for e in entries:
+        r = e.request
+        for resource, n in sorted(e.amounts.items()):
+            if Decimal(n) > 0:
+                rows.append((e.reservation_id, r.tenant_id, resource, Decimal(n), r.start, r.end))
+                totals[(r.tenant_id, resource, r.start, r.end)] += Decimal(n)
+    if not rows:
+        return True
+    if not _apart(totals):
+        return False
+    columns = [list(c) for c in zip(*rows, strict=True)]
+    names = ("reservation_ids", "tenant_ids", "resources", "amounts", "starts", "ends")
+    params: dict[str, Any] = dict(zip(names, columns, strict=True))
+    params["totals"] = [totals[(row[1], row[2], row[4], row[5])] for row in rows]
+    params["pool_id"] = entries[0].request.pool_id
+    savepoint = await conn.begin_nested()
+    # <HOLD_QUOTA_ROWS>: one row per (reservation, resource), guarded with its group's total
+    held = len((await quota.HOLD_QUOTA_ROWS.run(conn, params)).all())
+    if held == len(rows) and keep:
+        await savepoint.commit()
+    else:
+        await savepoint.rollback()
+    return held == len(rows)
 
 
 async def _charge_one(conn: AsyncConnection, e: BatchEntry, keep: bool) -> QuotaExceeded | None:
@@ -348,10 +590,19 @@ async def _lock_tenant_rows(conn: AsyncConnection, tenant: str, pool_id: str, re
 
 
 async def _plan_all(
-    conn: AsyncConnection, cache: PoolCache, opts: BatchOptions, todo: list[BatchEntry], attempt: int
+    conn: AsyncConnection,
+    cache: PoolCache,
+    opts: BatchOptions,
+    head: PoolHead,
+    todo: list[BatchEntry],
+    attempt: int,
 ) -> list[_Planned] | None:
-    """Plan ``todo`` one after another; each plan's atoms are assumed booked for the plans after it.
-    An entry that does not fit becomes pending; None when the pool turned out archived."""
+    """Plan ``todo`` one after another on reads they share (:class:`~app.capacity.shortlist.SharedReads`:
+    one exceptions read per group of window, resource names and tenant, this attempt's earlier plans
+    counted as booked and held where the windows overlap; earlier attempts' winners are read back from
+    this transaction); each plan's atoms are also assumed booked in the cache for the other plans of
+    this process. An entry that does not fit becomes pending; None when the pool turned out archived."""
+    shared = SharedReads(cache, head, [e.request for e in todo])
     planned: list[_Planned] = []
     for e in todo:
         request = e.request
@@ -363,7 +614,7 @@ async def _plan_all(
             excluded_nodes=opts.options.excluded_nodes | frozenset(r.node_id for r in excluded),
             exclusion_reasons={**opts.options.exclusion_reasons, **{r.node_id: r.reason for r in excluded}},
         )
-        outcome = await plan_request(conn, cache, request, options, opts.shortlist_min)
+        outcome = await plan_request(conn, cache, request, options, opts.shortlist_min, shared=shared)
         if outcome.head.archived:
             for p in planned:
                 cache.forget(request.pool_id, p.token)
@@ -375,6 +626,8 @@ async def _plan_all(
         assert isinstance(plan, Plan) and len(plan.placements) == 1  # gangs place inline
         chosen = plan.chosen
         token = cache.assume(request.pool_id, chosen.node_id, chosen.atoms, request.start, request.end)
+        atoms = frozenset(chosen.atoms)
+        shared.add(BatchPlanned(chosen.node_id, atoms, chosen.resources, request.start, request.end))
         planned.append(_Planned(e, chosen, token))
     return planned
 
@@ -454,22 +707,8 @@ async def _check_nodes(
         by_tenant[p.entry.request.tenant_id].append(p)
     for tenant, group in sorted(by_tenant.items()):
         wanted = sorted({p.candidate.node_id for p in group})
-        # SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
-        #  WHERE n.id = ANY(:nodes) AND n.pool_id = :pool AND <schedulable for :tenant>
-        #  ORDER BY n.id FOR SHARE OF n [SKIP LOCKED]          -- a missing node: no longer schedulable
-        still = set(
-            (
-                await conn.execute(
-                    sa.select(nodes.c.id)
-                    .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
-                    .where(
-                        nodes.c.id.in_(wanted), nodes.c.pool_id == pool_id, schedulable_sql_tolerating(tenant)
-                    )
-                    .order_by(nodes.c.id)
-                    .with_for_update(read=True, of=nodes, skip_locked=skip_locked)
-                )
-            ).scalars()
-        )
+        params = {"node_ids": wanted, "pool_id": pool_id, "tolerated": tolerated_reasons(tenant)}
+        still = {r[0] for r in (await lock_nodes_statement(skip_locked).run(conn, params)).all()}
         for p in group:
             if p.candidate.node_id not in still:
                 lost[p.entry.reservation_id] = _lost(p, NOT_SCHEDULABLE)
@@ -507,20 +746,8 @@ async def _check_atoms(
     alive = [p for p in planned if p.entry.reservation_id not in lost and p.candidate.atoms]
     if not alive:
         return {}
-    # SELECT id, class, node_id FROM devices WHERE id = ANY(:atoms) AND healthy AND bookable
-    #  ORDER BY id FOR SHARE [SKIP LOCKED]                -- an atom missing: unhealthy or unbookable
-    rows = (
-        await conn.execute(
-            sa.select(devices.c.id, devices.c["class"], devices.c.node_id)
-            .where(
-                devices.c.id.in_(sorted({a for p in alive for a in p.candidate.atoms})),
-                devices.c.healthy,
-                devices.c.bookable,
-            )
-            .order_by(devices.c.id)
-            .with_for_update(read=True, skip_locked=skip_locked)
-        )
-    ).all()
+    atom_ids = sorted({a for p in alive for a in p.candidate.atoms})
+    rows = (await lock_atoms_statement(skip_locked).run(conn, {"atom_ids": atom_ids})).all()
     ok = {r[0]: (r[1], r[2]) for r in rows}
     classes: dict[str, dict[str, Decimal]] = {}
     for p in alive:
@@ -543,22 +770,21 @@ async def _insert_allocations(
     if not alive:
         return
     # INSERT INTO allocations (id, reservation_id, pool_id, node_id, atoms, resources, during)
-    #   VALUES (...), (...), ...
+    #   VALUES (:id, :reservation_id, ...)     -- one statement compiled once, the rows sent as one batch
     await conn.execute(
-        sa.insert(allocations).values(
-            [
-                {
-                    "id": ids[p.entry.reservation_id],
-                    "reservation_id": p.entry.reservation_id,
-                    "pool_id": pool_id,
-                    "node_id": p.candidate.node_id,
-                    "atoms": list(p.candidate.atoms),
-                    "resources": {k: str(v) for k, v in p.candidate.resources.items()},
-                    "during": _during(p),
-                }
-                for p in alive
-            ]
-        )
+        INSERT_ALLOCATION,
+        [
+            {
+                "id": ids[p.entry.reservation_id],
+                "reservation_id": p.entry.reservation_id,
+                "pool_id": pool_id,
+                "node_id": p.candidate.node_id,
+                "atoms": list(p.candidate.atoms),
+                "resources": {k: str(v) for k, v in p.candidate.resources.items()},
+                "during": _during(p),
+            }
+            for p in alive
+        ],
     )
 
 
@@ -571,36 +797,18 @@ async def _insert_bookings(
 ) -> None:
     """One multi-row INSERT of every atom's booking; an entry with fewer rows back lost the race."""
     rows = [
-        (atom, ids[p.entry.reservation_id], _during(p))
+        (atom, ids[p.entry.reservation_id], p.entry.request.start, p.entry.request.end)
         for p in alive
         if p.entry.reservation_id not in lost
         for atom in p.candidate.atoms
     ]
     if not rows:
         return
-    wanted = sa.values(
-        sa.column("device_id", sa.Text),
-        sa.column("allocation_id", sa.Text),
-        sa.column("during", TSTZRANGE),
-        name="wanted",
-    ).data(rows)
-    # INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
-    #   SELECT d.pk, d.id, :pool, w.allocation_id, w.during
-    #     FROM devices d JOIN (VALUES (:atom, :alloc, :during), ...) w (device_id, allocation_id, during)
-    #       ON w.device_id = d.id
-    #   ON CONFLICT DO NOTHING RETURNING allocation_id      -- fewer rows for an allocation: booked meanwhile
-    source = sa.select(
-        devices.c.pk, devices.c.id, sa.literal(pool_id, sa.Text), wanted.c.allocation_id, wanted.c.during
-    ).select_from(devices.join(wanted, wanted.c.device_id == devices.c.id))
+    atom_ids, allocation_ids, starts, ends = (list(c) for c in zip(*rows, strict=True))
+    params = {"atom_ids": atom_ids, "ids": allocation_ids, "starts": starts, "ends": ends, "pool_id": pool_id}
+    # <INSERT_BOOKINGS>: ON CONFLICT DO NOTHING RETURNING allocation_id (fewer rows: booked meanwhile)
     booked: dict[str, int] = defaultdict(int)
-    for (allocation_id,) in (
-        await conn.execute(
-            pg_insert(device_bookings)
-            .from_select(["device_pk", "device_id", "pool_id", "allocation_id", "during"], source)
-            .on_conflict_do_nothing()
-            .returning(device_bookings.c.allocation_id)
-        )
-    ).all():
+    for (allocation_id,) in (await INSERT_BOOKINGS.run(conn, params)).all():
         booked[allocation_id] += 1
     for p in alive:
         rid = p.entry.reservation_id
@@ -616,34 +824,79 @@ async def _hold_scalars(
     lost: dict[str, LostRace],
     skip_locked: bool = False,
 ) -> None:
-    """Each scalar of the surviving entries, in (node, resource) order, with the guarded hold of
-    :mod:`app.capacity.commit` (``node_resources`` row lock, then the peak guard)."""
+    """Each scalar of the surviving entries with the guarded hold of :mod:`app.capacity.commit`
+    (``node_resources`` row lock, then the peak guard), in (node, resource) order:
+
+    1. one statement locks every ``node_resources`` row (:func:`lock_scalars_statement`); an entry whose
+       row is missing (or, skipping locked rows, held elsewhere) lost the race;
+    2. one statement (:data:`HOLD_SCALARS`) holds every (node, resource) whose holds' windows are
+       equal or apart, each row guarded with the total of its window: a window's holds fit whole or not
+       at all;
+    3. the (node, resource) pairs that did not fit whole, and those with windows that overlap in part,
+       one hold at a time (:data:`HOLD_SCALAR`,
+       under the locks of step 1), so each hold sees the earlier ones: the first that no longer fit
+       lose."""
     holds = sorted(
         (p.candidate.node_id, resource, p.entry.reservation_id, Decimal(n), p)
         for p in alive
+        if p.entry.reservation_id not in lost
         for resource, n in p.candidate.resources.items()
     )
-    lock = LOCK_SCALAR.with_for_update(skip_locked=True) if skip_locked else LOCK_SCALAR
+    if not holds:
+        return
+    keys = sorted({(h[0], h[1]) for h in holds})
+    params = {"node_ids": [k[0] for k in keys], "resources": [k[1] for k in keys]}
+    # SELECT node_id, resource FROM node_resources WHERE (node_id, resource) IN (...)
+    #  ORDER BY node_id, resource FOR UPDATE [SKIP LOCKED]
+    locked = {(r[0], r[1]) for r in (await lock_scalars_statement(skip_locked).run(conn, params)).all()}
+    groups: dict[tuple[str, str], list[tuple[str, Decimal, _Planned]]] = defaultdict(list)
+    for node_id, resource, rid, _n, p in holds:
+        if (node_id, resource) not in locked:
+            if rid not in lost:
+                lost[rid] = _lost(p, SCALAR_RAN_OUT, resource)
     for node_id, resource, rid, n, p in holds:
-        if rid in lost:
+        if rid not in lost:
+            groups[(node_id, resource)].append((rid, n, p))
+    totals: dict[tuple[str, str, Any, Any], Decimal] = defaultdict(Decimal)
+    for (node_id, resource), group in groups.items():
+        for _rid, n, p in group:
+            totals[(node_id, resource, p.entry.request.start, p.entry.request.end)] += n
+    apart = {  # (node, resource) whose windows are equal or apart: one guard per window is exact
+        key for key in groups if _apart(k for k in totals if (k[0], k[1]) == key)
+    }
+    rows = [
+        (ids[rid], resource, node_id, n, r.start, r.end, totals[(node_id, resource, r.start, r.end)])
+        for (node_id, resource), group in groups.items()
+        if (node_id, resource) in apart
+        for rid, n, p in group
+        for r in (p.entry.request,)
+    ]
+    held: set[tuple[str, str]] = set()
+    if rows:
+        columns = [list(c) for c in zip(*rows, strict=True)]
+        names = ("ids", "resources", "node_ids", "amounts", "starts", "ends", "totals")
+        # <HOLD_SCALARS>: INSERT ... SELECT FROM unnest(...) WHERE peak + group total <= cap RETURNING
+        written = await HOLD_SCALARS.run(conn, {**dict(zip(names, columns, strict=True)), "pool_id": pool_id})
+        held = {(r[0], r[1]) for r in written.all()}
+    for (node_id, resource), group in sorted(groups.items()):
+        if all((ids[rid], resource) in held for rid, _, _ in group if rid not in lost):
             continue
-        r = p.entry.request
-        params = {
-            "allocation_id": ids[rid],
-            "resource": resource,
-            "node_id": node_id,
-            "pool_id": pool_id,
-            "amount": n,
-            "starts_at": r.start,
-            "ends_at": r.end,
-        }
-        # SELECT 1 FROM node_resources WHERE node_id = :node_id AND resource = :resource FOR UPDATE
-        #   [SKIP LOCKED];
-        # INSERT INTO scalar_holdings ... WHERE <peak> + :amount <= floor(allocatable * ratio) RETURNING
-        if (await conn.execute(lock, params)).first() is None or (
-            await conn.execute(HOLD_SCALAR, params)
-        ).first() is None:
-            lost[rid] = _lost(p, SCALAR_RAN_OUT, resource)
+        for rid, n, p in group:  # one at a time: the first that no longer fit lose
+            if rid in lost or (ids[rid], resource) in held:
+                continue
+            r = p.entry.request
+            one = {
+                "allocation_id": ids[rid],
+                "resource": resource,
+                "node_id": node_id,
+                "pool_id": pool_id,
+                "amount": n,
+                "starts_at": r.start,
+                "ends_at": r.end,
+            }
+            # INSERT INTO scalar_holdings ... WHERE <peak> + :amount <= floor(allocatable * ratio) RETURNING
+            if (await conn.execute(HOLD_SCALAR, one)).first() is None:
+                lost[rid] = _lost(p, SCALAR_RAN_OUT, resource)
 
 
 async def _delete_lost(conn: AsyncConnection, allocation_ids: Iterable[str]) -> None:

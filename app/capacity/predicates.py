@@ -43,8 +43,22 @@ def schedulable_sql_tolerating(
 ) -> ColumnElement[bool]:
     """Schedulable for ``tenant_id``: the pool is not archived and every NoSchedule reason of the node
     is the tenant's own dedication (there may be none). Twin of ``ineligibility(...) is None``."""
-    tolerated = [DEDICATION_PREFIX + tenant_id] if tenant_id is not None else []
-    allowed = sa.cast(pg.array(tolerated, type_=sa.Text), pg.ARRAY(sa.Text))
+    allowed = sa.cast(pg.array(tolerated_reasons(tenant_id), type_=sa.Text), pg.ARRAY(sa.Text))
+    return schedulable_sql_within(allowed, node_table, pool_table)
+
+
+def tolerated_reasons(tenant_id: str | None) -> list[str]:
+    """The NoSchedule reasons ``tenant_id`` tolerates: its own dedication (none for no tenant)."""
+    return [DEDICATION_PREFIX + tenant_id] if tenant_id is not None else []
+
+
+# pools.archived_at IS NULL AND coalesce(nodes.no_schedule_reasons, '{}'::text[]) <@ <allowed>
+def schedulable_sql_within(
+    allowed: ColumnElement[list[str]], node_table: sa.Table = nodes, pool_table: sa.Table = pools
+) -> ColumnElement[bool]:
+    """The body of :func:`schedulable_sql_tolerating` for a ``text[]`` expression ``allowed`` of
+    tolerated reasons: a bind parameter (bound to :func:`tolerated_reasons`) lets a statement built once
+    serve every tenant."""
     return sa.and_(pool_table.c.archived_at.is_(None), _reasons_of(node_table).contained_by(allowed))
 
 

@@ -28,20 +28,27 @@ give; a tie at ``U`` is safe when the inside node's id is smaller, since ties br
 the shortlist orders equal count scores by id. Otherwise, and whenever the shortlist plan finds nothing (the
 pending reason must describe the whole pool), the whole pool is planned. ``needed`` is topN for a
 reservation and max(topN, 10) for a preview.
+
+A batch (:mod:`app.capacity.batch`) plans its entries on reads they share (:class:`SharedReads`): one
+exceptions read per (window, resource names, tenant) group, the batch's earlier plans counted in, the
+touched nodes' scores, the inside nodes' states and the pipeline's per-node outcomes memoized until a
+plan or an assumption changes the node. The guarded commit still decides, as for a plan of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from decimal import Decimal
+from functools import cache
 from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.predicates import schedulable_sql_tolerating
+from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
 from app.capacity.snapshot import (
     PoolCache,
     PoolHead,
@@ -51,6 +58,7 @@ from app.capacity.snapshot import (
     scalar_peaks,
     window,
 )
+from app.db.prepared import Prepared
 from app.db.tables import TS, device_bookings, devices, node_resources, nodes, pools, scalar_holdings
 from app.db.windows import overlapping
 from app.observability.metrics import PLAN_DURATION, PLANS
@@ -69,7 +77,8 @@ from app.placement.model import (
     Selector,
 )
 from app.placement.options import SchedulerOptions
-from app.placement.pipeline import plan_placement
+from app.placement.pipeline import NodeMemo, plan_placement
+from app.placement.scalar_capacity import scalar_capacity
 from app.placement.scorers import scorers_of
 from app.placement.scorers.contract import NODE
 from app.placement.selectors import selector_matches as matches_selector
@@ -229,16 +238,29 @@ INSIDE_SCALARS = (
     )
     .where(node_resources.c.node_id == sa.any_(_INSIDE), node_resources.c.resource == sa.any_(_NAMES))
 )
+_INSIDE_SCALARS = Prepared(INSIDE_SCALARS)
 
 
-def _exceptions_statement(request: PlacementRequest) -> Any:
-    """The parts of :func:`read_exceptions` as one ``UNION ALL`` of rows ``(kind, node_id, atom,
-    reasons, ok, resource, peak, cap)``: ``b`` booked and ``u`` unavailable atoms, ``r`` nodes with
-    NoSchedule reasons, ``s`` the scalar exceptions (with requested resources only)."""
-    assert request.start is not None and request.end is not None
-    pool_id = request.pool_id
+_DURING = sa.bindparam("during", type_=device_bookings.c.during.type)
+_TOLERATED = sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text))  # predicates.tolerated_reasons(tenant)
+
+
+def _atoms(column: Any) -> Any:
+    """``array_agg(column)`` as ``text[]``."""
+    return sa.func.array_agg(column, type_=pg.ARRAY(sa.Text))
+
+
+@cache
+def exceptions_statement(with_scalars: bool) -> Prepared:
+    """The parts of :func:`read_exceptions` as one ``UNION ALL`` of rows ``(kind, node_id, atoms,
+    reasons, ok, resource, peak, cap)``: ``b`` booked and ``u`` unavailable atoms (one row per node, its
+    atoms aggregated: a pool's window can hold thousands of bookings), ``r`` nodes with
+    NoSchedule reasons, ``s`` the scalar exceptions (``with_scalars``: a request with resources). Built
+    and compiled once per variant from bind parameters only (``pool_id``, ``during``, ``tolerated`` and,
+    with scalars, ``names``, ``most``, ``starts_at``, ``ends_at``: :func:`exceptions_params`) and run
+    prepared (:class:`app.db.prepared.Prepared`)."""
     pad = {
-        "atom": sa.null().label("atom"),
+        "atoms": sa.cast(sa.null(), pg.ARRAY(sa.Text)).label("atoms"),
         "reasons": sa.cast(sa.null(), pg.ARRAY(sa.Text)).label("reasons"),
         "ok": sa.cast(sa.null(), sa.Boolean).label("ok"),
         "resource": sa.cast(sa.null(), sa.Text).label("resource"),
@@ -252,27 +274,26 @@ def _exceptions_statement(request: PlacementRequest) -> Any:
         ]
 
     parts: list[Any] = [
-        sa.select(*row("b", devices.c.node_id, atom=device_bookings.c.device_id))
+        sa.select(*row("b", devices.c.node_id, atoms=_atoms(device_bookings.c.device_id)))
         .join(devices, devices.c.pk == device_bookings.c.device_pk)
-        .where(
-            device_bookings.c.pool_id == pool_id,
-            device_bookings.c.during.op("&&")(window(request.start, request.end)),
-        ),
-        sa.select(*row("u", devices.c.node_id, atom=devices.c.id))
+        .where(device_bookings.c.pool_id == _POOL, device_bookings.c.during.op("&&")(_DURING))
+        .group_by(devices.c.node_id),
+        sa.select(*row("u", devices.c.node_id, atoms=_atoms(devices.c.id)))
         .join(nodes, nodes.c.id == devices.c.node_id)
-        .where(nodes.c.pool_id == pool_id, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable))),
+        .where(nodes.c.pool_id == _POOL, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable)))
+        .group_by(devices.c.node_id),
         sa.select(
             *row(
                 "r",
                 nodes.c.id,
                 reasons=nodes.c.no_schedule_reasons,
-                ok=schedulable_sql_tolerating(request.tenant_id),
+                ok=schedulable_sql_within(sa.cast(_TOLERATED, pg.ARRAY(sa.Text))),
             )
         )
         .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
-        .where(nodes.c.pool_id == pool_id, nodes.c.no_schedule_reasons != sa.text("'{}'::text[]")),
+        .where(nodes.c.pool_id == _POOL, nodes.c.no_schedule_reasons != sa.text("'{}'::text[]")),
     ]
-    if request.resources:
+    if with_scalars:
         scalars = SCALAR_EXCEPTIONS.subquery("scalars")
         parts.append(
             sa.select(
@@ -285,21 +306,40 @@ def _exceptions_statement(request: PlacementRequest) -> Any:
                 )
             )
         )
-    return sa.union_all(*parts)
+    return Prepared(sa.union_all(*parts))
+
+
+def exceptions_params(request: PlacementRequest) -> dict[str, Any]:
+    """The bind parameters of :func:`exceptions_statement` for ``request``'s pool, window, tenant and
+    requested resources."""
+    assert request.start is not None and request.end is not None
+    params: dict[str, Any] = {
+        "pool_id": request.pool_id,
+        "during": window(request.start, request.end),
+        "tolerated": tolerated_reasons(request.tenant_id),
+    }
+    if request.resources:
+        params.update(
+            names=sorted(request.resources),
+            most=max(request.resources.values()),
+            starts_at=request.start,
+            ends_at=request.end,
+        )
+    return params
 
 
 async def read_exceptions(
     conn: AsyncConnection, request: PlacementRequest, assumed: Mapping[str, set[str]] | None = None
 ) -> Exceptions:
-    """The narrow volatile reads of a shortlist, in one round trip (:func:`_exceptions_statement`):
+    """The narrow volatile reads of a shortlist, in one round trip (:func:`exceptions_statement`):
     each part touches only the rows that differ from "free".
 
     ::
 
-        SELECT d.node_id, b.device_id FROM device_bookings b JOIN devices d ON d.pk = b.device_pk
-         WHERE b.pool_id = :pool AND b.during && :w;                           -- booked in the window
-        SELECT d.node_id, d.id FROM devices d JOIN nodes n ON n.id = d.node_id
-         WHERE n.pool_id = :pool AND NOT (d.healthy AND d.bookable);           -- partial index
+        SELECT d.node_id, array_agg(b.device_id) FROM device_bookings b JOIN devices d ON d.pk = b.device_pk
+         WHERE b.pool_id = :pool AND b.during && :w GROUP BY d.node_id;       -- booked in the window
+        SELECT d.node_id, array_agg(d.id) FROM devices d JOIN nodes n ON n.id = d.node_id
+         WHERE n.pool_id = :pool AND NOT (d.healthy AND d.bookable) GROUP BY d.node_id;  -- partial index
         SELECT n.id, n.no_schedule_reasons, <schedulable for tenant> FROM nodes n JOIN pools p ON ...
          WHERE n.pool_id = :pool AND n.no_schedule_reasons <> '{}';           -- partial index
         <SCALAR_EXCEPTIONS>: the nodes whose room for a requested scalar may be short: too small
@@ -307,40 +347,312 @@ async def read_exceptions(
           leaves no room (with the peak there; only these nodes are swept)
     """
     assert request.start is not None and request.end is not None
+    read = await _read_exceptions(conn, exceptions_params(request), bool(request.resources))
+    short, peaks = read.scalar_short(request.resources)
+    booked = read.booked
+    for node_id, atoms in (assumed or {}).items():  # other plans of this process are committing these
+        booked.setdefault(node_id, set()).update(atoms)
+    return Exceptions(booked, read.unavailable, read.reasons, read.unschedulable, frozenset(short), peaks)
+
+
+@dataclass(frozen=True, slots=True)
+class _ExceptionRows:
+    """What one :func:`exceptions_statement` read returned, before a request's amounts judge the
+    scalar rows: ``scalars`` are ``(node id, resource, peak or None, cap)``."""
+
+    booked: dict[str, set[str]]
+    unavailable: dict[str, set[str]]
+    reasons: dict[str, tuple[str, ...]]
+    unschedulable: frozenset[str]
+    scalars: list[tuple[str, str, Decimal | None, Decimal]]
+
+    def scalar_short(self, wanted: Mapping[str, Decimal]) -> tuple[set[str], dict[str, dict[str, Decimal]]]:
+        """The nodes without room for ``wanted`` (resource -> amount) over the window, and the peaks
+        read (node id -> resource -> peak). Rows of resources ``wanted`` lacks are ignored; a read made
+        for a larger ``most`` holds every row a smaller one would (and its extra rows judge as roomy)."""
+        short: set[str] = set()
+        peaks: dict[str, dict[str, Decimal]] = {}
+        for node_id, resource, peak, cap in self.scalars:
+            n = wanted.get(resource)
+            if n is None:
+                continue
+            if peak is not None:
+                peaks.setdefault(node_id, {})[resource] = peak
+            if (Decimal(0) if peak is None else peak) + Decimal(n) > cap:
+                short.add(node_id)
+        return short, peaks
+
+
+async def _read_exceptions(
+    conn: AsyncConnection, params: Mapping[str, Any], with_scalars: bool
+) -> _ExceptionRows:
     booked: dict[str, set[str]] = {}
     unavailable: dict[str, set[str]] = {}
     reasons: dict[str, tuple[str, ...]] = {}
     unschedulable: set[str] = set()
-    short: set[str] = set()
-    peaks: dict[str, dict[str, Decimal]] = {}
-    params: dict[str, object] = {}
-    if request.resources:
-        params = {
-            "pool_id": request.pool_id,
-            "names": sorted(request.resources),
-            "most": max(request.resources.values()),
-            "starts_at": request.start,
-            "ends_at": request.end,
-        }
-    # every part in one round trip: (kind, node id, atom, reasons, ok, resource, peak, cap) rows
-    for r in (await conn.execute(_exceptions_statement(request), params)).all():
-        if r.kind == "b":
-            booked.setdefault(r.node_id, set()).add(r.atom)
-        elif r.kind == "u":
-            unavailable.setdefault(r.node_id, set()).add(r.atom)
-        elif r.kind == "r":
-            reasons[r.node_id] = tuple(r.reasons)
-            if not r.ok:
-                unschedulable.add(r.node_id)
+    scalars: list[tuple[str, str, Decimal | None, Decimal]] = []
+    # every part in one round trip: (kind, node id, atoms, reasons, ok, resource, peak, cap) rows
+    for kind, node_id, atoms, node_reasons, ok, resource, peak, cap in (
+        await exceptions_statement(with_scalars).run(conn, params)
+    ).all():
+        if kind == "b":
+            booked[node_id] = set(atoms)
+        elif kind == "u":
+            unavailable[node_id] = set(atoms)
+        elif kind == "r":
+            reasons[node_id] = tuple(node_reasons)
+            if not ok:
+                unschedulable.add(node_id)
         else:
-            peak = Decimal(0) if r.peak is None else r.peak
-            if r.peak is not None:
-                peaks.setdefault(r.node_id, {})[r.resource] = peak
-            if peak + Decimal(request.resources[r.resource]) > r.cap:
-                short.add(r.node_id)
-    for node_id, atoms in (assumed or {}).items():  # other plans of this process are committing these
-        booked.setdefault(node_id, set()).update(atoms)
-    return Exceptions(booked, unavailable, reasons, frozenset(unschedulable), frozenset(short), peaks)
+            scalars.append((node_id, resource, peak, cap))
+    return _ExceptionRows(booked, unavailable, reasons, frozenset(unschedulable), scalars)
+
+
+# ------------------------------------------------------------------ reads shared by a batch's plans
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlanned:
+    """An earlier plan of a batch, not committed yet: the atoms and scalar amounts it takes on its node
+    over ``[start, end)``."""
+
+    node_id: str
+    atoms: frozenset[str]
+    resources: Mapping[str, Decimal]
+    start: datetime
+    end: datetime
+
+
+GroupKey = tuple[datetime, datetime, tuple[str, ...], tuple[str, ...]]
+
+
+def group_key(request: PlacementRequest) -> GroupKey:
+    """The requests that share one exceptions read: (start, end, resource names, tolerated reasons)."""
+    assert request.start is not None and request.end is not None
+    return (
+        request.start,
+        request.end,
+        tuple(sorted(request.resources)),
+        tuple(tolerated_reasons(request.tenant_id)),
+    )
+
+
+@dataclass
+class _Group:
+    """One exceptions read of a batch and the batch's plans over it: ``booked`` holds the read's
+    bookings, the process's assumptions at read time and the overlapping plans' atoms; ``extra`` node id
+    -> resource -> the overlapping plans' amounts; ``scalars`` the ``node_resources`` rows with their
+    peaks over the window read so far (:data:`INSIDE_SCALARS`, without ``extra``)."""
+
+    cache: PoolCache
+    pool_id: str
+    start: datetime
+    end: datetime
+    names: list[str]
+    rows: _ExceptionRows
+    booked: dict[str, set[str]]
+    mark: int  # the cache's newest assumption token when the rows were read (PoolCache.assumed_after)
+    extra: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+    scalars: dict[str, dict[str, ScalarResource]] = field(default_factory=dict)
+    changes: list[str] = field(default_factory=list)  # node ids changed, in order (touched_scores)
+    memo: dict[Any, tuple[int, dict[str, float | None]]] = field(default_factory=dict)
+    states: dict[str, NodeState] = field(default_factory=dict)  # inside states of nodes not changed
+    snapshots: dict[str, NodeSnapshot] = field(default_factory=dict)
+    node_memos: dict[Any, NodeMemo] = field(default_factory=dict)
+
+    def take(self, planned: BatchPlanned) -> None:
+        """Count an earlier plan of the batch when its window overlaps this group's."""
+        if planned.start < self.end and self.start < planned.end:
+            self.booked.setdefault(planned.node_id, set()).update(planned.atoms)
+            self.changed(planned.node_id)
+            held = self.extra.setdefault(planned.node_id, {})
+            for resource, n in planned.resources.items():
+                held[resource] = held.get(resource, Decimal(0)) + Decimal(n)
+
+    def catch_up(self) -> None:
+        """Count as booked what other plans of this process assumed since the last catch-up (called
+        again after each await before a plan, so no plan of another transaction slips in between)."""
+        newer, self.mark = self.cache.assumed_after(self.pool_id, self.mark, self.start, self.end)
+        for node_id, atoms in newer.items():
+            self.booked.setdefault(node_id, set()).update(atoms)
+            self.changed(node_id)
+
+    def changed(self, node_id: str) -> None:
+        """The node's bookings or held amounts changed: memoized scores and states of it are stale."""
+        self.changes.append(node_id)
+        self.states.pop(node_id, None)
+
+    def touched_scores(
+        self, key: Any, touched: Iterable[str], score: Callable[[str], float | None]
+    ) -> dict[str, float | None]:
+        """``score`` of every touched node for requests of shape ``key``, memoized: recomputed only for
+        the nodes changed since the last call with ``key`` (every changed node is touched)."""
+        found = self.memo.get(key)
+        if found is None:
+            scores = {node_id: score(node_id) for node_id in touched}
+        else:
+            seen, scores = found
+            for node_id in set(self.changes[seen:]):
+                scores[node_id] = score(node_id)
+        self.memo[key] = (len(self.changes), scores)
+        return scores
+
+    async def fetch(self, conn: AsyncConnection, node_ids: Iterable[str], ahead: Iterable[str] = ()) -> None:
+        """Read the scalar rows of the nodes not read yet (one statement, none when all are), and with
+        them those of ``ahead`` (the next nodes of the ranking: plans after this one reach for them)."""
+        missing = {n for n in node_ids if n not in self.scalars}
+        if not missing or not self.names:
+            return
+        missing = sorted(missing | {n for n in ahead if n not in self.scalars})
+        params = {"inside": missing, "names": self.names, "starts_at": self.start, "ends_at": self.end}
+        for node_id in missing:
+            self.scalars[node_id] = {}
+            self.states.pop(node_id, None)
+        for r in (await _INSIDE_SCALARS.run(conn, params)).all():
+            self.scalars[r.node_id][r.resource] = ScalarResource(r.allocatable, r.ratio, r.held)
+
+    def snapshot(self, inventory: PoolInventory, node_id: str, state: NodeState) -> NodeSnapshot:
+        """The node as the pipeline sees it, the same object while its inventory and state are."""
+        found = self.snapshots.get(node_id)
+        node = inventory.nodes[node_id]
+        if found is None or found.state is not state or found.inventory is not node:
+            found = self.snapshots[node_id] = NodeSnapshot(node, state)
+        return found
+
+    def node_memo(self, request: PlacementRequest, options: SchedulerOptions) -> NodeMemo:
+        """The pipeline's per-node outcomes for requests of this one's shape (``plan_placement``'s
+        ``memo``): what a filter or scorer reads of the request and options, seed and exclusions aside."""
+        key = (
+            _shape_key(request, options),
+            request.tenant_id,
+            request.binding,
+            tuple(sorted((r, Decimal(n)) for r, n in request.resources.items())),
+        )
+        return self.node_memos.setdefault(key, {})
+
+    def state(self, node_id: str) -> NodeState:
+        """The node's volatile state as a plan of this group sees it (memoized until it changes)."""
+        found = self.states.get(node_id)
+        if found is None:
+            found = self.states[node_id] = NodeState(
+                no_schedule_reasons=self.rows.reasons.get(node_id, ()),
+                unavailable=frozenset(self.rows.unavailable.get(node_id, ())),
+                booked=frozenset(self.booked.get(node_id, ())),
+                resources=self.resources(node_id),
+            )
+        return found
+
+    def resources(self, node_id: str) -> dict[str, ScalarResource]:
+        """The node's scalar rows as a plan of this group sees them: the peak read plus the batch's."""
+        rows = self.scalars.get(node_id, {})
+        extra = self.extra.get(node_id)
+        if not extra:
+            return rows
+        return {r: replace(s, allocated=s.allocated + extra.get(r, Decimal(0))) for r, s in rows.items()}
+
+
+class SharedReads:
+    """The reads the plans of one batch attempt share (one pool, one transaction; issue 15): one
+    exceptions read per :func:`group_key` group (made with the group's largest ``most``, so it serves
+    every amount of the group), each later plan of the batch seeing the earlier ones (:meth:`add`):
+    their atoms as booked and their scalar amounts as held wherever the windows overlap (added to the
+    window's peak: exact for equal windows, an upper bound for windows that overlap in part), and
+    ``head`` (the pool row the batch locked) instead of a head read per plan.
+
+    What other transactions book after a group's read is caught by the guarded commit, as for a plan
+    made on a read of its own (the loser replans without the node, on fresh reads: a new attempt makes
+    new ``SharedReads``). ``reads`` counts the exceptions reads (tests)."""
+
+    def __init__(self, cache: PoolCache, head: PoolHead, requests: Iterable[PlacementRequest]) -> None:
+        self.cache = cache
+        self.head = head
+        self.reads = 0
+        self._most: dict[GroupKey, Decimal] = {}
+        for r in requests:
+            if r.resources:
+                key = group_key(r)
+                self._most[key] = max(self._most.get(key, Decimal(0)), *map(Decimal, r.resources.values()))
+        self._groups: dict[GroupKey, _Group] = {}
+        self._planned: list[BatchPlanned] = []
+
+    def add(self, planned: BatchPlanned) -> None:
+        """A plan of the batch: the plans after it see it."""
+        self._planned.append(planned)
+        for group in self._groups.values():
+            group.take(planned)
+
+    async def group(self, conn: AsyncConnection, request: PlacementRequest) -> _Group:
+        """The request's group, read on first use."""
+        key = group_key(request)
+        found = self._groups.get(key)
+        if found is None:
+            start, end, names, _ = key
+            params = exceptions_params(request)
+            if names:
+                params["most"] = self._most.get(key, params["most"])
+            # the assumptions live before the read (one may commit during it, after the read's snapshot)
+            # and those made after the mark, caught up with before each plan
+            live = self.cache.assumed(request.pool_id, start, end)
+            mark = self.cache.newest()
+            rows = await _read_exceptions(conn, params, bool(names))
+            self.reads += 1
+            booked = rows.booked
+            for node_id, atoms in live.items():
+                booked.setdefault(node_id, set()).update(atoms)
+            found = _Group(self.cache, request.pool_id, start, end, list(names), rows, booked, mark)
+            self._groups[key] = found
+            for planned in self._planned:
+                found.take(planned)
+        found.catch_up()
+        return found
+
+    async def exceptions(self, conn: AsyncConnection, request: PlacementRequest) -> tuple[_Group, Exceptions]:
+        """The request's exceptions: its group's read judged with its amounts, plus the batch's plans
+        (a node whose peak plus the batch's amounts leaves no room for the request is short)."""
+        group = await self.group(conn, request)
+        short, peaks = group.rows.scalar_short(request.resources)
+        wanted = request.resources
+        touched = [n for n, held in group.extra.items() if any(r in wanted for r in held)]
+        await group.fetch(conn, touched)
+        group.catch_up()
+        for node_id in touched:
+            for resource, s in group.resources(node_id).items():
+                n = wanted.get(resource)
+                if n is not None and s.allocated + Decimal(n) > scalar_capacity(s.allocatable, s.ratio):
+                    short.add(node_id)
+        rows = group.rows
+        return group, Exceptions(
+            booked=group.booked,
+            unavailable=rows.unavailable,
+            reasons=rows.reasons,
+            unschedulable=rows.unschedulable,
+            short=frozenset(short),
+            peaks=peaks,
+        )
+
+    def overlay(self, snapshot: PoolSnapshot, request: PlacementRequest) -> PoolSnapshot:
+        """A whole-pool snapshot read in the transaction with the batch's scalar amounts over the
+        request's window added (its atoms come with the cache's assumptions already)."""
+        assert request.start is not None and request.end is not None
+        extra: dict[str, dict[str, Decimal]] = {}
+        for p in self._planned:
+            if p.start < request.end and request.start < p.end:
+                held = extra.setdefault(p.node_id, {})
+                for resource, n in p.resources.items():
+                    held[resource] = held.get(resource, Decimal(0)) + Decimal(n)
+        if not extra:
+            return snapshot
+        nodes_out = []
+        for node in snapshot.nodes:
+            more = extra.get(node.id)
+            if more:
+                resources = {
+                    r: replace(s, allocated=s.allocated + more.get(r, Decimal(0)))
+                    for r, s in node.state.resources.items()
+                }
+                node = replace(node, state=replace(node.state, resources=resources))
+            nodes_out.append(node)
+        return replace(snapshot, nodes=tuple(nodes_out))
 
 
 def _class_atoms(inventory: PoolInventory) -> dict[str, dict[str, frozenset[str]]]:
@@ -430,12 +742,25 @@ def _labels_hold(node: NodeInventory, wanted: Mapping[str, str]) -> bool:
     return unmet_label(wanted.items(), node.labels, node.label_sources) is None
 
 
+def _shape_key(request: PlacementRequest, options: SchedulerOptions) -> Any:
+    """What a touched node's count score depends on besides the node: the device requests (class,
+    count, selector), resource names, nodeLabels and the scorers and weights."""
+    return (
+        tuple((d.device_class, d.count, selector_token(d.selector)) for d in request.devices),
+        frozenset(request.resources),
+        tuple(sorted(request.node_labels.items())),
+        scorers_of(options),
+        tuple(sorted(options.weights.items())),
+    )
+
+
 def shortlist_rows(
     inventory: PoolInventory,
     request: PlacementRequest,
     options: SchedulerOptions,
     exceptions: Exceptions,
     limit: int,
+    group: _Group | None = None,
 ) -> list[tuple[str, float]]:
     """The best ``limit`` viable nodes as ``(node id, count score)``, best first, ties on node id.
 
@@ -444,7 +769,9 @@ def shortlist_rows(
     request's selector, if any). Score: the count-only part (the ``COUNTS`` scorers'
     ``count_score_many``). Nodes with no exception are ranked per group
     of alike nodes (one score per group, ids in order), so the cost is the exceptions plus groups x
-    ``limit``, not the pool's size."""
+    ``limit``, not the pool's size. With a batch's ``group`` (whose ``exceptions`` these are) the touched
+    nodes' scores are memoized per request shape and recomputed only for the nodes the batch's plans
+    or the process's assumptions changed since (:meth:`_Group.touched_scores`)."""
     count_score_many, weights = scorers_of(options).count_score_many, options.weights
     counts = [(d.device_class, d.count) for d in request.devices]
     atoms = _class_atoms(inventory)
@@ -469,24 +796,37 @@ def shortlist_rows(
                 continue
             ranked.append((-score, node_id))
             taken += 1
-    for node_id in touched:
+    wanted_resources = frozenset(request.resources)
+
+    def touched_score(node_id: str) -> float | None:
+        """The count score of a touched node, None when it cannot hold the request (skip aside)."""
         node_atoms = atoms.get(node_id)
-        if node_atoms is None or not viable(node_id):
-            continue
-        if not frozenset(request.resources) <= inventory.resource_names.get(node_id, frozenset()):
-            continue
+        if node_atoms is None:
+            return None
+        if wanted_labels and not _labels_hold(inventory.nodes[node_id], wanted_labels):
+            return None
+        if not wanted_resources <= inventory.resource_names.get(node_id, frozenset()):
+            return None
         busy = exceptions.busy(node_id)
         parts = []
         for (device_class, count), matches in zip(counts, matching, strict=True):
             class_atoms = node_atoms.get(device_class, frozenset())
             taken_atoms = len(class_atoms & busy)
             if len(class_atoms) - taken_atoms < count:
-                break
+                return None
             if matches is not None and len(matches[node_id] - busy) < count:
-                break  # fewer free atoms match the selector than the count: the pipeline's fits
+                return None  # fewer free atoms match the selector than the count: the pipeline's fits
             parts.append((len(class_atoms), taken_atoms, count))
-        else:
-            ranked.append((-count_score_many(parts, weights) if parts else 0.0, node_id))
+        return count_score_many(parts, weights) if parts else 0.0
+
+    scores = (
+        group.touched_scores(_shape_key(request, options), touched, touched_score)
+        if group is not None
+        else {node_id: touched_score(node_id) for node_id in touched}
+    )
+    for node_id, found in scores.items():
+        if found is not None and node_id not in skip:
+            ranked.append((-found, node_id))
     ranked.sort()
     return [(node_id, -neg) for neg, node_id in ranked[:limit]]
 
@@ -499,15 +839,20 @@ async def plan_request(
     shortlist_min: int = 48,
     needed: int | None = None,
     head: PoolHead | None = None,
+    shared: SharedReads | None = None,
 ) -> PlanOutcome:
     """Plan ``request`` on plain reads: through the shortlist when it applies and is provably the same
     as the whole pool, else on the whole pool. ``needed`` (default topN) is how many of the best
     candidates must be exact; ``head``: the pool row when the caller read it in this transaction
-    already (else it is read here). Raises NotFound when the pool does not exist."""
+    already (else it is read here); ``shared``: a batch's reads (:class:`SharedReads`: its head, one
+    exceptions read per group, the batch's earlier plans). Raises NotFound when the pool does not
+    exist."""
     assert request.start is not None and request.end is not None
+    if shared is not None:
+        head = head or shared.head
     with PLAN_DURATION.time():
         outcome = await _plan_request(
-            conn, cache, request, options, shortlist_min, needed or options.top_n, head
+            conn, cache, request, options, shortlist_min, needed or options.top_n, head, shared
         )
     PLANS.labels(outcome.path).inc()
     return outcome
@@ -521,6 +866,7 @@ async def _plan_request(
     shortlist_min: int,
     needed: int,
     head: PoolHead | None,
+    shared: SharedReads | None,
 ) -> PlanOutcome:
     assert request.start is not None and request.end is not None
     if shortlist_applies(request, options):
@@ -528,39 +874,61 @@ async def _plan_request(
         if not head.archived:
             k = shortlist_size(options, shortlist_min)
             inventory = await cache.inventory(conn, head)
-            exceptions = await read_exceptions(
-                conn, request, cache.assumed(request.pool_id, request.start, request.end)
-            )
-            rows = shortlist_rows(inventory, request, options, exceptions, k + 1)
+            group: _Group | None = None
+            if shared is not None:
+                group, exceptions = await shared.exceptions(conn, request)
+            else:
+                exceptions = await read_exceptions(
+                    conn, request, cache.assumed(request.pool_id, request.start, request.end)
+                )
+            # a batch's group ranks 2K: the next K are read ahead with the first fetch they need
+            rows = shortlist_rows(inventory, request, options, exceptions, 2 * k if group else k + 1, group)
             if rows:
                 inside = [node_id for node_id, _ in rows[:k]]
+                states = await _inside_states(
+                    conn, inside, request, exceptions, group, [n for n, _ in rows[k:]]
+                )
                 snapshot = PoolSnapshot(
                     id=request.pool_id,
                     archived=False,
                     nodes=tuple(
-                        NodeSnapshot(inventory.nodes[node_id], state)
-                        for node_id, state in (
-                            await _inside_states(conn, inside, request, exceptions)
-                        ).items()
+                        group.snapshot(inventory, node_id, state)
+                        if group is not None
+                        else NodeSnapshot(inventory.nodes[node_id], state)
+                        for node_id, state in states.items()
                     ),
                 )
-                plan = plan_placement(request, snapshot, options)
+                memo = group.node_memo(request, options) if group is not None else None
+                plan = plan_placement(request, snapshot, options, memo)
                 ceiling = _pick_ceiling(inventory, request, options)
                 if isinstance(plan, Plan) and _provably_complete(plan, rows, k, needed, ceiling):
                     return PlanOutcome(head, plan, "shortlist")
     head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end, head=head)
+    if shared is not None:
+        snapshot = shared.overlay(snapshot, request)
     planner = plan_gang if request.gang is not None and request.gang.members > 1 else plan_placement
     return PlanOutcome(head, planner(request, snapshot, options), "full")
 
 
 async def _inside_states(
-    conn: AsyncConnection, inside: list[str], request: PlacementRequest, exceptions: Exceptions
+    conn: AsyncConnection,
+    inside: list[str],
+    request: PlacementRequest,
+    exceptions: Exceptions,
+    group: _Group | None = None,
+    ahead: Iterable[str] = (),
 ) -> dict[str, NodeState]:
     """The volatile state of the shortlisted nodes, in ranking order: the exceptions already read plus
     their rows of the requested scalar resources, each with the peak held over the window
     (:data:`INSIDE_SCALARS`: a sweep over these nodes' holdings only; the shortlist path has no gang and
-    no node lease, so the pipeline reads no others)."""
+    no node lease, so the pipeline reads no others). With a batch's ``group`` the rows come from (and
+    are added to) the group's, with the batch's own amounts added."""
     resources: dict[str, dict[str, ScalarResource]] = {}
+    if group is not None:
+        if request.resources:
+            await group.fetch(conn, inside, ahead)
+            group.catch_up()  # exceptions.booked is the group's: it sees them
+        return {node_id: group.state(node_id) for node_id in inside}
     if request.resources:
         assert request.start is not None and request.end is not None
         params = {
@@ -569,7 +937,7 @@ async def _inside_states(
             "starts_at": request.start,
             "ends_at": request.end,
         }
-        for r in (await conn.execute(INSIDE_SCALARS, params)).all():
+        for r in (await _INSIDE_SCALARS.run(conn, params)).all():
             resources.setdefault(r.node_id, {})[r.resource] = ScalarResource(r.allocatable, r.ratio, r.held)
     return {
         node_id: NodeState(

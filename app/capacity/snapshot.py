@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,6 +38,8 @@ from app.db.tables import (
 from app.db.windows import peaks_by
 from app.placement.model import Atom, NodeInventory, NodeSnapshot, NodeState, PoolSnapshot, ScalarResource
 from app.placement.topology import node_topology
+
+ASSUME_LOG = 8192  # recent assumptions kept per pool for readers catching up (PoolCache.assumed_after)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,9 @@ class PoolCache:
         self.loads = 0  # how many times a pool's static part was read (tests and benchmarks look)
         self._assumed: dict[str, dict[int, Assumption]] = defaultdict(dict)
         self._tokens = itertools.count(1)
+        self._newest = 0
+        # every recent assumption by token, forgotten or not (a reader catching up since a token)
+        self._log: dict[str, deque[tuple[int, Assumption]]] = defaultdict(lambda: deque(maxlen=ASSUME_LOG))
 
     # Assumed bookings (the "assume" step of the Kubernetes scheduler cache): between a plan and the
     # commit of its transaction, the atoms it picked are treated as booked by every other plan made in
@@ -93,9 +98,15 @@ class PoolCache:
 
     def assume(self, pool_id: str, node_id: str, atoms: Iterable[str], start: datetime, end: datetime) -> int:
         """Record ``atoms`` of ``node_id`` as being booked for ``[start, end)``; returns a token."""
-        token = next(self._tokens)
-        self._assumed[pool_id][token] = Assumption(node_id, frozenset(atoms), start, end)
+        token = self._newest = next(self._tokens)
+        assumption = Assumption(node_id, frozenset(atoms), start, end)
+        self._assumed[pool_id][token] = assumption
+        self._log[pool_id].append((token, assumption))
         return token
+
+    def newest(self) -> int:
+        """The token of the latest assumption (0: none yet): a mark for :meth:`assumed_after`."""
+        return self._newest
 
     def forget(self, pool_id: str, token: int) -> None:
         """Drop an assumption (its transaction committed, rolled back, or lost the race)."""
@@ -108,6 +119,25 @@ class PoolCache:
             if a.start < end and start < a.end:
                 out.setdefault(a.node_id, set()).update(a.atoms)
         return out
+
+    def assumed_after(
+        self, pool_id: str, mark: int, start: datetime, end: datetime
+    ) -> tuple[dict[str, set[str]], int]:
+        """node id -> atoms of the assumptions made after the token ``mark`` over a window overlapping
+        ``[start, end)``, still assumed or forgotten since (committed meanwhile, or lost: a reader
+        whose rows were read before ``mark`` counts both), and the new mark. Only the last
+        :data:`ASSUME_LOG` assumptions of a pool are kept: a reader further behind misses the oldest
+        (a hint: the guarded commit still decides)."""
+        out: dict[str, set[str]] = {}
+        log = self._log.get(pool_id)
+        if not log:
+            return out, max(mark, self._newest)
+        for token, a in reversed(log):
+            if token <= mark:
+                break
+            if a.start < end and start < a.end:
+                out.setdefault(a.node_id, set()).update(a.atoms)
+        return out, max(mark, self._newest)
 
     async def inventory(self, conn: AsyncConnection, head: PoolHead) -> PoolInventory:
         """The static inventory of ``head.id`` at ``head.inventory_version`` (or newer)."""

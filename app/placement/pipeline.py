@@ -36,8 +36,14 @@ from app.placement.topology import tied_picks
 DEFAULT_OPTIONS = SchedulerOptions()
 
 
+NodeMemo = dict[str, tuple[NodeSnapshot, "str | Candidate"]]
+
+
 def plan_placement(
-    request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerOptions = DEFAULT_OPTIONS
+    request: PlacementRequest,
+    snapshot: PoolSnapshot,
+    options: SchedulerOptions = DEFAULT_OPTIONS,
+    memo: NodeMemo | None = None,
 ) -> Plan | Rejections:
     """Plan ``request`` on ``snapshot``.
 
@@ -46,6 +52,11 @@ def plan_placement(
     ``options.excluded_nodes`` are rejected with ``options.exclusion_reasons`` (or "excluded after a
     lost commit race"). A plugin's admit hook refusing gives ``Rejections({}, "admit <id>: <reason>")``;
     an empty pool ``the pool has no nodes``; an archived pool ``the pool is archived``.
+
+    ``memo`` (node id -> (node snapshot, its rejection reason or candidate)): the caller's memo of the
+    per-node outcome for plans of one request shape (everything a filter or scorer reads of the
+    request and options but the seed and the excluded nodes) on an unarchived pool, reused while the
+    node snapshot is the same object; ignored with plugins (their hooks see the whole request).
     """
     refusal = admission_refusal(options.plugins, request)
     if refusal is not None:
@@ -60,13 +71,15 @@ def plan_placement(
     if paused:
         gc.disable()
     try:
-        return _plan(request, snapshot, options)
+        return _plan(request, snapshot, options, None if options.plugins or snapshot.archived else memo)
     finally:
         if paused:
             gc.enable()
 
 
-def _plan(request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerOptions) -> Plan | Rejections:
+def _plan(
+    request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerOptions, memo: NodeMemo | None
+) -> Plan | Rejections:
     nodes = snapshot.nodes
     ctx = PlanContext.build(request, snapshot, options)
     n_devices = len(ctx.devices)
@@ -88,6 +101,13 @@ def _plan(request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerO
         if excluded and node_id in excluded:
             rejections[node_id] = options.exclusion_reasons.get(node_id, LOST_RACE_REASON)
             continue
+        known = memo.get(node_id) if memo is not None else None
+        if known is not None and known[0] is node:
+            if isinstance(known[1], str):
+                rejections[node_id] = known[1]
+            else:
+                candidates.append(known[1])
+            continue
         work = NodeWork(node, n_devices)
         reason = None
         for step in steps:
@@ -96,6 +116,8 @@ def _plan(request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerO
                 break
         if reason is not None:
             rejections[node_id] = reason
+            if memo is not None:
+                memo[node_id] = (node, reason)
             continue
         key = share_key(work) if share_key is not None else None
         found = shared.get(key) if key is not None else None
@@ -120,16 +142,17 @@ def _plan(request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerO
         atoms_by_request, claimed = tuple(work.atoms), resources
         if request.binding == lease.NODE_BINDING:  # a lease takes the whole node for its window
             atoms_by_request, claimed = lease.whole_node(node, atoms_by_request)
-        candidates.append(
-            Candidate(
-                node_id=node_id,
-                node_name=node.inventory.name,
-                atoms_by_request=atoms_by_request,
-                resources=claimed,
-                score=total,
-                scores=scores,
-            )
+        candidate = Candidate(
+            node_id=node_id,
+            node_name=node.inventory.name,
+            atoms_by_request=atoms_by_request,
+            resources=claimed,
+            score=total,
+            scores=scores,
         )
+        candidates.append(candidate)
+        if memo is not None:
+            memo[node_id] = (node, candidate)
 
     if not candidates:
         return Rejections(by_node=rejections, summary=summarize(rejections, len(nodes)))

@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.edges import notify_pool
 from app.db.locks import pool_not_found
+from app.db.prepared import Prepared
 from app.db.tables import TS, pools, quota_holdings, quota_limits, quota_usage
 from app.db.tx import reads, transaction
 from app.db.unnest import wanted_amounts
@@ -278,6 +279,86 @@ HOLD_QUOTA = (
         ),
     )
     .returning(quota_holdings.c.resource)
+)
+
+
+_CHARGES = (
+    sa.func.unnest(
+        *(
+            sa.bindparam(name, type_=pg.ARRAY(t))
+            for name, t in (
+                ("reservation_ids", sa.Text),
+                ("tenant_ids", sa.Text),
+                ("resources", sa.Text),
+                ("amounts", sa.Numeric),
+                ("starts", TS),
+                ("ends", TS),
+                ("totals", sa.Numeric),
+            )
+        )
+    )
+    .table_valued(
+        sa.column("reservation_id", sa.Text),
+        sa.column("tenant_id", sa.Text),
+        sa.column("resource", sa.Text),
+        sa.column("amount", sa.Numeric),
+        sa.column("starts_at", TS),
+        sa.column("ends_at", TS),
+        sa.column("total", sa.Numeric),
+    )
+    .render_derived(name="w")
+)
+_ROW_LIMIT = (
+    sa.select(quota_limits.c.limit)
+    .where(
+        quota_limits.c.tenant_id == _CHARGES.c.tenant_id,
+        quota_limits.c.pool_id == _P["pool_id"],
+        quota_limits.c.resource == _CHARGES.c.resource,
+    )
+    .scalar_subquery()
+)
+# The charges of many reservations of one pool in one statement (a batch, app/capacity/batch.py), one row
+# per (reservation, resource), each guarded with the total of its (tenant, resource) group (the
+# statement does not see its own rows; the caller groups only charges of one window per tenant and
+# resource, and holds their quota_usage rows locked):
+# INSERT INTO quota_holdings (reservation_id, resource, tenant_id, pool_id, amount, starts_at, ends_at)
+# SELECT w.reservation_id, w.resource, w.tenant_id, :pool_id, w.amount, w.starts_at, w.ends_at
+#   FROM unnest(:reservation_ids, :tenant_ids, :resources, :amounts, :starts, :ends, :totals)
+#        AS w(reservation_id, tenant_id, resource, amount, starts_at, ends_at, total)
+#  WHERE (SELECT limit ...) IS NULL
+#     OR (<peak of the tenant's w.resource holdings over the window>) + w.total <= (SELECT limit ...)
+# RETURNING reservation_id, resource                 -- a group missing: over its limit somewhere
+HOLD_QUOTA_ROWS = Prepared(
+    sa.insert(quota_holdings)
+    .from_select(
+        ["reservation_id", "resource", "tenant_id", "pool_id", "amount", "starts_at", "ends_at"],
+        sa.select(
+            _CHARGES.c.reservation_id,
+            _CHARGES.c.resource,
+            _CHARGES.c.tenant_id,
+            _P["pool_id"],
+            _CHARGES.c.amount,
+            _CHARGES.c.starts_at,
+            _CHARGES.c.ends_at,
+        )
+        .select_from(_CHARGES)
+        .where(
+            room_for(
+                quota_holdings,
+                [
+                    quota_holdings.c.tenant_id == _CHARGES.c.tenant_id,
+                    quota_holdings.c.pool_id == _P["pool_id"],
+                    quota_holdings.c.resource == _CHARGES.c.resource,
+                ],
+                _CHARGES.c.starts_at,
+                _CHARGES.c.ends_at,
+                _CHARGES.c.total,
+                _ROW_LIMIT,
+                (_CHARGES,),
+            )
+        ),
+    )
+    .returning(quota_holdings.c.reservation_id, quota_holdings.c.resource)
 )
 
 
