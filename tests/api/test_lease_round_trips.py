@@ -57,7 +57,9 @@ async def idle_lease_app(
 async def client(idle_lease_app: Any) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=idle_lease_app)
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers, timeout=60) as c:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://test", headers=headers, timeout=60
+    ) as c:
         yield c
 
 
