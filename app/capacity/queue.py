@@ -60,6 +60,7 @@ from app.capacity.reservations import (
 )
 from app.capacity.snapshot import PoolCache
 from app.db.locks import pool_not_found
+from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
 from app.errors import IdempotencyKeyReused
 from app.iam.authorize import Principal, authorize_owned
@@ -112,31 +113,43 @@ async def create(
         return _shape(row, []), True
 
 
+# INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key)
+#   SELECT :id, :tenant_id, p.id, 'queued', :spec, :spec_hash, :idempotency_key FROM pools p
+#    WHERE p.id = :pool_id
+#   ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+#   RETURNING reservations.*, pg_notify('bc_queue', reservations.pool_id)
+ENQUEUE = Prepared(
+    pg_insert(reservations)
+    .from_select(
+        ["id", "tenant_id", "pool_id", "status", "spec", "spec_hash", "idempotency_key"],
+        sa.select(
+            sa.bindparam("id", type_=sa.Text),
+            sa.bindparam("tenant_id", type_=sa.Text),
+            pools.c.id,
+            sa.literal("queued", sa.Text),
+            sa.bindparam("spec", type_=JSONB),
+            sa.bindparam("spec_hash", type_=sa.Text),
+            sa.bindparam("idempotency_key", type_=sa.Text),
+        ).where(pools.c.id == sa.bindparam("pool_id", type_=sa.Text)),
+    )
+    .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+    .returning(*reservations.c, queue_edge(reservations.c.pool_id))
+)
+
+
 async def _enqueue(conn: AsyncConnection, body: ReservationRequest, spec: dict[str, Any], digest: str) -> Any:
     """Write the reservation ``queued`` and send its pool's queue edge (delivered at COMMIT) in one
-    statement; the row as stored, or None when nothing was written (no such pool, or the key was used:
-    :func:`_not_enqueued` tells which)."""
-    # INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key)
-    #   SELECT :id, :tenant, p.id, 'queued', :spec, :spec_hash, :key FROM pools p WHERE p.id = :pool
-    #   ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-    #   RETURNING reservations.*, pg_notify('bc_queue', reservations.pool_id)
-    values = sa.select(
-        sa.literal(new_id("res"), sa.Text),
-        sa.literal(body.tenantId, sa.Text),
-        pools.c.id,
-        sa.literal("queued", sa.Text),
-        sa.literal(spec, JSONB),
-        sa.literal(digest, sa.Text),
-        sa.literal(body.idempotencyKey, sa.Text),
-    ).where(pools.c.id == body.poolId)
-    columns = ["id", "tenant_id", "pool_id", "status", "spec", "spec_hash", "idempotency_key"]
-    stmt = (
-        pg_insert(reservations)
-        .from_select(columns, values)
-        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-        .returning(*reservations.c, queue_edge(reservations.c.pool_id))
-    )
-    return (await conn.execute(stmt)).first()
+    statement (:data:`ENQUEUE`, prepared); the row as stored, or None when nothing was written (no such
+    pool, or the key was used: :func:`_not_enqueued` tells which)."""
+    params = {
+        "id": new_id("res"),
+        "tenant_id": body.tenantId,
+        "pool_id": body.poolId,
+        "spec": spec,
+        "spec_hash": digest,
+        "idempotency_key": body.idempotencyKey,
+    }
+    return (await ENQUEUE.run(conn, params)).first()
 
 
 async def _not_enqueued(conn: AsyncConnection, body: ReservationRequest, digest: str) -> dict[str, Any]:
@@ -176,16 +189,17 @@ class Claimed:
     left: int
 
 
-async def _claim(conn: AsyncConnection, pool_id: str, limit: int) -> Claimed:
-    """Claim up to ``limit`` queued reservations of ``pool_id`` in one statement, with ``now()`` and the
-    count of the pool's queued rows (rows other workers hold are counted, not claimed)."""
-    # SELECT c.queued, c.now, claimed.*
-    #   FROM (SELECT count(*) AS queued, now() AS now FROM reservations
-    #          WHERE pool_id = :pool AND status = 'queued') c
-    #   LEFT JOIN LATERAL (SELECT * FROM reservations WHERE pool_id = :pool AND status = 'queued'
+def _claim_statement() -> Prepared:
+    # SELECT c.queued_total, c.db_now, claimed.*
+    #   FROM (SELECT count(*) AS queued_total, now() AS db_now FROM reservations
+    #          WHERE pool_id = :pool_id AND status = 'queued') c
+    #   LEFT JOIN LATERAL (SELECT * FROM reservations WHERE pool_id = :pool_id AND status = 'queued'
     #          ORDER BY created_at, id LIMIT :max_batch FOR UPDATE SKIP LOCKED) claimed ON true
     #  ORDER BY claimed.created_at, claimed.id
-    queued = (reservations.c.pool_id == pool_id, reservations.c.status == "queued")
+    queued = (
+        reservations.c.pool_id == sa.bindparam("pool_id", type_=sa.Text),
+        reservations.c.status == "queued",
+    )
     counted = (
         sa.select(sa.func.count().label("queued_total"), sa.func.now().label("db_now"))
         .where(*queued)
@@ -195,16 +209,25 @@ async def _claim(conn: AsyncConnection, pool_id: str, limit: int) -> Claimed:
         sa.select(reservations)
         .where(*queued)
         .order_by(reservations.c.created_at, reservations.c.id)
-        .limit(limit)
+        .limit(sa.bindparam("max_batch", type_=sa.Integer))
         .with_for_update(skip_locked=True)
         .lateral("claimed")
     )
-    stmt = (
+    return Prepared(
         sa.select(counted, claimed)
         .select_from(counted.outerjoin(claimed, sa.true()))
         .order_by(claimed.c.created_at, claimed.c.id)
     )
-    result = (await conn.execute(stmt)).all()
+
+
+CLAIM = _claim_statement()
+
+
+async def _claim(conn: AsyncConnection, pool_id: str, limit: int) -> Claimed:
+    """Claim up to ``limit`` queued reservations of ``pool_id`` in one statement (:data:`CLAIM`,
+    prepared), with ``now()`` and the count of the pool's queued rows (rows other workers hold are
+    counted, not claimed)."""
+    result = (await CLAIM.run(conn, {"pool_id": pool_id, "max_batch": limit})).all()
     rows = [r for r in result if r.id is not None]
     return Claimed(rows, result[0].db_now, result[0].queued_total - len(rows))
 
@@ -294,14 +317,23 @@ def _observe(rows: list[Any], decisions: list[Decision], now: Any) -> None:
         QUEUED_WAIT.observe(max((now - row.created_at).total_seconds(), 0.0))
 
 
+# SELECT pg_notify('bc_decided', payload) FROM unnest(:payloads) AS payload
+NOTIFY_DECIDED = Prepared(
+    sa.select(
+        sa.func.pg_notify(
+            DECIDED_CHANNEL,
+            sa.func.unnest(sa.bindparam("payloads", type_=ARRAY(sa.Text))).column_valued("payload"),
+        )
+    )
+)
+
+
 async def notify_decided(conn: AsyncConnection, views: list[dict[str, Any]]) -> None:
-    """Send ``bc_decided`` for the reservations of ``views`` (delivered at COMMIT) in one statement,
-    as many notifications as NOTIFY's 8000-byte payload limit needs (:func:`decided_payloads`)."""
-    if not views:
-        return
-    payload = sa.func.unnest(sa.literal(decided_payloads(views), ARRAY(sa.Text))).column_valued("payload")
-    # SELECT pg_notify('bc_decided', payload) FROM unnest(:payloads) AS payload
-    await conn.execute(sa.select(sa.func.pg_notify(DECIDED_CHANNEL, payload)))
+    """Send ``bc_decided`` for the reservations of ``views`` (delivered at COMMIT) in one statement
+    (:data:`NOTIFY_DECIDED`), as many notifications as NOTIFY's 8000-byte payload limit needs
+    (:func:`decided_payloads`)."""
+    if views:
+        await NOTIFY_DECIDED.run(conn, {"payloads": decided_payloads(views)})
 
 
 def decided_payloads(views: list[dict[str, Any]], limit: int = PAYLOAD_BYTES) -> list[str]:

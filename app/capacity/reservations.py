@@ -51,6 +51,7 @@ from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache, PoolHead
 from app.db.locks import lock_pool, pool_not_found
+from app.db.prepared import Prepared
 from app.db.tables import TS, allocations, pools, reservations
 from app.db.tx import reads
 from app.errors import IdempotencyKeyReused, InvalidInput
@@ -389,22 +390,22 @@ _ALLOCATION_COLUMNS = (
 )
 
 
+# SELECT r.*, a.id, a.node_id, a.atoms, a.resources, a.during, a.released_at
+#   FROM reservations r LEFT JOIN allocations a ON a.reservation_id = r.id
+#  WHERE r.id = :reservation_id ORDER BY a.created_at, a.id
+READ_VIEW = Prepared(
+    sa.select(reservations, *_ALLOCATION_COLUMNS)
+    .select_from(reservations.outerjoin(allocations, allocations.c.reservation_id == reservations.c.id))
+    .where(reservations.c.id == sa.bindparam("reservation_id", type_=sa.Text))
+    .order_by(allocations.c.created_at, allocations.c.id)
+)
+
+
 async def read_view(conn: AsyncConnection, reservation_id: str) -> dict[str, Any] | None:
-    """The view of a reservation (``Reservation``: the row and its allocations) in one statement, None
-    when there is none. No visibility check: callers authorize on its ``tenantId``."""
-    # SELECT r.*, a.id, a.node_id, a.atoms, a.resources, a.during, a.released_at
-    #   FROM reservations r LEFT JOIN allocations a ON a.reservation_id = r.id
-    #  WHERE r.id = :reservation ORDER BY a.created_at, a.id
-    rows = (
-        await conn.execute(
-            sa.select(reservations, *_ALLOCATION_COLUMNS)
-            .select_from(
-                reservations.outerjoin(allocations, allocations.c.reservation_id == reservations.c.id)
-            )
-            .where(reservations.c.id == reservation_id)
-            .order_by(allocations.c.created_at, allocations.c.id)
-        )
-    ).all()
+    """The view of a reservation (``Reservation``: the row and its allocations) in one statement
+    (:data:`READ_VIEW`, prepared), None when there is none. No visibility check: callers authorize on
+    its ``tenantId``."""
+    rows = (await READ_VIEW.run(conn, {"reservation_id": reservation_id})).all()
     if not rows:
         return None
     allocs = [
