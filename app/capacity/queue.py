@@ -83,6 +83,9 @@ RECHECK_SECONDS = 1.0  # a long-poll re-reads at least this often (a release sen
 MAX_WAIT_SECONDS = 30
 PAYLOAD_BYTES = 7900  # a bc_decided payload stays under NOTIFY's 8000-byte limit
 READ = "compute:reservations:read"
+# ``status = 'queued'`` with the literal in the SQL text, so that even a generic plan of the prepared
+# statement can use the partial index ix_reservations_queued (a bound status could not prove its WHERE)
+IS_QUEUED = reservations.c.status == sa.literal_column("'queued'")
 QUOTA_EXCEEDED_REASON = "QuotaExceeded"  # as the wake-edge controller's
 
 
@@ -196,10 +199,7 @@ def _claim_statement() -> Prepared:
     #   LEFT JOIN LATERAL (SELECT * FROM reservations WHERE pool_id = :pool_id AND status = 'queued'
     #          ORDER BY created_at, id LIMIT :max_batch FOR UPDATE SKIP LOCKED) claimed ON true
     #  ORDER BY claimed.created_at, claimed.id
-    queued = (
-        reservations.c.pool_id == sa.bindparam("pool_id", type_=sa.Text),
-        reservations.c.status == "queued",
-    )
+    queued = (reservations.c.pool_id == sa.bindparam("pool_id", type_=sa.Text), IS_QUEUED)
     counted = (
         sa.select(sa.func.count().label("queued_total"), sa.func.now().label("db_now"))
         .where(*queued)
@@ -368,7 +368,7 @@ def parse_decided(payload: str) -> Iterator[tuple[str, str]]:
 async def pools_with_queued(conn: AsyncConnection, pool_id: str | None = None) -> list[str]:
     """The pools that have queued reservations (plain read: rows other workers hold count too)."""
     # SELECT DISTINCT pool_id FROM reservations WHERE status = 'queued' [AND pool_id = :pool]
-    stmt = sa.select(reservations.c.pool_id).where(reservations.c.status == "queued").distinct()
+    stmt = sa.select(reservations.c.pool_id).where(IS_QUEUED).distinct()
     if pool_id is not None:
         stmt = stmt.where(reservations.c.pool_id == pool_id)
     return list((await conn.execute(stmt.order_by(reservations.c.pool_id))).scalars())

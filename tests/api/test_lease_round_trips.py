@@ -2,9 +2,9 @@
 one statement in its transaction, a long-poll woken by its decision answers the view the ``bc_decided``
 line carries (no read after the first), and a long-poll is not woken by other reservations' decisions.
 
-The app's batch worker is stopped (``QueueWorker.run`` does nothing) so that only the request's round
-trips are counted: the tests decide the queued reservations themselves, with
-:func:`app.capacity.queue.work_batch` on the test engine (not counted).
+The app's batch worker and wake controller are stopped (their ``run`` does nothing) and its periodic
+tasks slowed down, so that only the request's round trips are counted: the tests decide the queued
+reservations themselves, with :func:`app.capacity.queue.work_batch` on the test engine (not counted).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity import queue
 from app.capacity.snapshot import PoolCache
+from app.capacity.wake import WakeController
 from tests.conftest import ADMIN_KEY, settings_for
 from tests.factories import add_node, gpu_node, make_pool, reservation
 from tests.round_trips import counting
@@ -30,7 +31,7 @@ MAX_POST_ROUND_TRIPS = 4
 MAX_LONG_POLL_ROUND_TRIPS = 2
 
 
-async def _idle(self: queue.QueueWorker, engine: AsyncEngine) -> int:
+async def _idle(self: Any, engine: AsyncEngine) -> int:
     return 0
 
 
@@ -42,11 +43,16 @@ async def idle_lease_app(
     from app.main import create_app
 
     monkeypatch.setattr(queue.QueueWorker, "run", _idle)
+    monkeypatch.setattr(WakeController, "run", _idle)  # adding a node sends a wake edge: no wake here
     monkeypatch.setattr(queue, "RECHECK_SECONDS", 30.0)  # no periodic re-read within a test
-    application = create_app(settings_for(database_url, capacity_placer="pool-lease"), run_migrations=False)
+    quiet = {"lifecycle_interval": 3600, "lifecycle_sweep": 3600, "node_liveness_sweep_seconds": 3600}
+    settings = settings_for(database_url, capacity_placer="pool-lease", **quiet)
+    application = create_app(settings, run_migrations=False)
     async with application.router.lifespan_context(application):
-        for _ in range(500):
-            if application.state.queue.listening:
+        lifecycle = application.state.lifecycle
+        periodic = [name for name in lifecycle.runs if not name.endswith("-listener")]
+        for _ in range(500):  # listening, and each periodic task's first run over: none straddles a count
+            if application.state.queue.listening and all(lifecycle.runs[n] for n in periodic):
                 break
             await asyncio.sleep(0.01)
         assert application.state.queue.listening
