@@ -151,7 +151,9 @@ class InlinePlacer:
 
 class PoolLeasePlacer:
     """Queue the reservation for its pool's batch worker: status ``queued``, the queue edge sent when
-    ``conn``'s transaction commits. Nothing is charged or booked until a batch decides it."""
+    ``conn``'s transaction commits. Nothing is charged or booked until a batch decides it. The
+    pool-lease create does both steps (the row written, then queued) in one statement,
+    :data:`app.capacity.queue.ENQUEUE`, with the same edge (:func:`queue_edge`)."""
 
     id = POOL_LEASE
 

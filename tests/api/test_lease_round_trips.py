@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.capacity import queue
 from app.capacity.snapshot import PoolCache
 from app.capacity.wake import WakeController
+from tests.api.test_authorization import build_world
 from tests.conftest import ADMIN_KEY, settings_for
 from tests.factories import add_node, gpu_node, make_pool, reservation
 from tests.round_trips import counting
@@ -174,3 +175,17 @@ def test_decided_payloads_stay_under_the_limit_and_parse_back() -> None:
     assert [rid for rid, _ in lines] == [v["id"] for v in views]
     assert lines[-1] == ("res_huge", "")  # too long: the bare id
     assert all(text for _, text in lines[:-1])
+
+
+async def test_the_long_poll_is_authorized_as_the_plain_get(
+    admin_client: httpx.AsyncClient, client_for: Any
+) -> None:
+    world = await build_world(admin_client)
+    for who, key in world.keys.items():  # anonymous 401, admin 200, tenant B 404, no grant 403, ...
+        async with client_for(key) as c:
+            plain = await c.get(f"/v1/reservations/{world.reservation_a}")
+            polled = await c.get(f"/v1/reservations/{world.reservation_a}", params={"waitSeconds": 5})
+            missing = await c.get("/v1/reservations/res_nope", params={"waitSeconds": 5})
+        assert (polled.status_code, polled.json()) == (plain.status_code, plain.json()), who
+        if key is not None:
+            assert missing.status_code == 404, (who, missing.text)
