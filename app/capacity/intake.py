@@ -124,11 +124,13 @@ class Decision:
     ends_at: datetime | None = None
 
 
-def _mark_decided_statement() -> Prepared:
+def decided_update() -> sa.Update:
+    """The UPDATE of :func:`mark_decided`, without RETURNING, from the bind parameters of
+    :func:`decided_params` (the queue worker sends its NOTIFY in the same statement)."""
     # UPDATE reservations SET status = d.status, conditions = d.conditions::jsonb, ends_at = d.ends_at,
     #        updated_at = now()
     #   FROM unnest(:ids, :statuses, :conditions, :ends_at) AS d (id, status, conditions, ends_at)
-    #  WHERE reservations.id = d.id RETURNING reservations.*
+    #  WHERE reservations.id = d.id
     decided = (
         sa.func.unnest(
             sa.bindparam("ids", type_=ARRAY(sa.Text)),
@@ -139,7 +141,7 @@ def _mark_decided_statement() -> Prepared:
         .table_valued("id", "status", "conditions", "ends_at")
         .render_derived(name="decided")
     )
-    return Prepared(
+    return (
         sa.update(reservations)
         .where(reservations.c.id == decided.c.id)
         .values(
@@ -148,11 +150,21 @@ def _mark_decided_statement() -> Prepared:
             ends_at=decided.c.ends_at,
             updated_at=sa.func.now(),
         )
-        .returning(*reservations.c)
     )
 
 
-MARK_DECIDED = _mark_decided_statement()
+def decided_params(decisions: list[Decision]) -> dict[str, Any]:
+    """The bind parameters of :func:`decided_update` for ``decisions``."""
+    return {
+        "ids": [d.reservation_id for d in decisions],
+        "statuses": [d.status for d in decisions],
+        "conditions": [json.dumps(d.conditions) for d in decisions],
+        "ends_at": [d.ends_at for d in decisions],
+    }
+
+
+# ... RETURNING reservations.*
+MARK_DECIDED = Prepared(decided_update().returning(*reservations.c))
 
 
 async def mark_decided(conn: AsyncConnection, decisions: list[Decision]) -> dict[str, Any]:
@@ -160,13 +172,7 @@ async def mark_decided(conn: AsyncConnection, decisions: list[Decision]) -> dict
     number of decisions); returns reservation id -> the updated row."""
     if not decisions:
         return {}
-    params = {
-        "ids": [d.reservation_id for d in decisions],
-        "statuses": [d.status for d in decisions],
-        "conditions": [json.dumps(d.conditions) for d in decisions],
-        "ends_at": [d.ends_at for d in decisions],
-    }
-    rows = await MARK_DECIDED.run(conn, params)
+    rows = await MARK_DECIDED.run(conn, decided_params(decisions))
     return {r.id: r for r in rows.all()}
 
 

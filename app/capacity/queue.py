@@ -41,7 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.access import reservation_named, reservation_not_found
 from app.capacity.batch import BatchEntry, batch_options, place_batch
-from app.capacity.intake import Decision, mark_decided
+from app.capacity.intake import Decision, decided_params, decided_update
 from app.capacity.listener import ListeningController
 from app.capacity.placer import Pending, Placed
 from app.capacity.placers import DECIDED_CHANNEL, POOL_LEASE, QUEUE_CHANNEL, queue_edge
@@ -267,8 +267,8 @@ async def _work_batch(
 ) -> tuple[int, int]:
     """:func:`work_batch`: ``(claimed, left)``, ``left`` the pool's queued rows the claim saw and did
     not take. One transaction: BEGIN, the claim (:func:`_claim`), the batch's plans and commits
-    (:func:`app.capacity.batch.place_batch`), the decisions, one ``bc_decided`` statement carrying
-    their views (:func:`notify_decided`), COMMIT."""
+    (:func:`app.capacity.batch.place_batch`), the decisions written with the ``bc_decided`` that
+    carries their views in one statement (:func:`decide`), COMMIT."""
     tokens: list[int] = []
     try:
         async with engine.begin() as conn:
@@ -291,8 +291,8 @@ async def _work_batch(
             decisions = [
                 _decision(entries.get(r.id), r, passed_reason if r.id in passed else None) for r in rows
             ]
-            updated = await mark_decided(conn, decisions)
-            await notify_decided(conn, [_decided_view(updated[r.id], entries.get(r.id)) for r in rows])
+            views = [_decided_view(r, d, entries.get(r.id)) for r, d in zip(rows, decisions, strict=True)]
+            await decide(conn, decisions, views)
             _observe(rows, decisions, now)
             return len(rows), claim.left
     finally:  # committed or rolled back: the bookings (or their absence) are visible to every plan
@@ -300,13 +300,14 @@ async def _work_batch(
             cache.forget(pool_id, token)
 
 
-def _decided_view(row: Any, entry: BatchEntry | None) -> dict[str, Any]:
+def _decided_view(row: Any, decision: Decision, entry: BatchEntry | None) -> dict[str, Any]:
     """The view of a reservation a batch decided (what :func:`read_view` reads back after COMMIT): the
-    updated row and, when placed, the allocations the batch wrote."""
+    claimed row with the decision's status and conditions and, when placed, the allocations the batch
+    wrote."""
     allocs: list[dict[str, Any]] = []
-    if row.status == "placed" and entry is not None and isinstance(entry.outcome, Placed):
+    if decision.status == "placed" and entry is not None and isinstance(entry.outcome, Placed):
         allocs = [_committed_view(a, entry.request) for a in entry.outcome.allocations]
-    return _shape(row, allocs)
+    return {**_shape(row, allocs), "status": decision.status, "conditions": decision.conditions}
 
 
 def _observe(rows: list[Any], decisions: list[Decision], now: Any) -> None:
@@ -317,23 +318,23 @@ def _observe(rows: list[Any], decisions: list[Decision], now: Any) -> None:
         QUEUED_WAIT.observe(max((now - row.created_at).total_seconds(), 0.0))
 
 
-# SELECT pg_notify('bc_decided', payload) FROM unnest(:payloads) AS payload
-NOTIFY_DECIDED = Prepared(
-    sa.select(
-        sa.func.pg_notify(
-            DECIDED_CHANNEL,
-            sa.func.unnest(sa.bindparam("payloads", type_=ARRAY(sa.Text))).column_valued("payload"),
-        )
-    )
-)
+def _decide_statement() -> Prepared:
+    # WITH decided_rows AS (UPDATE reservations ... FROM unnest(:ids, ...) d WHERE id = d.id)
+    # SELECT pg_notify('bc_decided', payload) FROM unnest(:payloads) AS payload
+    written = decided_update().returning(reservations.c.id).cte("decided_rows")
+    payload = sa.func.unnest(sa.bindparam("payloads", type_=ARRAY(sa.Text))).column_valued("payload")
+    return Prepared(sa.select(sa.func.pg_notify(DECIDED_CHANNEL, payload)).add_cte(written))
 
 
-async def notify_decided(conn: AsyncConnection, views: list[dict[str, Any]]) -> None:
-    """Send ``bc_decided`` for the reservations of ``views`` (delivered at COMMIT) in one statement
-    (:data:`NOTIFY_DECIDED`), as many notifications as NOTIFY's 8000-byte payload limit needs
-    (:func:`decided_payloads`)."""
-    if views:
-        await NOTIFY_DECIDED.run(conn, {"payloads": decided_payloads(views)})
+DECIDE = _decide_statement()
+
+
+async def decide(conn: AsyncConnection, decisions: list[Decision], views: list[dict[str, Any]]) -> None:
+    """Write the decisions and send ``bc_decided`` carrying ``views`` (delivered at COMMIT) in one
+    statement (:data:`DECIDE`, prepared; a data-modifying CTE runs whether or not it is read), as many
+    notifications as NOTIFY's 8000-byte payload limit needs (:func:`decided_payloads`)."""
+    if decisions:
+        await DECIDE.run(conn, {**decided_params(decisions), "payloads": decided_payloads(views)})
 
 
 def decided_payloads(views: list[dict[str, Any]], limit: int = PAYLOAD_BYTES) -> list[str]:
