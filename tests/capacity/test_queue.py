@@ -1,6 +1,7 @@
 """The pool-lease worker's claims (app/capacity/queue.py) on real PostgreSQL: a run claims again only
-after a full batch, a claim counts what another worker holds (so the run looks again), and the enqueue
-is one statement that answers retries and unknown pools as the inline create does."""
+after a full batch, a batch's own statements are its claim and one decide-and-notify, a claim counts
+what another worker holds (so the run looks again), and the enqueue is one statement that answers
+retries and unknown pools as the inline create does."""
 
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ async def test_a_run_claims_again_only_after_a_full_batch(clean_db: AsyncEngine)
     sweeps = [s for s in trips.sent if s.startswith("SELECT DISTINCT")]
     assert len(claims) == 3, trips  # no fourth claim to find the queue empty
     assert len(sweeps) == 1, trips  # the sweep; no re-read of the queue after the last batch
+    # per batch, the decisions and their bc_decided are one statement; no separate clock read
+    assert len([s for s in trips.sent if s.startswith("WITH decided_rows")]) == 3, trips
+    assert not [s for s in trips.sent if "pg_notify" in s and not s.startswith("WITH")], trips
+    assert not [s for s in trips.sent if s.startswith("SELECT now()")], trips
     assert all(status == "placed" for status, _ in (await _statuses(engine, ids)).values())
     assert not worker._heard  # nothing left: no retry planned
 
