@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity import queue
-from app.capacity.reservations import CapacityConfig
+from app.capacity.reservations import CapacityConfig, _view, create_reservation, read_view
 from app.capacity.snapshot import PoolCache
 from app.db.tables import reservations
 from app.errors import IdempotencyKeyReused, NotFound
@@ -91,3 +91,18 @@ async def test_the_enqueue_answers_retries_and_unknown_pools(clean_db: AsyncEngi
     async with engine.connect() as conn:
         count = (await conn.execute(sa.select(sa.func.count()).select_from(reservations))).scalar_one()
     assert count == 1
+
+
+async def test_the_one_statement_view_is_the_view_of_two_reads(clean_db: AsyncEngine) -> None:
+    engine = clean_db
+    pool, _ = await make_pool_with_nodes(engine, [node_body("v0", 8)])
+    cache, config = PoolCache(), _config()
+    body = _body(pool, "v1", gpus=2)
+    placed, _ = await create_reservation(engine, cache, config, body)
+    queued, _ = await queue.create(engine, cache, config, _body(pool, "v2"))
+    async with engine.connect() as conn:
+        for rid in (placed["id"], queued["id"]):
+            row = (await conn.execute(sa.select(reservations).where(reservations.c.id == rid))).one()
+            assert await read_view(conn, rid) == await _view(conn, row)
+        assert await read_view(conn, "res_nope") is None
+    assert placed["status"] == "placed" and len(placed["allocations"][0]["atoms"]) == 2
