@@ -8,13 +8,15 @@ replica runs, and the long-poll of ``GET /v1/reservations/{id}?waitSeconds=N``.
 - **the worker** (:class:`QueueWorker`, two lifecycle tasks): a LISTEN connection on ``bc_queue`` and
   ``bc_decided`` pokes the worker task, which takes the pools it heard about (and, every
   ``BC_LIFECYCLE_SWEEP`` seconds and after each (re)connection, every pool with queued work) and, per
-  pool, claims up to ``maxBatch`` queued reservations oldest first with ``FOR UPDATE SKIP LOCKED`` and
-  decides them in one transaction (:func:`app.capacity.batch.place_batch`); a batch that took
-  ``maxBatch`` is followed by another at once. No debounce: the edges that arrive during a batch make
-  the next run, which claims everything queued by then. The claim also counts the pool's queued rows it
-  could not take: while another worker holds some, they are looked at again after ``BUSY_RETRY``
-  seconds; when that worker dies (its transaction rolled back) this one takes them. An idle worker
-  waits on its event: no query.
+  pool, leases the pool for one transaction (:func:`pool_lease`: one replica at a time plans a pool, so
+  replicas' batches never race each other for atoms), claims up to ``maxBatch`` queued reservations
+  oldest first with ``FOR UPDATE SKIP LOCKED`` and decides them in that transaction
+  (:func:`app.capacity.batch.place_batch`); a batch that took ``maxBatch`` is followed by another at
+  once. No debounce: the edges that arrive during a batch make the next run, which claims everything
+  queued by then. The claim also counts the pool's queued rows it could not take: while another worker
+  holds some (or the pool's lease), they are looked at again after ``BUSY_RETRY`` seconds; when that
+  worker dies (its transaction rolled back) this one takes them. An idle worker waits on its event: no
+  query.
 - **decided**: placed, or pending with its Unschedulable condition (``NoFit``, ``the pool is archived``,
   or ``QuotaExceeded`` until a quota edge of its tenant wakes it); the batch sends ``bc_decided`` with a
   line ``<id>\t<view JSON>`` per reservation (:func:`decided_payloads`), and on every replica the
@@ -77,6 +79,7 @@ log = logging.getLogger("better_compute.queue")
 
 QUEUE_WORKER = "pool-lease-worker"
 QUEUE_LISTENER = "pool-lease-listener"
+POOL_LEASE_LOCK = 150_007  # the advisory lock class of pool leases (the key is hashtext(pool id))
 BUSY_RETRY = 0.5  # seconds: queued rows another worker holds are looked at again this soon
 LISTENER_RETRY = 1.0
 RECHECK_SECONDS = 1.0  # a long-poll re-reads at least this often (a release sends no decided edge)
@@ -192,22 +195,40 @@ class Claimed:
     left: int
 
 
+def pool_lease(pool_id: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
+    """``pg_try_advisory_xact_lock(POOL_LEASE_LOCK, hashtext(<pool id>))``: the pool's lease for the
+    rest of the transaction, true when this transaction holds it. One replica at a time plans a pool's
+    queue, so the batches of two replicas never race for the same atoms and scalar rows; the others
+    leave the pool to the holder (it hears the same queue edges) and look again after ``BUSY_RETRY``
+    seconds. A try-lock never waits: it is outside the lock order (app/db/locks.py). A holder that dies
+    loses the lease with its transaction."""
+    return sa.func.pg_try_advisory_xact_lock(
+        sa.literal_column(str(POOL_LEASE_LOCK)), sa.func.hashtext(pool_id)
+    )
+
+
 def _claim_statement() -> Prepared:
-    # SELECT c.queued_total, c.db_now, claimed.*
-    #   FROM (SELECT count(*) AS queued_total, now() AS db_now FROM reservations
-    #          WHERE pool_id = :pool_id AND status = 'queued') c
-    #   LEFT JOIN LATERAL (SELECT * FROM reservations WHERE pool_id = :pool_id AND status = 'queued'
+    # SELECT c.queued_total, c.db_now, c.leased, claimed.*
+    #   FROM (SELECT count(*) AS queued_total, now() AS db_now,
+    #                pg_try_advisory_xact_lock(<POOL_LEASE_LOCK>, hashtext(:pool_id)) AS leased
+    #           FROM reservations WHERE pool_id = :pool_id AND status = 'queued') c
+    #   LEFT JOIN LATERAL (SELECT * FROM reservations
+    #          WHERE pool_id = :pool_id AND status = 'queued' AND c.leased
     #          ORDER BY created_at, id LIMIT :max_batch FOR UPDATE SKIP LOCKED) claimed ON true
     #  ORDER BY claimed.created_at, claimed.id
     queued = (reservations.c.pool_id == sa.bindparam("pool_id", type_=sa.Text), IS_QUEUED)
     counted = (
-        sa.select(sa.func.count().label("queued_total"), sa.func.now().label("db_now"))
+        sa.select(
+            sa.func.count().label("queued_total"),
+            sa.func.now().label("db_now"),
+            pool_lease(sa.bindparam("pool_id", type_=sa.Text)).label("leased"),
+        )
         .where(*queued)
         .subquery("counted")
     )
     claimed = (
         sa.select(reservations)
-        .where(*queued)
+        .where(*queued, counted.c.leased)
         .order_by(reservations.c.created_at, reservations.c.id)
         .limit(sa.bindparam("max_batch", type_=sa.Integer))
         .with_for_update(skip_locked=True)
@@ -224,9 +245,10 @@ CLAIM = _claim_statement()
 
 
 async def _claim(conn: AsyncConnection, pool_id: str, limit: int) -> Claimed:
-    """Claim up to ``limit`` queued reservations of ``pool_id`` in one statement (:data:`CLAIM`,
-    prepared), with ``now()`` and the count of the pool's queued rows (rows other workers hold are
-    counted, not claimed)."""
+    """Lease ``pool_id`` and claim up to ``limit`` of its queued reservations in one statement
+    (:data:`CLAIM`, prepared), with ``now()`` and the count of the pool's queued rows (rows other
+    workers hold are counted, not claimed; all of them while another replica holds the pool's lease,
+    :func:`pool_lease`)."""
     result = (await CLAIM.run(conn, {"pool_id": pool_id, "max_batch": limit})).all()
     rows = [r for r in result if r.id is not None]
     return Claimed(rows, result[0].db_now, result[0].queued_total - len(rows))

@@ -106,3 +106,22 @@ async def test_the_one_statement_view_is_the_view_of_two_reads(clean_db: AsyncEn
             assert await read_view(conn, rid) == await _view(conn, row)
         assert await read_view(conn, "res_nope") is None
     assert placed["status"] == "placed" and len(placed["allocations"][0]["atoms"]) == 2
+
+
+async def test_one_replica_at_a_time_plans_a_pool(clean_db: AsyncEngine) -> None:
+    engine = clean_db
+    pool, _ = await make_pool_with_nodes(engine, [node_body("l0", 8)])
+    other_pool, _ = await make_pool_with_nodes(engine, [node_body("l1", 8)])
+    cache, config = PoolCache(), _config()
+    ids = await _queue(engine, cache, config, pool, 2)
+    others = await _queue(engine, cache, config, other_pool, 1)
+    worker = queue.QueueWorker(cache, config, sweep_seconds=3600)
+    async with engine.begin() as holder:  # another replica's batch holds the pool's lease
+        assert (await holder.execute(sa.select(queue.pool_lease(sa.literal(pool))))).scalar_one()
+        assert await worker.run(engine) == 1  # the other pool only
+        assert worker._heard == {pool}  # the leased pool is looked at again after BUSY_RETRY
+        assert {s for s, _ in (await _statuses(engine, ids)).values()} == {"queued"}
+    # the holder committed (or died): the lease is free with its transaction
+    assert await worker.run(engine) == 2
+    statuses = await _statuses(engine, [*ids, *others])
+    assert {s for s, _ in statuses.values()} == {"placed"}
