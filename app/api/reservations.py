@@ -93,12 +93,12 @@ async def get_reservation(
 ) -> dict[str, Any]:
     """The reservation; with ``waitSeconds`` a queued one is answered once a batch worker decided it
     (or when the wait is over, still queued)."""
+    if waitSeconds > 0:  # the long-poll authorizes on the row it reads: one read, not two
+        worker: svc_queue.QueueWorker = request.app.state.queue
+        return await worker.wait(svc.engine, principal, reservation_id, waitSeconds)
     tenant = await authorized_reservation_tenant(
         svc.engine, principal, reservation_id, "compute:reservations:read"
     )
-    if waitSeconds > 0:
-        worker: svc_queue.QueueWorker = request.app.state.queue
-        return await worker.wait(svc.engine, reservation_id, tenant, waitSeconds)
     return await svc_reservations.get_reservation(svc.engine, reservation_id, tenant)
 
 

@@ -4,7 +4,9 @@ A reservation exists for a caller when it is there and, for a tenant-scoped key,
 it (:func:`app.iam.authorize.exists_for`); otherwise the answer is 404 ``reservation '<id>' not found``,
 never 403, so its existence is not revealed. A visible reservation still needs ``action`` granted on
 ``tenant:<owner>`` (403). Routes call :func:`authorized_reservation_tenant` before the service call and
-the service re-applies :func:`visible` to the row it reads under its lock.
+the service re-applies :func:`visible` to the row it reads under its lock; the long-poll
+(:meth:`app.capacity.queue.QueueWorker.wait`) reads the view first and authorizes on the owner it names,
+with the same rule (:func:`~app.iam.authorize.authorize_owned`), so it needs one read, not two.
 """
 
 from __future__ import annotations

@@ -4,17 +4,19 @@ create of :mod:`app.capacity.reservations` writes its single row itself)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.reservations import spec_hash
+from app.db.prepared import Prepared
 from app.db.tables import TS, pools, reservations
 from app.errors import AppError, IdempotencyKeyReused, NotFound, quote_input
 from app.ids import new_id
@@ -122,33 +124,55 @@ class Decision:
     ends_at: datetime | None = None
 
 
-async def mark_decided(conn: AsyncConnection, decisions: list[Decision]) -> dict[str, Any]:
-    """Write every decision in one statement; returns reservation id -> the updated row."""
-    if not decisions:
-        return {}
-    decided = sa.values(
-        sa.column("id", sa.Text),
-        sa.column("status", sa.Text),
-        sa.column("conditions", JSONB),
-        sa.column("ends_at", TS),
-        name="decided",
-    ).data([(d.reservation_id, d.status, d.conditions, d.ends_at) for d in decisions])
-    # UPDATE reservations SET status = d.status, conditions = d.conditions, ends_at = d.ends_at,
+def decided_update() -> sa.Update:
+    """The UPDATE of :func:`mark_decided`, without RETURNING, from the bind parameters of
+    :func:`decided_params` (the queue worker sends its NOTIFY in the same statement)."""
+    # UPDATE reservations SET status = d.status, conditions = d.conditions::jsonb, ends_at = d.ends_at,
     #        updated_at = now()
-    #   FROM (VALUES (:id, :status, :conditions::jsonb, :ends_at::timestamptz), ...)
-    #        d (id, status, conditions, ends_at)
-    #  WHERE reservations.id = d.id RETURNING reservations.*
-    rows = await conn.execute(
+    #   FROM unnest(:ids, :statuses, :conditions, :ends_at) AS d (id, status, conditions, ends_at)
+    #  WHERE reservations.id = d.id
+    decided = (
+        sa.func.unnest(
+            sa.bindparam("ids", type_=ARRAY(sa.Text)),
+            sa.bindparam("statuses", type_=ARRAY(sa.Text)),
+            sa.bindparam("conditions", type_=ARRAY(sa.Text)),  # JSON texts: cast in the SET
+            sa.bindparam("ends_at", type_=ARRAY(TS)),
+        )
+        .table_valued("id", "status", "conditions", "ends_at")
+        .render_derived(name="decided")
+    )
+    return (
         sa.update(reservations)
         .where(reservations.c.id == decided.c.id)
         .values(
             status=decided.c.status,
             conditions=sa.cast(decided.c.conditions, JSONB),
-            ends_at=sa.cast(decided.c.ends_at, TS),  # a NULL in VALUES is text
+            ends_at=decided.c.ends_at,
             updated_at=sa.func.now(),
         )
-        .returning(*reservations.c)
     )
+
+
+def decided_params(decisions: list[Decision]) -> dict[str, Any]:
+    """The bind parameters of :func:`decided_update` for ``decisions``."""
+    return {
+        "ids": [d.reservation_id for d in decisions],
+        "statuses": [d.status for d in decisions],
+        "conditions": [json.dumps(d.conditions) for d in decisions],
+        "ends_at": [d.ends_at for d in decisions],
+    }
+
+
+# ... RETURNING reservations.*
+MARK_DECIDED = Prepared(decided_update().returning(*reservations.c))
+
+
+async def mark_decided(conn: AsyncConnection, decisions: list[Decision]) -> dict[str, Any]:
+    """Write every decision in one statement (:data:`MARK_DECIDED`, prepared: one compiled text for any
+    number of decisions); returns reservation id -> the updated row."""
+    if not decisions:
+        return {}
+    rows = await MARK_DECIDED.run(conn, decided_params(decisions))
     return {r.id: r for r in rows.all()}
 
 

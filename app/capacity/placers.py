@@ -38,7 +38,14 @@ POOL_LEASE = "pool-lease"
 PLACER_IDS = (INLINE, POOL_LEASE)
 WAKE = "wake"  # not a placer: the label of the inline placer's attempts made by the wake controller
 QUEUE_CHANNEL = "bc_queue"  # payload: the pool id whose queue has work
-DECIDED_CHANNEL = "bc_decided"  # payload: comma-separated ids of reservations no longer queued
+# payload: one line per reservation no longer queued, ``<id>\t<view JSON>`` or a bare ``<id>``
+DECIDED_CHANNEL = "bc_decided"
+
+
+def queue_edge(pool_id: sa.ColumnElement[str]) -> sa.ColumnElement[object]:
+    """``pg_notify('bc_queue', <pool id>)``: the queue edge of a pool, for a statement's ``RETURNING``
+    (delivered when the transaction commits)."""
+    return sa.func.pg_notify(QUEUE_CHANNEL, pool_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +151,9 @@ class InlinePlacer:
 
 class PoolLeasePlacer:
     """Queue the reservation for its pool's batch worker: status ``queued``, the queue edge sent when
-    ``conn``'s transaction commits. Nothing is charged or booked until a batch decides it."""
+    ``conn``'s transaction commits. Nothing is charged or booked until a batch decides it. The
+    pool-lease create does both steps (the row written, then queued) in one statement,
+    :data:`app.capacity.queue.ENQUEUE`, with the same edge (:func:`queue_edge`)."""
 
     id = POOL_LEASE
 
@@ -158,7 +167,7 @@ class PoolLeasePlacer:
             sa.update(reservations)
             .where(reservations.c.id == context.reservation_id)
             .values(status="queued", updated_at=sa.func.now())
-            .returning(sa.func.pg_notify(QUEUE_CHANNEL, reservations.c.pool_id))
+            .returning(queue_edge(reservations.c.pool_id))
         )
         return Queued(context.reservation_id)
 

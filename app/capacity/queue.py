@@ -2,19 +2,25 @@
 replica runs, and the long-poll of ``GET /v1/reservations/{id}?waitSeconds=N``.
 
 - **enqueue** (:func:`create`): with ``BC_CAPACITY_PLACER=pool-lease`` a plain reservation is written
-  ``queued`` (the pool-lease placer, :class:`app.capacity.placers.PoolLeasePlacer`) and the pool's queue
-  edge is sent (``NOTIFY bc_queue, <pool id>``); nothing is charged or booked yet. Gangs and whole-node
-  leases are created inline whatever the setting.
+  ``queued`` and the pool's queue edge is sent (``NOTIFY bc_queue, <pool id>``) by one statement, what
+  an insert and :class:`app.capacity.placers.PoolLeasePlacer` do in two; nothing is charged or booked
+  yet. Gangs and whole-node leases are created inline whatever the setting.
 - **the worker** (:class:`QueueWorker`, two lifecycle tasks): a LISTEN connection on ``bc_queue`` and
   ``bc_decided`` pokes the worker task, which takes the pools it heard about (and, every
   ``BC_LIFECYCLE_SWEEP`` seconds and after each (re)connection, every pool with queued work) and, per
-  pool, claims up to ``maxBatch`` queued reservations oldest first with ``FOR UPDATE SKIP LOCKED`` and
-  decides them in one transaction (:func:`app.capacity.batch.place_batch`). Queued rows another worker
-  holds are skipped and looked at again after ``BUSY_RETRY`` seconds while any remain: when that worker
-  dies (its transaction rolled back) this one takes them. An idle worker waits on its event: no query.
+  pool, leases the pool for one transaction (:func:`pool_lease`: one replica at a time plans a pool, so
+  replicas' batches never race each other for atoms), claims up to ``maxBatch`` queued reservations
+  oldest first with ``FOR UPDATE SKIP LOCKED`` and decides them in that transaction
+  (:func:`app.capacity.batch.place_batch`); a batch that took ``maxBatch`` is followed by another at
+  once. No debounce: the edges that arrive during a batch make the next run, which claims everything
+  queued by then. The claim also counts the pool's queued rows it could not take: while another worker
+  holds some (or the pool's lease), they are looked at again after ``BUSY_RETRY`` seconds; when that
+  worker dies (its transaction rolled back) this one takes them. An idle worker waits on its event: no
+  query.
 - **decided**: placed, or pending with its Unschedulable condition (``NoFit``, ``the pool is archived``,
-  or ``QuotaExceeded`` until a quota edge of its tenant wakes it); the batch sends
-  ``NOTIFY bc_decided, <ids>`` and every replica's long-polls of those ids return.
+  or ``QuotaExceeded`` until a quota edge of its tenant wakes it); the batch sends ``bc_decided`` with a
+  line ``<id>\t<view JSON>`` per reservation (:func:`decided_payloads`), and on every replica the
+  long-polls of those ids, and only those, answer the view carried, with no read.
 """
 
 from __future__ import annotations
@@ -22,38 +28,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.capacity.access import reservation_named, reservation_not_found
 from app.capacity.batch import BatchEntry, batch_options, place_batch
-from app.capacity.intake import Decision, insert_reservations, mark_decided
+from app.capacity.intake import Decision, decided_params, decided_update
 from app.capacity.listener import ListeningController
-from app.capacity.placer import Pending, Placed, db_now
-from app.capacity.placers import (
-    DECIDED_CHANNEL,
-    POOL_LEASE,
-    QUEUE_CHANNEL,
-    PlacementContext,
-    placer,
-)
+from app.capacity.placer import Pending, Placed
+from app.capacity.placers import DECIDED_CHANNEL, POOL_LEASE, QUEUE_CHANNEL, queue_edge
 from app.capacity.reservations import (
     CapacityConfig,
+    _committed_view,
     _condition,
     _shape,
     _view,
     check_start,
     create_reservation,
-    get_reservation,
     placement_request,
     quota_amounts,
+    read_view,
+    spec_hash,
 )
 from app.capacity.snapshot import PoolCache
-from app.db.tables import reservations
+from app.db.locks import pool_not_found
+from app.db.prepared import Prepared
+from app.db.tables import pools, reservations
+from app.errors import IdempotencyKeyReused
+from app.iam.authorize import Principal, authorize_owned
+from app.ids import new_id
 from app.observability.metrics import (
     PLACEMENT_BATCH_SIZE,
     QUEUED_DECIDED,
@@ -66,10 +79,16 @@ log = logging.getLogger("better_compute.queue")
 
 QUEUE_WORKER = "pool-lease-worker"
 QUEUE_LISTENER = "pool-lease-listener"
+POOL_LEASE_LOCK = 150_007  # the advisory lock class of pool leases (the key is hashtext(pool id))
 BUSY_RETRY = 0.5  # seconds: queued rows another worker holds are looked at again this soon
 LISTENER_RETRY = 1.0
 RECHECK_SECONDS = 1.0  # a long-poll re-reads at least this often (a release sends no decided edge)
 MAX_WAIT_SECONDS = 30
+PAYLOAD_BYTES = 7900  # a bc_decided payload stays under NOTIFY's 8000-byte limit
+READ = "compute:reservations:read"
+# ``status = 'queued'`` with the literal in the SQL text, so that even a generic plan of the prepared
+# statement can use the partial index ix_reservations_queued (a bound status could not prove its WHERE)
+IS_QUEUED = reservations.c.status == sa.literal_column("'queued'")
 QUOTA_EXCEEDED_REASON = "QuotaExceeded"  # as the wake-edge controller's
 
 
@@ -83,39 +102,156 @@ async def create(
 ) -> tuple[dict[str, Any], bool]:
     """``POST /v1/reservations``: ``(view, created)``, queued with the pool-lease placer (or inline, see
     :func:`queues`). Raises NotFound (pool), IdempotencyKeyReused, InvalidInput (``start``); with the
-    inline placer also QuotaExceeded. On any error nothing is written."""
+    inline placer also QuotaExceeded. On any error nothing is written.
+
+    Queued: BEGIN, one statement (:func:`_enqueue`: the row written ``queued`` with the queue edge, what
+    an insert and :class:`~app.capacity.placers.PoolLeasePlacer` do in two), COMMIT; an idempotent
+    retry or an unknown pool reads more."""
     if not queues(config, body):
         return await create_reservation(engine, cache, config, body)
+    spec = body.spec()
+    digest = spec_hash(spec)
     async with engine.begin() as conn:
-        (written,) = await insert_reservations(conn, [body])
-        if written.error is not None:
-            raise written.error
-        row = written.row
-        if not written.created:
-            return await _view(conn, row), False
+        row = await _enqueue(conn, body, spec, digest)
+        if row is None:
+            return await _not_enqueued(conn, body, digest), False
         check_start(body, row.created_at, config.max_lead)  # raising rolls the row back
-        request = placement_request(config, body, row.created_at)
-        context = PlacementContext(
-            row.created_at, cache, config.options, row.id, config.max_attempts, config.shortlist_min
+        return _shape(row, []), True
+
+
+# INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key)
+#   SELECT :id, :tenant_id, p.id, 'queued', :spec, :spec_hash, :idempotency_key FROM pools p
+#    WHERE p.id = :pool_id
+#   ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+#   RETURNING reservations.*, pg_notify('bc_queue', reservations.pool_id)
+ENQUEUE = Prepared(
+    pg_insert(reservations)
+    .from_select(
+        ["id", "tenant_id", "pool_id", "status", "spec", "spec_hash", "idempotency_key"],
+        sa.select(
+            sa.bindparam("id", type_=sa.Text),
+            sa.bindparam("tenant_id", type_=sa.Text),
+            pools.c.id,
+            sa.literal("queued", sa.Text),
+            sa.bindparam("spec", type_=JSONB),
+            sa.bindparam("spec_hash", type_=sa.Text),
+            sa.bindparam("idempotency_key", type_=sa.Text),
+        ).where(pools.c.id == sa.bindparam("pool_id", type_=sa.Text)),
+    )
+    .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+    .returning(*reservations.c, queue_edge(reservations.c.pool_id))
+)
+
+
+async def _enqueue(conn: AsyncConnection, body: ReservationRequest, spec: dict[str, Any], digest: str) -> Any:
+    """Write the reservation ``queued`` and send its pool's queue edge (delivered at COMMIT) in one
+    statement (:data:`ENQUEUE`, prepared); the row as stored, or None when nothing was written (no such
+    pool, or the key was used: :func:`_not_enqueued` tells which)."""
+    params = {
+        "id": new_id("res"),
+        "tenant_id": body.tenantId,
+        "pool_id": body.poolId,
+        "spec": spec,
+        "spec_hash": digest,
+        "idempotency_key": body.idempotencyKey,
+    }
+    return (await ENQUEUE.run(conn, params)).first()
+
+
+async def _not_enqueued(conn: AsyncConnection, body: ReservationRequest, digest: str) -> dict[str, Any]:
+    """Why :func:`_enqueue` wrote nothing: NotFound (no such pool), IdempotencyKeyReused (the key was
+    used with another body), else the view of the reservation made before with this key."""
+    # SELECT id FROM pools WHERE id = :pool
+    if (await conn.execute(sa.select(pools.c.id).where(pools.c.id == body.poolId))).first() is None:
+        raise pool_not_found(body.poolId)
+    # SELECT * FROM reservations WHERE tenant_id = :tenant AND idempotency_key = :key
+    existing = (
+        await conn.execute(
+            sa.select(reservations).where(
+                reservations.c.tenant_id == body.tenantId,
+                reservations.c.idempotency_key == body.idempotencyKey,
+            )
         )
-        await placer(POOL_LEASE).place(conn, request, context)
-        return {**_shape(row, []), "status": "queued"}, True
+    ).first()
+    assert existing is not None  # ON CONFLICT waited for the writer of the key, which committed
+    if existing.spec_hash != digest:
+        raise IdempotencyKeyReused(
+            f"idempotency key {body.idempotencyKey} was used with another body",
+            {"idempotencyKey": body.idempotencyKey, "reservationId": existing.id},
+        )
+    return await _view(conn, existing)
 
 
 # ------------------------------------------------------------------------------------ one batch
 
 
-async def _claim(conn: AsyncConnection, pool_id: str, limit: int) -> list[Any]:
-    # SELECT * FROM reservations WHERE pool_id = :pool AND status = 'queued'
-    #  ORDER BY created_at, id LIMIT :max_batch FOR UPDATE SKIP LOCKED
-    stmt = (
-        sa.select(reservations)
-        .where(reservations.c.pool_id == pool_id, reservations.c.status == "queued")
-        .order_by(reservations.c.created_at, reservations.c.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A claim: the rows (locked, oldest first), the database clock, and how many queued rows of the
+    pool the claim saw that it did not take (held by another worker, or beyond the limit)."""
+
+    rows: list[Any]
+    now: datetime | None
+    left: int
+
+
+def pool_lease(pool_id: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
+    """``pg_try_advisory_xact_lock(POOL_LEASE_LOCK, hashtext(<pool id>))``: the pool's lease for the
+    rest of the transaction, true when this transaction holds it. One replica at a time plans a pool's
+    queue, so the batches of two replicas never race for the same atoms and scalar rows; the others
+    leave the pool to the holder (it hears the same queue edges) and look again after ``BUSY_RETRY``
+    seconds. A try-lock never waits: it is outside the lock order (app/db/locks.py). A holder that dies
+    loses the lease with its transaction."""
+    return sa.func.pg_try_advisory_xact_lock(
+        sa.literal_column(str(POOL_LEASE_LOCK)), sa.func.hashtext(pool_id)
     )
-    return list((await conn.execute(stmt)).all())
+
+
+def _claim_statement() -> Prepared:
+    # SELECT c.queued_total, c.db_now, c.leased, claimed.*
+    #   FROM (SELECT count(*) AS queued_total, now() AS db_now,
+    #                pg_try_advisory_xact_lock(<POOL_LEASE_LOCK>, hashtext(:pool_id)) AS leased
+    #           FROM reservations WHERE pool_id = :pool_id AND status = 'queued') c
+    #   LEFT JOIN LATERAL (SELECT * FROM reservations
+    #          WHERE pool_id = :pool_id AND status = 'queued' AND c.leased
+    #          ORDER BY created_at, id LIMIT :max_batch FOR UPDATE SKIP LOCKED) claimed ON true
+    #  ORDER BY claimed.created_at, claimed.id
+    queued = (reservations.c.pool_id == sa.bindparam("pool_id", type_=sa.Text), IS_QUEUED)
+    counted = (
+        sa.select(
+            sa.func.count().label("queued_total"),
+            sa.func.now().label("db_now"),
+            pool_lease(sa.bindparam("pool_id", type_=sa.Text)).label("leased"),
+        )
+        .where(*queued)
+        .subquery("counted")
+    )
+    claimed = (
+        sa.select(reservations)
+        .where(*queued, counted.c.leased)
+        .order_by(reservations.c.created_at, reservations.c.id)
+        .limit(sa.bindparam("max_batch", type_=sa.Integer))
+        .with_for_update(skip_locked=True)
+        .lateral("claimed")
+    )
+    return Prepared(
+        sa.select(counted, claimed)
+        .select_from(counted.outerjoin(claimed, sa.true()))
+        .order_by(claimed.c.created_at, claimed.c.id)
+    )
+
+
+CLAIM = _claim_statement()
+
+
+async def _claim(conn: AsyncConnection, pool_id: str, limit: int) -> Claimed:
+    """Lease ``pool_id`` and claim up to ``limit`` of its queued reservations in one statement
+    (:data:`CLAIM`, prepared), with ``now()`` and the count of the pool's queued rows (rows other
+    workers hold are counted, not claimed; all of them while another replica holds the pool's lease,
+    :func:`pool_lease`)."""
+    result = (await CLAIM.run(conn, {"pool_id": pool_id, "max_batch": limit})).all()
+    rows = [r for r in result if r.id is not None]
+    return Claimed(rows, result[0].db_now, result[0].queued_total - len(rows))
 
 
 def _decision(entry: BatchEntry | None, row: Any, reason: str | None = None) -> Decision:
@@ -145,13 +281,23 @@ def _decision(entry: BatchEntry | None, row: Any, reason: str | None = None) -> 
 async def work_batch(engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, pool_id: str) -> int:
     """Claim and decide up to ``config.max_batch`` queued reservations of ``pool_id`` in one
     transaction; returns how many were claimed (0: none claimable)."""
+    return (await _work_batch(engine, cache, config, pool_id))[0]
+
+
+async def _work_batch(
+    engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, pool_id: str
+) -> tuple[int, int]:
+    """:func:`work_batch`: ``(claimed, left)``, ``left`` the pool's queued rows the claim saw and did
+    not take. One transaction: BEGIN, the claim (:func:`_claim`), the batch's plans and commits
+    (:func:`app.capacity.batch.place_batch`), the decisions written with the ``bc_decided`` that
+    carries their views in one statement (:func:`decide`), COMMIT."""
     tokens: list[int] = []
     try:
         async with engine.begin() as conn:
-            rows = await _claim(conn, pool_id, config.max_batch)
+            claim = await _claim(conn, pool_id, config.max_batch)
+            rows, now = claim.rows, claim.now
             if not rows:
-                return 0
-            now = await db_now(conn)
+                return 0, claim.left
             entries: dict[str, BatchEntry] = {}
             passed: set[str] = set()
             for row in rows:
@@ -167,13 +313,23 @@ async def work_batch(engine: AsyncEngine, cache: PoolCache, config: CapacityConf
             decisions = [
                 _decision(entries.get(r.id), r, passed_reason if r.id in passed else None) for r in rows
             ]
-            await mark_decided(conn, decisions)
-            await notify_decided(conn, [r.id for r in rows])
+            views = [_decided_view(r, d, entries.get(r.id)) for r, d in zip(rows, decisions, strict=True)]
+            await decide(conn, decisions, views)
             _observe(rows, decisions, now)
-            return len(rows)
+            return len(rows), claim.left
     finally:  # committed or rolled back: the bookings (or their absence) are visible to every plan
         for token in tokens:
             cache.forget(pool_id, token)
+
+
+def _decided_view(row: Any, decision: Decision, entry: BatchEntry | None) -> dict[str, Any]:
+    """The view of a reservation a batch decided (what :func:`read_view` reads back after COMMIT): the
+    claimed row with the decision's status and conditions and, when placed, the allocations the batch
+    wrote."""
+    allocs: list[dict[str, Any]] = []
+    if decision.status == "placed" and entry is not None and isinstance(entry.outcome, Placed):
+        allocs = [_committed_view(a, entry.request) for a in entry.outcome.allocations]
+    return {**_shape(row, allocs), "status": decision.status, "conditions": decision.conditions}
 
 
 def _observe(rows: list[Any], decisions: list[Decision], now: Any) -> None:
@@ -184,23 +340,58 @@ def _observe(rows: list[Any], decisions: list[Decision], now: Any) -> None:
         QUEUED_WAIT.observe(max((now - row.created_at).total_seconds(), 0.0))
 
 
-async def notify_decided(conn: AsyncConnection, reservation_ids: list[str]) -> None:
-    """Send ``bc_decided`` with the ids (comma-separated, in chunks under NOTIFY's 8000-byte limit)."""
-    chunk: list[str] = []
-    for rid in [*reservation_ids, None]:
-        if rid is not None and sum(len(c) + 1 for c in chunk) + len(rid) < 7000:
-            chunk.append(rid)
-            continue
-        if chunk:
-            # SELECT pg_notify('bc_decided', :ids)
-            await conn.execute(sa.select(sa.func.pg_notify(DECIDED_CHANNEL, ",".join(chunk))))
-        chunk = [rid] if rid is not None else []
+def _decide_statement() -> Prepared:
+    # WITH decided_rows AS (UPDATE reservations ... FROM unnest(:ids, ...) d WHERE id = d.id)
+    # SELECT pg_notify('bc_decided', payload) FROM unnest(:payloads) AS payload
+    written = decided_update().returning(reservations.c.id).cte("decided_rows")
+    payload = sa.func.unnest(sa.bindparam("payloads", type_=ARRAY(sa.Text))).column_valued("payload")
+    return Prepared(sa.select(sa.func.pg_notify(DECIDED_CHANNEL, payload)).add_cte(written))
+
+
+DECIDE = _decide_statement()
+
+
+async def decide(conn: AsyncConnection, decisions: list[Decision], views: list[dict[str, Any]]) -> None:
+    """Write the decisions and send ``bc_decided`` carrying ``views`` (delivered at COMMIT) in one
+    statement (:data:`DECIDE`, prepared; a data-modifying CTE runs whether or not it is read), as many
+    notifications as NOTIFY's 8000-byte payload limit needs (:func:`decided_payloads`)."""
+    if decisions:
+        await DECIDE.run(conn, {**decided_params(decisions), "payloads": decided_payloads(views)})
+
+
+def decided_payloads(views: list[dict[str, Any]], limit: int = PAYLOAD_BYTES) -> list[str]:
+    """The ``bc_decided`` payloads of ``views``: lines ``<id>\t<view JSON>``, each payload under
+    ``limit`` bytes; a view too long for one payload is sent as its bare ``<id>`` (its waiters read it)."""
+    payloads: list[str] = []
+    lines: list[str] = []
+    size = 0
+    for view in views:
+        line = f"{view['id']}\t{json.dumps(view, separators=(',', ':'))}"
+        n = len(line.encode())
+        if n >= limit:
+            line, n = view["id"], len(view["id"].encode())
+        if lines and size + 1 + n >= limit:
+            payloads.append("\n".join(lines))
+            lines, size = [], 0
+        lines.append(line)
+        size += n + (1 if size else 0)
+    if lines:
+        payloads.append("\n".join(lines))
+    return payloads
+
+
+def parse_decided(payload: str) -> Iterator[tuple[str, str]]:
+    """``(reservation id, view JSON or "")`` per line of a ``bc_decided`` payload, the JSON not parsed."""
+    for line in payload.split("\n"):
+        rid, _, view = line.partition("\t")
+        if rid:
+            yield rid, view
 
 
 async def pools_with_queued(conn: AsyncConnection, pool_id: str | None = None) -> list[str]:
     """The pools that have queued reservations (plain read: rows other workers hold count too)."""
     # SELECT DISTINCT pool_id FROM reservations WHERE status = 'queued' [AND pool_id = :pool]
-    stmt = sa.select(reservations.c.pool_id).where(reservations.c.status == "queued").distinct()
+    stmt = sa.select(reservations.c.pool_id).where(IS_QUEUED).distinct()
     if pool_id is not None:
         stmt = stmt.where(reservations.c.pool_id == pool_id)
     return list((await conn.execute(stmt.order_by(reservations.c.pool_id))).scalars())
@@ -209,14 +400,23 @@ async def pools_with_queued(conn: AsyncConnection, pool_id: str | None = None) -
 # ------------------------------------------------------------------------------------ the worker
 
 
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    """One long-poll: set when a ``bc_decided`` line names its reservation, with the view it carried
+    (None: a bare id, read it)."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    view: dict[str, Any] | None = None
+
+
 class QueueWorker(ListeningController[str]):
     """The batch worker of one service process: :meth:`listen` (LISTEN on the queue and decided
     channels) and :meth:`run` (decide the queued work of the pools heard about); ``poke`` starts a run
     now (set once the lifecycle exists). Also the in-process hub of long-polls (:meth:`wait`)."""
 
     @functools.cached_property
-    def _watchers(self) -> dict[str, set[asyncio.Event]]:
-        """Reservation id -> the events of the long-polls waiting on it."""
+    def _watchers(self) -> dict[str, set[_Waiter]]:
+        """Reservation id -> the long-polls waiting on it."""
         return defaultdict(set)
 
     def channels(self) -> Mapping[str, Callable[[str], None]]:
@@ -228,14 +428,28 @@ class QueueWorker(ListeningController[str]):
         self.poke()
 
     def heard_decided(self, payload: str) -> None:
-        """A ``bc_decided`` payload: wake the long-polls of those reservations."""
-        for rid in payload.split(","):
-            for event in self._watchers.get(rid, ()):
-                event.set()
+        """A ``bc_decided`` payload: wake the long-polls of the reservations it names, and only those,
+        each with the view the line carries (parsed only for a reservation someone waits on)."""
+        if not self._watchers:
+            return
+        for rid, text in parse_decided(payload):
+            waiters = self._watchers.get(rid)
+            if not waiters:
+                continue
+            view = json.loads(text) if text else None
+            for waiter in waiters:
+                waiter.view = view
+                waiter.event.set()
+
+    def waiting(self, reservation_id: str) -> int:
+        """How many long-polls of this process wait on ``reservation_id`` (tests)."""
+        return len(self._watchers.get(reservation_id, ()))
 
     async def run(self, engine: AsyncEngine) -> int:
         """One run: each pool heard about (every pool with queued work when the sweep is due), batch
-        after batch until none is claimable; returns how many reservations were decided here."""
+        after batch while a batch takes ``maxBatch``; returns how many reservations were decided here.
+        Queued rows the last claim saw but could not take (another worker holds them) are looked at
+        again after ``BUSY_RETRY`` seconds: when that worker dies, this one takes them."""
         targets, self._heard = self._heard, set()
         if self.sweep_due():
             async with engine.connect() as conn:
@@ -243,38 +457,64 @@ class QueueWorker(ListeningController[str]):
         decided = 0
         busy = False
         for pool_id in sorted(targets):
-            while (n := await work_batch(engine, self.cache, self.config, pool_id)) > 0:
-                decided += n
-            async with engine.connect() as conn:
-                if await pools_with_queued(conn, pool_id):  # held by another worker: look again soon
-                    self._heard.add(pool_id)
-                    busy = True
+            while True:
+                claimed, left = await _work_batch(engine, self.cache, self.config, pool_id)
+                decided += claimed
+                if claimed < self.config.max_batch:
+                    break
+            if left > 0:  # held by another worker: look again soon
+                self._heard.add(pool_id)
+                busy = True
         if busy:
             asyncio.get_running_loop().call_later(BUSY_RETRY, self.poke)
         return decided
 
     async def wait(
-        self, engine: AsyncEngine, reservation_id: str, tenant_id: str | None, seconds: int
+        self, engine: AsyncEngine, principal: Principal, reservation_id: str, seconds: int, action: str = READ
     ) -> dict[str, Any]:
-        """The reservation view once it is no longer ``queued``, or after ``seconds`` (0..30) as it is
-        then. Woken by ``bc_decided``; re-read at least every ``RECHECK_SECONDS``. Holds no connection
-        while waiting. Raises NotFound as :func:`~app.capacity.reservations.get_reservation`."""
-        event = asyncio.Event()
-        self._watchers[reservation_id].add(event)
+        """``GET /v1/reservations/{id}?waitSeconds=N``: the reservation view once it is no longer
+        ``queued``, or after ``seconds`` (0..30) as it is then. Raises NotFound (absent, or another
+        tenant's than a tenant-scoped principal's) and Forbidden (``action`` not granted on
+        ``tenant:<owner>``), as :func:`~app.capacity.access.authorized_reservation_tenant`.
+
+        Round trips: one statement on an autocommit connection (the view, authorized on the owner it
+        names); woken by the ``bc_decided`` line of this reservation alone, it answers the view the
+        line carries without a read (a bare id: one read). Re-read at least every ``RECHECK_SECONDS``
+        (a release sends no decided edge). Holds no connection while waiting."""
+        waiter = _Waiter()
+        self._watchers[reservation_id].add(waiter)  # before the read: a decision after it wakes us
         deadline = asyncio.get_running_loop().time() + seconds
         try:
-            while True:
-                view = await get_reservation(engine, reservation_id, tenant_id)
+            view = await _read_view(engine, reservation_id)
+            authorize_owned(
+                principal, action, view["tenantId"] if view else None, reservation_named(reservation_id)
+            )
+            assert view is not None
+            while view["status"] == "queued":
                 remaining = deadline - asyncio.get_running_loop().time()
-                if view["status"] != "queued" or remaining <= 0:
-                    return view
+                if remaining <= 0:
+                    break
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(remaining, RECHECK_SECONDS)):
-                        await event.wait()
-                event.clear()
+                        await waiter.event.wait()
+                carried, waiter.view = waiter.view, None
+                waiter.event.clear()
+                fresh = carried if carried is not None else await _read_view(engine, reservation_id)
+                if fresh is None:  # gone (never, today): as if it had never been there
+                    raise reservation_not_found(reservation_id)
+                view = fresh
+            return view
         finally:
-            watchers = self._watchers.get(reservation_id)
-            if watchers is not None:
-                watchers.discard(event)
-                if not watchers:
+            waiters = self._watchers.get(reservation_id)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
                     del self._watchers[reservation_id]
+
+
+async def _read_view(engine: AsyncEngine, reservation_id: str) -> dict[str, Any] | None:
+    """:func:`~app.capacity.reservations.read_view` as one round trip: autocommit spares BEGIN and
+    ROLLBACK."""
+    async with engine.connect() as conn:
+        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        return await read_view(conn, reservation_id)

@@ -51,9 +51,11 @@ from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache, PoolHead
 from app.db.locks import lock_pool, pool_not_found
+from app.db.prepared import Prepared
 from app.db.tables import TS, allocations, pools, reservations
 from app.db.tx import reads
 from app.errors import IdempotencyKeyReused, InvalidInput
+from app.iam.authorize import exists_for
 from app.ids import new_id
 from app.jsonnum import num
 from app.placement.model import PlacementRequest, Plan
@@ -344,6 +346,21 @@ def _committed_view(a: Committed, request: PlacementRequest) -> dict[str, Any]:
     }
 
 
+def _allocation_view(
+    allocation_id: str, node_id: str, atoms: Any, resources: Any, during: Any, released_at: Any
+) -> dict[str, Any]:
+    """An allocation as the API shows it (``Allocation``), from its stored columns."""
+    return {
+        "id": allocation_id,
+        "nodeId": node_id,
+        "atoms": list(atoms),
+        "resources": {k: num(Decimal(v)) for k, v in (resources or {}).items()},
+        "start": during.lower.isoformat(),
+        "end": during.upper.isoformat(),
+        "releasedAt": released_at.isoformat() if released_at else None,
+    }
+
+
 async def _allocations(conn: AsyncConnection, reservation_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     if not reservation_ids:
@@ -357,17 +374,46 @@ async def _allocations(conn: AsyncConnection, reservation_ids: list[str]) -> dic
     ).all()
     for a in rows:
         out[a.reservation_id].append(
-            {
-                "id": a.id,
-                "nodeId": a.node_id,
-                "atoms": list(a.atoms),
-                "resources": {k: num(Decimal(v)) for k, v in (a.resources or {}).items()},
-                "start": a.during.lower.isoformat(),
-                "end": a.during.upper.isoformat(),
-                "releasedAt": a.released_at.isoformat() if a.released_at else None,
-            }
+            _allocation_view(a.id, a.node_id, a.atoms, a.resources, a.during, a.released_at)
         )
     return out
+
+
+# the allocation columns of :func:`read_view`, labelled apart from the reservation's
+_ALLOCATION_COLUMNS = (
+    allocations.c.id.label("a_id"),
+    allocations.c.node_id.label("a_node_id"),
+    allocations.c.atoms.label("a_atoms"),
+    allocations.c.resources.label("a_resources"),
+    allocations.c.during.label("a_during"),
+    allocations.c.released_at.label("a_released_at"),
+)
+
+
+# SELECT r.*, a.id, a.node_id, a.atoms, a.resources, a.during, a.released_at
+#   FROM reservations r LEFT JOIN allocations a ON a.reservation_id = r.id
+#  WHERE r.id = :reservation_id ORDER BY a.created_at, a.id
+READ_VIEW = Prepared(
+    sa.select(reservations, *_ALLOCATION_COLUMNS)
+    .select_from(reservations.outerjoin(allocations, allocations.c.reservation_id == reservations.c.id))
+    .where(reservations.c.id == sa.bindparam("reservation_id", type_=sa.Text))
+    .order_by(allocations.c.created_at, allocations.c.id)
+)
+
+
+async def read_view(conn: AsyncConnection, reservation_id: str) -> dict[str, Any] | None:
+    """The view of a reservation (``Reservation``: the row and its allocations) in one statement
+    (:data:`READ_VIEW`, prepared), None when there is none. No visibility check: callers authorize on
+    its ``tenantId``."""
+    rows = (await READ_VIEW.run(conn, {"reservation_id": reservation_id})).all()
+    if not rows:
+        return None
+    allocs = [
+        _allocation_view(r.a_id, r.a_node_id, r.a_atoms, r.a_resources, r.a_during, r.a_released_at)
+        for r in rows
+        if r.a_id is not None
+    ]
+    return _shape(rows[0], allocs)
 
 
 def _shape(row: Any, allocs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -394,11 +440,12 @@ async def _view(conn: AsyncConnection, row: Any) -> dict[str, Any]:
 async def get_reservation(
     conn: AsyncConnection, reservation_id: str, tenant_id: str | None
 ) -> dict[str, Any]:
-    """The reservation view; another tenant's reservation (``tenant_id`` set) is NotFound, not 403."""
-    row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).first()
-    if not visible(row, tenant_id):
+    """The reservation view (one statement, :func:`read_view`); another tenant's reservation
+    (``tenant_id`` set) is NotFound, not 403."""
+    view = await read_view(conn, reservation_id)
+    if view is None or not exists_for(tenant_id, view["tenantId"]):
         raise reservation_not_found(reservation_id)
-    return await _view(conn, row)
+    return view
 
 
 @reads

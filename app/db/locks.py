@@ -21,6 +21,10 @@ order, so two transactions never wait on each other in a cycle::
 - ``pool_capacity_rollup``: last, when a node's capacity is added (:mod:`app.inventory.service`); no
   commit writes it.
 
+Outside the order, because it never waits: the pool-lease worker's pool lease, a transaction-scoped
+advisory try-lock taken by its claim (:func:`app.capacity.queue.pool_lease`); a worker that does not
+get it leaves the pool to the holder.
+
 A transaction may skip any table of the order, never go back to an earlier one. The functions here raise
 :class:`~app.errors.NotFound` for a row that does not exist (after the lock, nothing is left to check).
 """

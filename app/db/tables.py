@@ -190,6 +190,14 @@ reservations = sa.Table(
         "pool_id",
         postgresql_where=sa.text("status = 'placed' AND ((spec ->> 'spot'))::boolean"),
     ),
+    # the pool-lease worker claims a pool's queued reservations oldest first (app/capacity/queue.py)
+    sa.Index(
+        "ix_reservations_queued",
+        "pool_id",
+        "created_at",
+        "id",
+        postgresql_where=sa.text("status = 'queued'"),
+    ),
 )
 
 allocations = sa.Table(
