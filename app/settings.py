@@ -57,10 +57,11 @@ class Settings(BaseSettings):
     lifecycle_sweep: float = Field(default=30.0, gt=0, le=86400)
     fleet_hosts_file: Path | None = None
     # database connections each service process keeps open (plus a quarter more, closed when returned):
-    # a request that finds none waits for one. Too few and busy clients churn connections (each new one
-    # costs PostgreSQL a backend and the driver its type lookups): 32 agents' heartbeats ran at 724/s with
-    # 10 and 1,400/s with 32 (bench/heartbeat.py)
-    db_pool_size: int = Field(default=32, ge=1, le=200)
+    # a request that finds none free waits for one. Too few and busy clients churn connections (each new
+    # one costs PostgreSQL a backend and the driver its type lookups): 32 agents' heartbeats ran at 724/s
+    # with 10 (+10) and about 1,000-1,400/s with 20-32 (bench/heartbeat.py). Two processes of 24 (+6)
+    # stay well inside PostgreSQL's default max_connections of 100
+    db_pool_size: int = Field(default=24, ge=1, le=200)
     # browser origins (``https://dash.example.com``) allowed to call the API; none: CORS is off
     cors_origins: list[str] = Field(default_factory=list)
     # the service's log lines (access log, errors): plain text, or one JSON object per line
