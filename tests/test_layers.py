@@ -77,13 +77,14 @@ def test_db_imports_no_domain_module(path: Path) -> None:
 
 def test_the_lock_order_is_written_once_and_documented() -> None:
     order = " -> ".join(LOCK_ORDER)
-    assert LOCK_ORDER[:2] == ("reservations", "pools") and LOCK_ORDER[-2] == "quota_usage"
+    assert LOCK_ORDER[:3] == ("reservations", "pool lease", "pools") and LOCK_ORDER[-2] == "quota_usage"
     assert order in (ROOT / "docs" / "architecture.md").read_text()
     for path in (ROOT / "app").rglob("*.py"):  # no module defines a lock helper of its own
         tree = ast.parse(path.read_text())
         defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
         if path != DB / "locks.py":
-            assert not defined & {"lock_pool", "lock_node", "lock_node_in_order"}, path
+            helpers = {"lock_pool", "lock_node", "lock_node_in_order", "pool_lease", "wait_for_pool_lease"}
+            assert not defined & helpers, path
 
 
 @pytest.mark.parametrize("package", ["inventory", "quota", "iam"])

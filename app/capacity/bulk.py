@@ -40,6 +40,7 @@ from app.capacity.reservations import (
     quota_amounts,
 )
 from app.capacity.snapshot import PoolCache
+from app.db.locks import wait_for_pool_lease
 from app.errors import AppError, InvalidInput
 from app.observability.metrics import LOST_RACES, PLACEMENT_BATCH_SIZE, count_batch_attempts
 from app.placement.request import ReservationRequest
@@ -150,6 +151,10 @@ async def _batch(
         by_pool[entry.request.pool_id].append(entry)
     opts = batch_options(config)
     for pool_id in sorted(by_pool):  # pools in id order: two calls lock them alike
+        # one batch at a time plans a pool, on every replica: without the lease two replicas' batches
+        # plan the same atoms, and each waits on the other's bookings and scalar rows (bulk at 16
+        # clients on 2 processes: 74 placements/s, calls of 54 s, against about 1,000/s on one)
+        await wait_for_pool_lease(conn, pool_id)
         PLACEMENT_BATCH_SIZE.labels(BULK).observe(len(by_pool[pool_id]))
         tokens += [(pool_id, t) for t in await place_batch(conn, cache, opts, pool_id, by_pool[pool_id])]
     for i, entry in new.items():

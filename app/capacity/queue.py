@@ -61,7 +61,7 @@ from app.capacity.reservations import (
     spec_hash,
 )
 from app.capacity.snapshot import PoolCache
-from app.db.locks import pool_not_found
+from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
 from app.errors import IdempotencyKeyReused
@@ -79,7 +79,6 @@ log = logging.getLogger("better_compute.queue")
 
 QUEUE_WORKER = "pool-lease-worker"
 QUEUE_LISTENER = "pool-lease-listener"
-POOL_LEASE_LOCK = 150_007  # the advisory lock class of pool leases (the key is hashtext(pool id))
 BUSY_RETRY = 0.5  # seconds: queued rows another worker holds are looked at again this soon
 LISTENER_RETRY = 1.0
 RECHECK_SECONDS = 1.0  # a long-poll re-reads at least this often (a release sends no decided edge)
@@ -193,18 +192,6 @@ class Claimed:
     rows: list[Any]
     now: datetime | None
     left: int
-
-
-def pool_lease(pool_id: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
-    """``pg_try_advisory_xact_lock(POOL_LEASE_LOCK, hashtext(<pool id>))``: the pool's lease for the
-    rest of the transaction, true when this transaction holds it. One replica at a time plans a pool's
-    queue, so the batches of two replicas never race for the same atoms and scalar rows; the others
-    leave the pool to the holder (it hears the same queue edges) and look again after ``BUSY_RETRY``
-    seconds. A try-lock never waits: it is outside the lock order (app/db/locks.py). A holder that dies
-    loses the lease with its transaction."""
-    return sa.func.pg_try_advisory_xact_lock(
-        sa.literal_column(str(POOL_LEASE_LOCK)), sa.func.hashtext(pool_id)
-    )
 
 
 def _claim_statement() -> Prepared:

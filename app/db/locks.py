@@ -3,7 +3,7 @@
 Every transaction that locks rows of several of these tables takes them in this order, and only in this
 order, so two transactions never wait on each other in a cycle::
 
-    reservations (its own row) -> pools -> nodes -> devices -> node_resources -> quota_usage
+    reservations (its own row) -> pool lease -> pools -> nodes -> devices -> node_resources -> quota_usage
         -> pool_capacity_rollup
 
 - ``reservations``: create (the idempotency index entry), release and the wake edge lock the one
@@ -21,9 +21,11 @@ order, so two transactions never wait on each other in a cycle::
 - ``pool_capacity_rollup``: last, when a node's capacity is added (:mod:`app.inventory.service`); no
   commit writes it.
 
-Outside the order, because it never waits: the pool-lease worker's pool lease, a transaction-scoped
-advisory try-lock taken by its claim (:func:`app.capacity.queue.pool_lease`); a worker that does not
-get it leaves the pool to the holder.
+The pool lease, a transaction-scoped advisory lock per pool (:func:`pool_lease`,
+:func:`wait_for_pool_lease`), sits between ``reservations`` and ``pools``: one batch at a time plans a
+pool, across every replica. The pool-lease worker's claim tries it and never waits (a worker that does
+not get it leaves the pool to the holder); a bulk create waits for it after writing its own reservation
+rows and before any other lock, so the holder never waits on a row the waiter holds.
 
 A transaction may skip any table of the order, never go back to an earlier one. The functions here raise
 :class:`~app.errors.NotFound` for a row that does not exist (after the lock, nothing is left to check).
@@ -41,6 +43,7 @@ from app.errors import NotFound, quote_input
 
 LOCK_ORDER: tuple[str, ...] = (
     "reservations",
+    "pool lease",
     "pools",
     "nodes",
     "devices",
@@ -48,6 +51,30 @@ LOCK_ORDER: tuple[str, ...] = (
     "quota_usage",
     "pool_capacity_rollup",
 )
+
+
+POOL_LEASE_LOCK = 150_007  # the advisory lock class of pool leases (the key is hashtext(pool id))
+
+
+def pool_lease(pool_id: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
+    """``pg_try_advisory_xact_lock(POOL_LEASE_LOCK, hashtext(<pool id>))``: the pool's lease for the
+    rest of the transaction, true when this transaction holds it (it never waits). One batch at a time
+    plans a pool, so the batches of two replicas never race for the same atoms and scalar rows. A holder
+    that dies loses the lease with its transaction."""
+    return sa.func.pg_try_advisory_xact_lock(
+        sa.literal_column(str(POOL_LEASE_LOCK)), sa.func.hashtext(pool_id)
+    )
+
+
+async def wait_for_pool_lease(conn: AsyncConnection, pool_id: str) -> None:
+    """Wait for the pool's lease and hold it for the rest of the transaction (re-taking one held is a
+    no-op): ``SELECT pg_advisory_xact_lock(POOL_LEASE_LOCK, hashtext(:pool_id))``. Second in the lock
+    order: the transaction holds no row lock but its own reservation rows when it waits."""
+    await conn.execute(
+        sa.select(
+            sa.func.pg_advisory_xact_lock(sa.literal_column(str(POOL_LEASE_LOCK)), sa.func.hashtext(pool_id))
+        )
+    )
 
 
 def pool_not_found(pool_id: str) -> NotFound:

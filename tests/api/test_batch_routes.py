@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.locks import pool_lease
 from tests.conftest import ADMIN_KEY, settings_for
 from tests.factories import add_node, gpu_node, make_pool, reservation
 
@@ -187,6 +190,26 @@ async def test_bulk_item_with_unstorable_text_fails_alone(
     )
     assert r.status_code == 422 and r.json()["error"]["details"]["path"] == "tenantId", r.text
     assert await _counts(clean_db) == after
+
+
+async def test_bulk_waits_for_the_pool_lease_another_batch_holds(
+    admin_client: httpx.AsyncClient, clean_db: AsyncEngine
+) -> None:
+    """One batch at a time plans a pool, on every replica: a bulk call waits while another transaction
+    (another replica's batch) holds the pool's lease, and places once it is let go."""
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("lease-wait", 4))
+    async with clean_db.connect() as holder:
+        await holder.begin()
+        assert (await holder.execute(sa.select(pool_lease(sa.literal(pool))))).scalar_one()
+        call = asyncio.create_task(
+            admin_client.post("/v1/reservations/batch", json={"items": [reservation(pool, 1, key="lw")]})
+        )
+        await asyncio.sleep(1.0)
+        assert not call.done()
+        await holder.rollback()
+    r = await asyncio.wait_for(call, 30)
+    assert r.status_code == 200 and r.json()["items"][0]["reservation"]["status"] == "placed", r.text
 
 
 async def test_bulk_pending_items_are_not_refused_by_each_others_charges(

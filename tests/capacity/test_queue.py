@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.capacity import queue
 from app.capacity.reservations import CapacityConfig, _view, create_reservation, read_view
 from app.capacity.snapshot import PoolCache
+from app.db import locks
 from app.db.tables import reservations
 from app.errors import IdempotencyKeyReused, NotFound
 from app.placement.options import SchedulerOptions
@@ -117,7 +118,7 @@ async def test_one_replica_at_a_time_plans_a_pool(clean_db: AsyncEngine) -> None
     others = await _queue(engine, cache, config, other_pool, 1)
     worker = queue.QueueWorker(cache, config, sweep_seconds=3600)
     async with engine.begin() as holder:  # another replica's batch holds the pool's lease
-        assert (await holder.execute(sa.select(queue.pool_lease(sa.literal(pool))))).scalar_one()
+        assert (await holder.execute(sa.select(locks.pool_lease(sa.literal(pool))))).scalar_one()
         assert await worker.run(engine) == 1  # the other pool only
         assert worker._heard == {pool}  # the leased pool is looked at again after BUSY_RETRY
         assert {s for s, _ in (await _statuses(engine, ids)).values()} == {"queued"}
