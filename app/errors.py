@@ -142,9 +142,15 @@ QUOTE_LIMIT = 200  # characters of any input an error message may quote
 def clip_input(value: object, limit: int = QUOTE_LIMIT) -> str:
     """Caller input as text for an error message or a field path: at most ``limit`` characters of it (a
     longer one ends in ``...(N characters)``), so a 1 MB id is never echoed back. The one helper for
-    quoting input (app/errors.py); :func:`quote_input` adds quotes."""
+    quoting input (app/errors.py); :func:`quote_input` adds quotes. A lone surrogate (``\\ud800`` in
+    JSON: no character, so no UTF-8 either) is written as its escape, so the answer can be encoded."""
     text = value if isinstance(value, str) else str(value)
-    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
+    text = text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def quote_input(value: object, limit: int = QUOTE_LIMIT) -> str:

@@ -27,6 +27,31 @@ async def test_nul_and_lone_surrogates_are_refused_with_the_path(admin_client: h
     assert (await admin_client.get("/v1/placement/jobs")).json()["jobs"] == []
 
 
+async def test_a_lone_surrogate_in_a_key_is_422_with_the_key_escaped(admin_client: httpx.AsyncClient) -> None:
+    """A key (not a value) holding a lone surrogate: the path and message quote it as its escape, so the
+    answer can be written (it was a 500: the error itself could not be encoded). Found by a fresh-user
+    run, on every JSON route; a bulk item's key is that item's 422."""
+    pool = await make_pool(admin_client)
+    bodies = {
+        "/v1/reservations": '{"\\ud800": 1}',
+        "/v1/capacity/preview": '{"resources": {"\\ud800": 1}}',
+        "/v1/pools": '{"name": "p", "\\udbff": 1}',
+    }
+    for route, raw in bodies.items():
+        r = await admin_client.post(route, content=raw, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422, (route, r.text)
+        assert "\\ud" in r.json()["error"]["details"]["path"], r.text
+        assert "lone surrogate" in r.json()["error"]["message"]
+    item = '{"items": [{"tenantId": "t", "\\ud800": 1}]}'
+    r = await admin_client.post(
+        "/v1/reservations/batch", content=item, headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 200 and r.json()["items"][0]["status"] == 422, r.text
+    assert r.json()["items"][0]["error"]["details"]["path"] == "items.0.\\ud800"
+    assert (await admin_client.get("/v1/reservations")).json()["items"] == []
+    assert [p["id"] for p in (await admin_client.get("/v1/pools")).json()["items"]] == [pool]
+
+
 async def test_a_body_that_is_not_utf8_is_invalid_input(admin_client: httpx.AsyncClient) -> None:
     r = await admin_client.post(
         "/v1/pools", content=b"\xff\xfe{", headers={"Content-Type": "application/json"}
