@@ -75,7 +75,7 @@ from app.capacity.placer import (
 )
 from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
 from app.capacity.reservations import CapacityConfig
-from app.capacity.shortlist import BatchPlanned, SharedReads, plan_request
+from app.capacity.shortlist import BatchPlanned, SharedReads, WarmReads, WarmSlot, plan_request
 from app.capacity.snapshot import PoolCache, PoolHead, window
 from app.db.locks import lock_pool
 from app.db.prepared import Prepared
@@ -347,10 +347,23 @@ class _Planned:
 
 
 async def place_batch(
-    conn: AsyncConnection, cache: PoolCache, opts: BatchOptions, pool_id: str, entries: list[BatchEntry]
+    conn: AsyncConnection,
+    cache: PoolCache,
+    opts: BatchOptions,
+    pool_id: str,
+    entries: list[BatchEntry],
+    warm: WarmSlot | None = None,
 ) -> list[int]:
     """Decide every entry of ``pool_id`` in ``conn``'s transaction (steps 1-5 above); returns the cache
-    assumption tokens of the committed atoms: forget them once the transaction has ended."""
+    assumption tokens of the committed atoms: forget them once the transaction has ended.
+
+    ``warm``: the pool's :class:`~app.capacity.shortlist.WarmReads` from the caller's previous batch
+    (the first attempt plans on them where still usable) and, on return, this batch's for the next
+    one, left only when every entry was decided on the first attempt's plans (none lost a race, was
+    refused quota or preempted); the caller clears it when the transaction does not commit."""
+    carried = warm.reads if warm is not None else None
+    if warm is not None:
+        warm.reads = None  # mutated by this batch's plans: valid again only once it commits
     pool = await lock_pool(conn, pool_id, for_update=False)
     # the plans' head: the row locked FOR SHARE holds for the transaction (no archive, no inventory change)
     head = PoolHead(pool.id, pool.archived_at is not None, pool.inventory_version)
@@ -359,15 +372,17 @@ async def place_batch(
             if e.undecided:
                 e.outcome = Pending(ARCHIVED_POOL)
     tokens: list[int] = []
-    await _plan_and_commit(conn, cache, opts, head, entries, tokens, first_attempt=1)
+    first = await _plan_and_commit(conn, cache, opts, head, entries, tokens, first_attempt=1, warm=carried)
+    clean = first is not None and not any(e.lost for e in entries)
     if opts.preemption is not None:
-        await _preempt_pending(conn, cache, opts, entries)
+        clean = await _preempt_pending(conn, cache, opts, entries) == 0 and clean
     # every tenant's rows at once, in (tenant, resource) order, before the placed entries are charged and
     # the pending ones checked: locking the pending tenants' rows only after the placed ones' would take
     # tenants out of order (a pending tenant sorting first) against another batch taking them in order
     if any(isinstance(e.outcome, Pending) for e in entries):
         await _lock_batch_usage(conn, [e for e in entries if isinstance(e.outcome, (Placed, Pending))])
     if await _charge_placed(conn, cache, pool_id, entries, tokens):
+        clean = False
         # a refused entry's bookings were removed: the entries nothing fit get one more plan
         again = [e for e in entries if isinstance(e.outcome, Pending) and e.outcome.reason != ARCHIVED_POOL]
         for e in again:
@@ -376,6 +391,8 @@ async def place_batch(
             await _plan_and_commit(conn, cache, opts, head, again, tokens, opts.max_attempts + 1)
             await _charge_placed(conn, cache, pool_id, again, tokens)
     await _check_pending(conn, entries)
+    if warm is not None and clean and first is not None:
+        warm.reads = first.warm()
     return tokens
 
 
@@ -387,20 +404,27 @@ async def _plan_and_commit(
     entries: list[BatchEntry],
     tokens: list[int],
     first_attempt: int,
-) -> None:
+    warm: WarmReads | None = None,
+) -> SharedReads | None:
     """Steps 2-4: plan the undecided entries and commit them, replanning the losers, up to
     ``max_attempts`` (numbered from ``first_attempt``: the savepoints and the seeds); the committed
-    atoms' assumption tokens are appended to ``tokens``."""
+    atoms' assumption tokens are appended to ``tokens``. The first attempt plans on ``warm`` where
+    usable; returns the first attempt's reads (None: nothing planned, or the pool archived)."""
     pool_id = head.id
+    first: SharedReads | None = None
     for attempt in range(first_attempt, first_attempt + opts.max_attempts):
         todo = [e for e in entries if e.undecided]
         if not todo:
             break
-        planned = await _plan_all(conn, cache, opts, head, todo, attempt)
+        carried = warm if attempt == first_attempt else None
+        shared = SharedReads(cache, head, [e.request for e in todo], carried)
+        if first is None:
+            first = shared
+        planned = await _plan_all(conn, cache, opts, todo, attempt, shared)
         if planned is None:  # the pool was archived (the plan's own read)
             for e in todo:
                 e.outcome = Pending(ARCHIVED_POOL)
-            break
+            return None
         if opts.before_commit is not None and planned:
             await opts.before_commit(attempt, [p.candidate for p in planned])
         results = await _commit_plans(conn, pool_id, planned, attempt)
@@ -419,13 +443,15 @@ async def _plan_and_commit(
         if e.undecided:  # every attempt lost a race
             reasons = "; ".join(r.reason for r in e.lost)
             e.outcome = Pending(f"Unschedulable after {len(e.lost)} conflicting attempts: {reasons}")
+    return first
 
 
 async def _preempt_pending(
     conn: AsyncConnection, cache: PoolCache, opts: BatchOptions, entries: list[BatchEntry]
-) -> None:
+) -> int:
     """Each regular entry that nothing fit, placed by preempting spot work as an inline create would
-    (issue 13: preemption always places inline), its charge riding on its guarded commit."""
+    (issue 13: preemption always places inline), its charge riding on its guarded commit; returns how
+    many entries tried."""
     candidates = [
         e
         for e in entries
@@ -434,7 +460,7 @@ async def _preempt_pending(
         and preemption.applies(True, e.request)
     ]
     if not candidates:
-        return
+        return 0
     now = await db_now(conn)
     for e in candidates:
         r = e.request
@@ -451,6 +477,7 @@ async def _preempt_pending(
         await savepoint.commit()
         if placed is not None:
             e.outcome, e.conditions, e.charged = placed.placed, [placed.condition], True
+    return len(candidates)
 
 
 async def _lock_batch_usage(conn: AsyncConnection, entries: list[BatchEntry]) -> None:
@@ -593,16 +620,15 @@ async def _plan_all(
     conn: AsyncConnection,
     cache: PoolCache,
     opts: BatchOptions,
-    head: PoolHead,
     todo: list[BatchEntry],
     attempt: int,
+    shared: SharedReads,
 ) -> list[_Planned] | None:
     """Plan ``todo`` one after another on reads they share (:class:`~app.capacity.shortlist.SharedReads`:
     one exceptions read per group of window, resource names and tenant, this attempt's earlier plans
     counted as booked and held where the windows overlap; earlier attempts' winners are read back from
     this transaction); each plan's atoms are also assumed booked in the cache for the other plans of
     this process. An entry that does not fit becomes pending; None when the pool turned out archived."""
-    shared = SharedReads(cache, head, [e.request for e in todo])
     planned: list[_Planned] = []
     for e in todo:
         request = e.request
