@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from decimal import Decimal
 from functools import cache
 from typing import Any
@@ -75,7 +76,7 @@ from app.capacity.placer import (
 )
 from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
 from app.capacity.reservations import CapacityConfig
-from app.capacity.shortlist import BatchPlanned, SharedReads, WarmReads, WarmSlot, plan_request
+from app.capacity.shortlist import WARM_SLACK, BatchPlanned, SharedReads, WarmReads, WarmSlot, plan_request
 from app.capacity.snapshot import PoolCache, PoolHead, window
 from app.db.locks import lock_pool
 from app.db.prepared import Prepared
@@ -372,7 +373,9 @@ async def place_batch(
             if e.undecided:
                 e.outcome = Pending(ARCHIVED_POOL)
     tokens: list[int] = []
-    first = await _plan_and_commit(conn, cache, opts, head, entries, tokens, first_attempt=1, warm=carried)
+    first = await _plan_and_commit(
+        conn, cache, opts, head, entries, tokens, first_attempt=1, warm=carried, keep=warm is not None
+    )
     clean = first is not None and not any(e.lost for e in entries)
     if opts.preemption is not None:
         clean = await _preempt_pending(conn, cache, opts, entries) == 0 and clean
@@ -405,19 +408,24 @@ async def _plan_and_commit(
     tokens: list[int],
     first_attempt: int,
     warm: WarmReads | None = None,
+    keep: bool = False,
 ) -> SharedReads | None:
     """Steps 2-4: plan the undecided entries and commit them, replanning the losers, up to
     ``max_attempts`` (numbered from ``first_attempt``: the savepoints and the seeds); the committed
     atoms' assumption tokens are appended to ``tokens``. The first attempt plans on ``warm`` where
-    usable; returns the first attempt's reads (None: nothing planned, or the pool archived)."""
+    usable, and with ``keep`` reads windows ``WARM_SLACK`` longer (for the batches after it); returns
+    the first attempt's reads (None: nothing planned, or the pool archived)."""
     pool_id = head.id
     first: SharedReads | None = None
     for attempt in range(first_attempt, first_attempt + opts.max_attempts):
         todo = [e for e in entries if e.undecided]
         if not todo:
             break
-        carried = warm if attempt == first_attempt else None
-        shared = SharedReads(cache, head, [e.request for e in todo], carried)
+        requests = [e.request for e in todo]
+        if attempt == first_attempt:
+            shared = SharedReads(cache, head, requests, warm, WARM_SLACK if keep else timedelta(0))
+        else:  # a replan reads afresh, exactly
+            shared = SharedReads(cache, head, requests)
         if first is None:
             first = shared
         planned = await _plan_all(conn, cache, opts, todo, attempt, shared)

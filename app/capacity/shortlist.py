@@ -40,7 +40,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import cache
 from typing import Any, Literal
@@ -564,6 +564,8 @@ class _Group:
 
 
 WARM_SECONDS = 0.5  # a batch plans on the exceptions read of an earlier batch of the pool this long
+# a warm group reads its window's end this much later: the next batches' windows ("start now") fit in it
+WARM_SLACK = timedelta(seconds=5)
 
 
 @dataclass
@@ -583,15 +585,16 @@ class WarmReads:
     version: int
     groups: dict[GroupKey, _Group]
 
-    def usable(self, head: PoolHead, most: Mapping[GroupKey, Decimal]) -> dict[GroupKey, _Group]:
-        """The groups a batch of ``head`` (its pool row, locked) may plan on."""
+    def usable(self, head: PoolHead, most: Mapping[tuple[Any, ...], Decimal]) -> dict[GroupKey, _Group]:
+        """The groups a batch of ``head`` (its pool row, locked) may plan on: ``most`` is the batch's
+        largest amount per (resource names, tolerated reasons), which the group's read must cover."""
         if head.inventory_version != self.version or head.archived:
             return {}
         now = time.monotonic()
         return {
             key: g
             for key, g in self.groups.items()
-            if now - g.read_at < WARM_SECONDS and most.get(key, Decimal(0)) <= g.most
+            if now - g.read_at < WARM_SECONDS and most.get(key[2:], Decimal(0)) <= g.most
         }
 
 
@@ -622,15 +625,17 @@ class SharedReads:
         head: PoolHead,
         requests: Iterable[PlacementRequest],
         warm: WarmReads | None = None,
+        slack: timedelta = timedelta(0),
     ) -> None:
         self.cache = cache
         self.head = head
         self.reads = 0
-        self._most: dict[GroupKey, Decimal] = {}
+        self.slack = slack
+        self._most: dict[tuple[Any, ...], Decimal] = {}  # (names, tolerated) -> the batch's largest amount
         for r in requests:
             if r.resources:
-                key = group_key(r)
-                self._most[key] = max(self._most.get(key, Decimal(0)), *map(Decimal, r.resources.values()))
+                kind = group_key(r)[2:]
+                self._most[kind] = max(self._most.get(kind, Decimal(0)), *map(Decimal, r.resources.values()))
         self._groups: dict[GroupKey, _Group] = warm.usable(head, self._most) if warm is not None else {}
         self._planned: list[BatchPlanned] = []
 
@@ -647,15 +652,30 @@ class SharedReads:
         for group in self._groups.values():
             group.take(planned)
 
-    async def group(self, conn: AsyncConnection, request: PlacementRequest) -> _Group:
-        """The request's group, read on first use."""
+    def _covering(self, request: PlacementRequest) -> _Group | None:
+        """The group whose read serves ``request``: its own window's, else (with ``slack``) one of the
+        same resource names and tenant whose read window contains the request's."""
         key = group_key(request)
         found = self._groups.get(key)
+        if found is not None or not self.slack:
+            return found
+        start, end, *kind = key
+        for (g_start, g_end, *g_kind), group in self._groups.items():
+            if g_kind == kind and g_start <= start and end <= g_end:
+                return group
+        return None
+
+    async def group(self, conn: AsyncConnection, request: PlacementRequest) -> _Group:
+        """The request's group, read on first use. With ``slack`` the read's window ends ``slack``
+        later than the request's (an upper bound of what the request's window holds: more booked, a
+        higher peak), so the requests of later batches, whose windows start a little later, fit in it."""
+        found = self._covering(request)
         if found is None:
-            start, end, names, _ = key
-            params = exceptions_params(request)
+            start, end, names, tolerated = group_key(request)
+            end = end + self.slack
+            params = exceptions_params(replace(request, end=end))
             if names:
-                params["most"] = self._most.get(key, params["most"])
+                params["most"] = self._most.get((names, tolerated), params["most"])
             # the assumptions live before the read (one may commit during it, after the read's snapshot)
             # and those made after the mark, caught up with before each plan
             live = self.cache.assumed(request.pool_id, start, end)
@@ -668,7 +688,7 @@ class SharedReads:
             most = Decimal(params.get("most", 0))
             found = _Group(self.cache, request.pool_id, start, end, list(names), rows, booked, mark, most)
             found.read_at = time.monotonic()
-            self._groups[key] = found
+            self._groups[(start, end, names, tolerated)] = found
             for planned in self._planned:
                 found.take(planned)
         found.catch_up()
