@@ -89,6 +89,7 @@ from app.db.tables import (
     node_resources,
     nodes,
     pools,
+    quota_usage,
     scalar_holdings,
 )
 from app.db.windows import hold_if, holding_params, room_for
@@ -373,6 +374,7 @@ async def place_batch(
             if e.undecided:
                 e.outcome = Pending(ARCHIVED_POOL)
     tokens: list[int] = []
+    usage = _Usage(warm.usage if warm is not None else set())
     first = await _plan_and_commit(
         conn, cache, opts, head, entries, tokens, first_attempt=1, warm=carried, keep=warm is not None
     )
@@ -383,8 +385,8 @@ async def place_batch(
     # the pending ones checked: locking the pending tenants' rows only after the placed ones' would take
     # tenants out of order (a pending tenant sorting first) against another batch taking them in order
     if any(isinstance(e.outcome, Pending) for e in entries):
-        await _lock_batch_usage(conn, [e for e in entries if isinstance(e.outcome, (Placed, Pending))])
-    if await _charge_placed(conn, cache, pool_id, entries, tokens):
+        await _lock_batch_usage(conn, [e for e in entries if isinstance(e.outcome, (Placed, Pending))], usage)
+    if await _charge_placed(conn, cache, pool_id, entries, tokens, usage):
         clean = False
         # a refused entry's bookings were removed: the entries nothing fit get one more plan
         again = [e for e in entries if isinstance(e.outcome, Pending) and e.outcome.reason != ARCHIVED_POOL]
@@ -392,8 +394,8 @@ async def place_batch(
             e.outcome, e.lost = None, []
         if again:
             await _plan_and_commit(conn, cache, opts, head, again, tokens, opts.max_attempts + 1)
-            await _charge_placed(conn, cache, pool_id, again, tokens)
-    await _check_pending(conn, entries)
+            await _charge_placed(conn, cache, pool_id, again, tokens, usage)
+    await _check_pending(conn, entries, usage)
     if warm is not None and clean and first is not None:
         warm.reads = first.warm()
     return tokens
@@ -488,27 +490,89 @@ async def _preempt_pending(
     return len(candidates)
 
 
-async def _lock_batch_usage(conn: AsyncConnection, entries: list[BatchEntry]) -> None:
+@dataclass
+class _Usage:
+    """The ``quota_usage`` rows of a batch: ``locked`` by this transaction already (outside any
+    SAVEPOINT, so held to COMMIT), and ``known`` to exist (a worker's, kept across its batches of the
+    pool: :attr:`WarmSlot.usage`), as ``(tenant, pool, resource)``."""
+
+    known: set[tuple[str, str, str]] = field(default_factory=set)
+    locked: set[tuple[str, str, str]] = field(default_factory=set)
+
+
+_USAGE_KEYS = (
+    sa.func.unnest(
+        sa.bindparam("tenant_ids", type_=pg.ARRAY(sa.Text)),
+        sa.bindparam("resources", type_=pg.ARRAY(sa.Text)),
+    )
+    .table_valued(sa.column("tenant_id", sa.Text), sa.column("resource", sa.Text))
+    .render_derived(name="k")
+)
+# SELECT tenant_id, resource FROM quota_usage
+#  WHERE pool_id = :pool_id AND (tenant_id, resource) IN (SELECT * FROM unnest(:tenant_ids, :resources))
+#  ORDER BY tenant_id COLLATE "C", resource COLLATE "C" FOR UPDATE  -- Python's sorted order, as one by one
+LOCK_BATCH_USAGE = Prepared(
+    sa.select(quota_usage.c.tenant_id, quota_usage.c.resource)
+    .where(
+        quota_usage.c.pool_id == sa.bindparam("pool_id", type_=sa.Text),
+        sa.tuple_(quota_usage.c.tenant_id, quota_usage.c.resource).in_(sa.select(_USAGE_KEYS)),
+    )
+    .order_by(quota_usage.c.tenant_id.collate("C"), quota_usage.c.resource.collate("C"))
+    .with_for_update()
+)
+
+
+async def _lock_batch_usage(
+    conn: AsyncConnection, entries: list[BatchEntry], usage: _Usage | None = None
+) -> None:
     """Lock every tenant's ``quota_usage`` rows for all the resources ``entries`` charge, tenants and
     resources in sorted order, as one charge locks them (:func:`app.quota.service.charge`): charging
     entry after entry would lock one tenant's rows in the entries' order (``gpu``, then ``cpu`` for a
-    later entry) and deadlock against a single charge taking ``cpu`` before ``gpu``."""
-    wanted: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for e in entries:
-        wanted[(e.request.tenant_id, e.request.pool_id)] |= {
-            r for r, n in e.amounts.items() if Decimal(n) > 0
+    later entry) and deadlock against a single charge taking ``cpu`` before ``gpu``.
+
+    With ``usage``: rows this transaction locked already are not locked again, and when every row
+    left is known to exist, one statement locks them all (:data:`LOCK_BATCH_USAGE`); otherwise (a
+    first charge of a tenant, or a row found missing) one tenant at a time, inserting missing rows."""
+    usage = usage or _Usage()
+    wanted = {
+        (e.request.tenant_id, e.request.pool_id, r)
+        for e in entries
+        for r, n in e.amounts.items()
+        if Decimal(n) > 0
+    } - usage.locked
+    if not wanted:
+        return
+    keys = sorted(wanted)
+    if wanted <= usage.known and len({k[1] for k in keys}) == 1:
+        params = {
+            "pool_id": keys[0][1],
+            "tenant_ids": [k[0] for k in keys],
+            "resources": [k[2] for k in keys],
         }
-    for (tenant, pool), resources in sorted(wanted.items()):
-        await _lock_tenant_rows(conn, tenant, pool, sorted(resources))
+        if len((await LOCK_BATCH_USAGE.run(conn, params)).all()) == len(keys):
+            usage.locked |= wanted
+            return
+    by_tenant: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for tenant, pool, resource in keys:
+        by_tenant[(tenant, pool)].append(resource)
+    for (tenant, pool), resources in sorted(by_tenant.items()):
+        await _lock_tenant_rows(conn, tenant, pool, resources)
+    usage.locked |= wanted
+    usage.known |= wanted
 
 
 async def _charge_placed(
-    conn: AsyncConnection, cache: PoolCache, pool_id: str, entries: list[BatchEntry], tokens: list[int]
+    conn: AsyncConnection,
+    cache: PoolCache,
+    pool_id: str,
+    entries: list[BatchEntry],
+    tokens: list[int],
+    usage: _Usage | None = None,
 ) -> bool:
     """Step 6 for the placed entries not charged yet (last in the lock order): each in a SAVEPOINT; a
     refusal refuses that entry alone and removes what it booked. True when any was refused."""
     placed = [e for e in entries if isinstance(e.outcome, Placed) and not e.charged]
-    await _lock_batch_usage(conn, placed)
+    await _lock_batch_usage(conn, placed, usage)
     if await _charge_together(conn, placed, keep=True):
         for e in placed:
             e.charged = True
@@ -528,11 +592,13 @@ async def _charge_placed(
     return refused_any
 
 
-async def _check_pending(conn: AsyncConnection, entries: list[BatchEntry]) -> None:
+async def _check_pending(
+    conn: AsyncConnection, entries: list[BatchEntry], usage: _Usage | None = None
+) -> None:
     """Step 6 for the pending entries: the charge checked and rolled back (a pending request holds
     nothing, but over quota is 409 even when nothing fits), beside what the batch placed."""
     pending = [e for e in entries if isinstance(e.outcome, Pending)]
-    await _lock_batch_usage(conn, pending)
+    await _lock_batch_usage(conn, pending, usage)
     if await _charge_together(conn, pending, keep=False):
         return
     for e in sorted(pending, key=lambda e: (e.request.tenant_id, e.reservation_id)):

@@ -602,9 +602,12 @@ class WarmReads:
 class WarmSlot:
     """Where a worker keeps a pool's :class:`WarmReads` between its batches (``reads`` None: read
     afresh). :func:`app.capacity.batch.place_batch` takes them and leaves the next ones; the caller
-    clears ``reads`` when the batch's transaction did not commit."""
+    clears ``reads`` when the batch's transaction did not commit. ``usage``: the ``(tenant, pool,
+    resource)`` of the ``quota_usage`` rows known to exist (never deleted; one missing all the same is
+    found by the count and inserted), so a batch locks every tenant's rows in one statement."""
 
     reads: WarmReads | None = None
+    usage: set[tuple[str, str, str]] = field(default_factory=set)  # quota_usage rows known to exist
 
 
 class SharedReads:
