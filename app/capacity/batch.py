@@ -153,6 +153,47 @@ def lock_nodes_statement(skip_locked: bool) -> Prepared:
     )
 
 
+TOLERATED_SEPARATOR = "\n"  # joins a tenant's tolerated reasons in one text (no reason holds a newline)
+_TENANT_NODES = (
+    sa.func.unnest(
+        _NODES,
+        sa.bindparam("tenant_ids", type_=pg.ARRAY(sa.Text)),
+        sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text)),
+    )
+    .table_valued(
+        sa.column("node_id", sa.Text), sa.column("tenant_id", sa.Text), sa.column("tolerated", sa.Text)
+    )
+    .render_derived(name="w")
+)
+
+
+@cache
+def lock_tenant_nodes_statement(skip_locked: bool) -> Prepared:
+    """The batch's node guard for all its tenants at once, built and compiled once per variant::
+
+    SELECT n.id, w.tenant_id FROM nodes n JOIN pools p ON p.id = n.pool_id
+      JOIN unnest(:node_ids, :tenant_ids, :tolerated) AS w(node_id, tenant_id, tolerated) ON w.node_id = n.id
+     WHERE n.pool_id = :pool_id
+       AND <schedulable tolerating string_to_array(w.tolerated, E'\\n')>  -- schedulable_sql_within
+     ORDER BY n.id FOR SHARE OF n [SKIP LOCKED]        -- a (node, tenant) missing: no longer schedulable
+    """
+    allowed = sa.func.string_to_array(_TENANT_NODES.c.tolerated, TOLERATED_SEPARATOR, type_=pg.ARRAY(sa.Text))
+    return Prepared(
+        sa.select(nodes.c.id, _TENANT_NODES.c.tenant_id)
+        .select_from(
+            nodes.join(pools, pools.c.id == nodes.c.pool_id).join(
+                _TENANT_NODES, _TENANT_NODES.c.node_id == nodes.c.id
+            )
+        )
+        .where(
+            nodes.c.pool_id == sa.bindparam("pool_id", type_=sa.Text),
+            schedulable_sql_within(allowed),
+        )
+        .order_by(nodes.c.id)
+        .with_for_update(read=True, of=nodes, skip_locked=skip_locked)
+    )
+
+
 @cache
 def lock_atoms_statement(skip_locked: bool) -> Prepared:
     """The batch's atom guard, built and compiled once per variant::
@@ -800,18 +841,23 @@ async def _guarded_rows(
 async def _check_nodes(
     conn: AsyncConnection, pool_id: str, planned: list[_Planned], lost: dict[str, LostRace], skip_locked: bool
 ) -> None:
-    """Lock the planned nodes that are still schedulable for each tenant (one statement per tenant of
-    the batch); an entry whose node is not among them lost the race."""
-    by_tenant: dict[str, list[_Planned]] = defaultdict(list)
+    """Lock the planned nodes that are still schedulable for their entries' tenants, every tenant's in
+    one statement (:func:`lock_tenant_nodes_statement`); an entry whose (node, tenant) is not among
+    them lost the race."""
+    pairs = sorted({(p.candidate.node_id, p.entry.request.tenant_id) for p in planned})
+    if not pairs:
+        return
+    params = {
+        "node_ids": [n for n, _ in pairs],
+        "tenant_ids": [t for _, t in pairs],
+        "tolerated": [TOLERATED_SEPARATOR.join(tolerated_reasons(t)) for _, t in pairs],
+        "pool_id": pool_id,
+    }
+    rows = (await lock_tenant_nodes_statement(skip_locked).run(conn, params)).all()
+    still = {(r[0], r[1]) for r in rows}
     for p in planned:
-        by_tenant[p.entry.request.tenant_id].append(p)
-    for tenant, group in sorted(by_tenant.items()):
-        wanted = sorted({p.candidate.node_id for p in group})
-        params = {"node_ids": wanted, "pool_id": pool_id, "tolerated": tolerated_reasons(tenant)}
-        still = {r[0] for r in (await lock_nodes_statement(skip_locked).run(conn, params)).all()}
-        for p in group:
-            if p.candidate.node_id not in still:
-                lost[p.entry.reservation_id] = _lost(p, NOT_SCHEDULABLE)
+        if (p.candidate.node_id, p.entry.request.tenant_id) not in still:
+            lost[p.entry.reservation_id] = _lost(p, NOT_SCHEDULABLE)
 
 
 async def _check_labels(conn: AsyncConnection, planned: list[_Planned], lost: dict[str, LostRace]) -> None:

@@ -21,7 +21,7 @@ from app.capacity.placer import Pending, Placed
 from app.capacity.reservations import CapacityConfig
 from app.capacity.shortlist import WarmSlot
 from app.capacity.snapshot import PoolCache, read_pool_head
-from app.db.tables import device_bookings, pools, scalar_holdings
+from app.db.tables import device_bookings, pools, quota_holdings, scalar_holdings
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
 from tests.capacity.helpers import book, db_time, make_pool_with_nodes, node_body
@@ -195,3 +195,27 @@ async def test_the_workers_consecutive_batches_read_once_and_a_failed_batch_read
     assert _exception_reads(trips.sent, engine.dialect) == 1, trips
     assert (await _statuses(engine, more))[more[0]][0] == "placed"
     assert len(await _no_double_booking(engine)) == 8
+
+
+async def test_a_later_batch_locks_every_tenants_quota_rows_in_one_statement(clean_db: AsyncEngine) -> None:
+    engine = clean_db
+    pool, _ = await make_pool_with_nodes(engine, [node_body(f"n{i}", 8, cpu=64) for i in range(2)])
+    start = await db_time(engine)
+    cache, slot = await _loaded_cache(engine, pool), WarmSlot()
+    tenants = ["t-b", "ta", "t_c", "T-d"]  # orders that differ between collations: locked in "C" order
+    first = await _entries(engine, pool, [_request(pool, start, tenant=t) for t in tenants])
+    await _batch(engine, cache, pool, slot, first)  # first charges: one tenant at a time, rows inserted
+    assert {(t, r) for t, _, r in slot.usage} == {(t, r) for t in tenants for r in ("cpu", "gpu")}
+    second = await _entries(engine, pool, [_request(pool, start, tenant=t) for t in tenants * 2])
+    with counting(engine) as trips:
+        async with engine.begin() as conn:
+            tokens = await place_batch(conn, cache, OPTS, pool, second, slot)
+    for t in tokens:
+        cache.forget(pool, t)
+    assert len([s for s in trips.sent if "FROM quota_usage" in s]) == 1, trips  # the lock, once
+    # the planned nodes locked once for all the tenants
+    assert len([s for s in trips.sent if s.startswith("SELECT nodes.id, w.tenant_id FROM nodes")]) == 1, trips
+    assert all(isinstance(e.outcome, Placed) for e in first + second)
+    async with engine.connect() as conn:
+        charged = (await conn.execute(sa.select(sa.func.count()).select_from(quota_holdings))).scalar_one()
+    assert charged == 2 * 12
