@@ -13,7 +13,8 @@ commit's, :mod:`app.db.locks`):
    of the attempt (their atoms booked and their scalar amounts held where the windows overlap) and
    what other plans of this process assumed meanwhile (their atoms are assumed booked in the
    :class:`~app.capacity.snapshot.PoolCache`, which memoizes rankings per label set); what earlier
-   attempts wrote is read back in this transaction;
+   attempts wrote is read back in this transaction. A queue worker's first attempt also plans on the
+   pool's warm reads from its previous batch (``WarmSlot``, :class:`~app.capacity.shortlist.WarmReads`);
 3. **commit** the plans with guarded multi-row statements (:func:`_commit_plans`), compiled once: one
    statement locks the planned nodes per tenant, one the atoms, one writes the allocations, one the
    bookings (``ON CONFLICT DO NOTHING RETURNING``: fewer rows for an entry = it lost the race), one
