@@ -14,7 +14,8 @@ replica runs, and the long-poll of ``GET /v1/reservations/{id}?waitSeconds=N``.
   (:func:`app.capacity.batch.place_batch`); a batch that took ``maxBatch`` is followed by another at
   once. The worker keeps each pool's batch reads warm (:class:`app.capacity.shortlist.WarmReads`,
   one :class:`~app.capacity.shortlist.WarmSlot` per pool): its next batch of an unchanged pool plans
-  on the last committed batch's exceptions read and locks known quota rows in one statement. No debounce: the edges that arrive during a batch make the next run, which claims everything
+  on the last committed batch's exceptions read and locks known quota rows in one statement.
+  No debounce: the edges that arrive during a batch make the next run, which claims everything
   queued by then. The claim also counts the pool's queued rows it could not take: while another worker
   holds some (or the pool's lease), they are looked at again after ``BUSY_RETRY`` seconds; when that
   worker dies (its transaction rolled back) this one takes them. An idle worker waits on its event: no
