@@ -17,13 +17,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity import queue, shortlist
 from app.capacity.batch import BatchEntry, BatchOptions, place_batch
+from app.capacity.commit import NOT_SCHEDULABLE
 from app.capacity.placer import Pending, Placed
 from app.capacity.reservations import CapacityConfig
 from app.capacity.shortlist import WarmSlot
 from app.capacity.snapshot import PoolCache, read_pool_head
-from app.db.tables import device_bookings, pools, quota_holdings, scalar_holdings
+from app.db.tables import device_bookings, nodes, pools, quota_holdings, scalar_holdings
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
+from app.placement.schedulable import DEDICATION_PREFIX
 from tests.capacity.helpers import book, db_time, make_pool_with_nodes, node_body
 from tests.capacity.test_batch import _queue, _statuses
 from tests.capacity.test_batch_shared_reads import _entries, _exception_reads, _request
@@ -219,3 +221,31 @@ async def test_a_later_batch_locks_every_tenants_quota_rows_in_one_statement(cle
     async with engine.connect() as conn:
         charged = (await conn.execute(sa.select(sa.func.count()).select_from(quota_holdings))).scalar_one()
     assert charged == 2 * 12
+
+
+async def test_the_one_statement_node_guard_judges_each_tenant_by_its_own_tolerations(
+    clean_db: AsyncEngine,
+) -> None:
+    engine = clean_db
+    pool, views = await make_pool_with_nodes(engine, [node_body("only", 2, cpu=8)])
+    node_id = views[0]["id"]
+    start = await db_time(engine)
+    entries = await _entries(engine, pool, [_request(pool, start, tenant=t) for t in ("acme", "other")])
+
+    async def dedicate(attempt: int, candidates: list[Any]) -> None:
+        if attempt == 1:  # after both planned on the node: it is dedicated to acme before their commit
+            assert {c.node_id for c in candidates} == {node_id}
+            async with engine.begin() as conn:
+                await conn.execute(
+                    sa.update(nodes)
+                    .where(nodes.c.id == node_id)
+                    .values(no_schedule_reasons=[DEDICATION_PREFIX + "acme"])
+                )
+
+    opts = BatchOptions(SchedulerOptions(), 3, before_commit=dedicate)
+    async with engine.begin() as conn:
+        await place_batch(conn, await _loaded_cache(engine, pool), opts, pool, entries)
+    acme, other = entries
+    assert isinstance(acme.outcome, Placed) and not acme.lost, (acme.outcome, acme.lost)
+    assert other.lost and other.lost[0].kind == NOT_SCHEDULABLE, other.lost
+    assert isinstance(other.outcome, Pending), other.outcome
