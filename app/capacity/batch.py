@@ -13,7 +13,8 @@ commit's, :mod:`app.db.locks`):
    of the attempt (their atoms booked and their scalar amounts held where the windows overlap) and
    what other plans of this process assumed meanwhile (their atoms are assumed booked in the
    :class:`~app.capacity.snapshot.PoolCache`, which memoizes rankings per label set); what earlier
-   attempts wrote is read back in this transaction;
+   attempts wrote is read back in this transaction. A queue worker's first attempt also plans on the
+   pool's warm reads from its previous batch (``WarmSlot``, :class:`~app.capacity.shortlist.WarmReads`);
 3. **commit** the plans with guarded multi-row statements (:func:`_commit_plans`), compiled once: one
    statement locks the planned nodes per tenant, one the atoms, one writes the allocations, one the
    bookings (``ON CONFLICT DO NOTHING RETURNING``: fewer rows for an entry = it lost the race), one
@@ -42,6 +43,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from decimal import Decimal
 from functools import cache
 from typing import Any
@@ -75,7 +77,7 @@ from app.capacity.placer import (
 )
 from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
 from app.capacity.reservations import CapacityConfig
-from app.capacity.shortlist import BatchPlanned, SharedReads, plan_request
+from app.capacity.shortlist import WARM_SLACK, BatchPlanned, SharedReads, WarmReads, WarmSlot, plan_request
 from app.capacity.snapshot import PoolCache, PoolHead, window
 from app.db.locks import lock_pool
 from app.db.prepared import Prepared
@@ -88,6 +90,7 @@ from app.db.tables import (
     node_resources,
     nodes,
     pools,
+    quota_usage,
     scalar_holdings,
 )
 from app.db.windows import hold_if, holding_params, room_for
@@ -145,6 +148,47 @@ def lock_nodes_statement(skip_locked: bool) -> Prepared:
             schedulable_sql_within(
                 sa.cast(sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text)), pg.ARRAY(sa.Text))
             ),
+        )
+        .order_by(nodes.c.id)
+        .with_for_update(read=True, of=nodes, skip_locked=skip_locked)
+    )
+
+
+TOLERATED_SEPARATOR = "\n"  # joins a tenant's tolerated reasons in one text (no reason holds a newline)
+_TENANT_NODES = (
+    sa.func.unnest(
+        _NODES,
+        sa.bindparam("tenant_ids", type_=pg.ARRAY(sa.Text)),
+        sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text)),
+    )
+    .table_valued(
+        sa.column("node_id", sa.Text), sa.column("tenant_id", sa.Text), sa.column("tolerated", sa.Text)
+    )
+    .render_derived(name="w")
+)
+
+
+@cache
+def lock_tenant_nodes_statement(skip_locked: bool) -> Prepared:
+    """The batch's node guard for all its tenants at once, built and compiled once per variant::
+
+    SELECT n.id, w.tenant_id FROM nodes n JOIN pools p ON p.id = n.pool_id
+      JOIN unnest(:node_ids, :tenant_ids, :tolerated) AS w(node_id, tenant_id, tolerated) ON w.node_id = n.id
+     WHERE n.pool_id = :pool_id
+       AND <schedulable tolerating string_to_array(w.tolerated, E'\\n')>  -- schedulable_sql_within
+     ORDER BY n.id FOR SHARE OF n [SKIP LOCKED]        -- a (node, tenant) missing: no longer schedulable
+    """
+    allowed = sa.func.string_to_array(_TENANT_NODES.c.tolerated, TOLERATED_SEPARATOR, type_=pg.ARRAY(sa.Text))
+    return Prepared(
+        sa.select(nodes.c.id, _TENANT_NODES.c.tenant_id)
+        .select_from(
+            nodes.join(pools, pools.c.id == nodes.c.pool_id).join(
+                _TENANT_NODES, _TENANT_NODES.c.node_id == nodes.c.id
+            )
+        )
+        .where(
+            nodes.c.pool_id == sa.bindparam("pool_id", type_=sa.Text),
+            schedulable_sql_within(allowed),
         )
         .order_by(nodes.c.id)
         .with_for_update(read=True, of=nodes, skip_locked=skip_locked)
@@ -347,10 +391,23 @@ class _Planned:
 
 
 async def place_batch(
-    conn: AsyncConnection, cache: PoolCache, opts: BatchOptions, pool_id: str, entries: list[BatchEntry]
+    conn: AsyncConnection,
+    cache: PoolCache,
+    opts: BatchOptions,
+    pool_id: str,
+    entries: list[BatchEntry],
+    warm: WarmSlot | None = None,
 ) -> list[int]:
     """Decide every entry of ``pool_id`` in ``conn``'s transaction (steps 1-5 above); returns the cache
-    assumption tokens of the committed atoms: forget them once the transaction has ended."""
+    assumption tokens of the committed atoms: forget them once the transaction has ended.
+
+    ``warm``: the pool's :class:`~app.capacity.shortlist.WarmReads` from the caller's previous batch
+    (the first attempt plans on them where still usable) and, on return, this batch's for the next
+    one, left only when every entry was decided on the first attempt's plans (none lost a race, was
+    refused quota or preempted); the caller clears it when the transaction does not commit."""
+    carried = warm.reads if warm is not None else None
+    if warm is not None:
+        warm.reads = None  # mutated by this batch's plans: valid again only once it commits
     pool = await lock_pool(conn, pool_id, for_update=False)
     # the plans' head: the row locked FOR SHARE holds for the transaction (no archive, no inventory change)
     head = PoolHead(pool.id, pool.archived_at is not None, pool.inventory_version)
@@ -359,23 +416,30 @@ async def place_batch(
             if e.undecided:
                 e.outcome = Pending(ARCHIVED_POOL)
     tokens: list[int] = []
-    await _plan_and_commit(conn, cache, opts, head, entries, tokens, first_attempt=1)
+    usage = _Usage(warm.usage if warm is not None else set())
+    first = await _plan_and_commit(
+        conn, cache, opts, head, entries, tokens, first_attempt=1, warm=carried, keep=warm is not None
+    )
+    clean = first is not None and not any(e.lost for e in entries)
     if opts.preemption is not None:
-        await _preempt_pending(conn, cache, opts, entries)
+        clean = await _preempt_pending(conn, cache, opts, entries) == 0 and clean
     # every tenant's rows at once, in (tenant, resource) order, before the placed entries are charged and
     # the pending ones checked: locking the pending tenants' rows only after the placed ones' would take
     # tenants out of order (a pending tenant sorting first) against another batch taking them in order
     if any(isinstance(e.outcome, Pending) for e in entries):
-        await _lock_batch_usage(conn, [e for e in entries if isinstance(e.outcome, (Placed, Pending))])
-    if await _charge_placed(conn, cache, pool_id, entries, tokens):
+        await _lock_batch_usage(conn, [e for e in entries if isinstance(e.outcome, (Placed, Pending))], usage)
+    if await _charge_placed(conn, cache, pool_id, entries, tokens, usage):
+        clean = False
         # a refused entry's bookings were removed: the entries nothing fit get one more plan
         again = [e for e in entries if isinstance(e.outcome, Pending) and e.outcome.reason != ARCHIVED_POOL]
         for e in again:
             e.outcome, e.lost = None, []
         if again:
             await _plan_and_commit(conn, cache, opts, head, again, tokens, opts.max_attempts + 1)
-            await _charge_placed(conn, cache, pool_id, again, tokens)
-    await _check_pending(conn, entries)
+            await _charge_placed(conn, cache, pool_id, again, tokens, usage)
+    await _check_pending(conn, entries, usage)
+    if warm is not None and clean and first is not None:
+        warm.reads = first.warm()
     return tokens
 
 
@@ -387,20 +451,32 @@ async def _plan_and_commit(
     entries: list[BatchEntry],
     tokens: list[int],
     first_attempt: int,
-) -> None:
+    warm: WarmReads | None = None,
+    keep: bool = False,
+) -> SharedReads | None:
     """Steps 2-4: plan the undecided entries and commit them, replanning the losers, up to
     ``max_attempts`` (numbered from ``first_attempt``: the savepoints and the seeds); the committed
-    atoms' assumption tokens are appended to ``tokens``."""
+    atoms' assumption tokens are appended to ``tokens``. The first attempt plans on ``warm`` where
+    usable, and with ``keep`` reads windows ``WARM_SLACK`` longer (for the batches after it); returns
+    the first attempt's reads (None: nothing planned, or the pool archived)."""
     pool_id = head.id
+    first: SharedReads | None = None
     for attempt in range(first_attempt, first_attempt + opts.max_attempts):
         todo = [e for e in entries if e.undecided]
         if not todo:
             break
-        planned = await _plan_all(conn, cache, opts, head, todo, attempt)
+        requests = [e.request for e in todo]
+        if attempt == first_attempt:
+            shared = SharedReads(cache, head, requests, warm, WARM_SLACK if keep else timedelta(0))
+        else:  # a replan reads afresh, exactly
+            shared = SharedReads(cache, head, requests)
+        if first is None:
+            first = shared
+        planned = await _plan_all(conn, cache, opts, todo, attempt, shared)
         if planned is None:  # the pool was archived (the plan's own read)
             for e in todo:
                 e.outcome = Pending(ARCHIVED_POOL)
-            break
+            return None
         if opts.before_commit is not None and planned:
             await opts.before_commit(attempt, [p.candidate for p in planned])
         results = await _commit_plans(conn, pool_id, planned, attempt)
@@ -419,13 +495,15 @@ async def _plan_and_commit(
         if e.undecided:  # every attempt lost a race
             reasons = "; ".join(r.reason for r in e.lost)
             e.outcome = Pending(f"Unschedulable after {len(e.lost)} conflicting attempts: {reasons}")
+    return first
 
 
 async def _preempt_pending(
     conn: AsyncConnection, cache: PoolCache, opts: BatchOptions, entries: list[BatchEntry]
-) -> None:
+) -> int:
     """Each regular entry that nothing fit, placed by preempting spot work as an inline create would
-    (issue 13: preemption always places inline), its charge riding on its guarded commit."""
+    (issue 13: preemption always places inline), its charge riding on its guarded commit; returns how
+    many entries tried."""
     candidates = [
         e
         for e in entries
@@ -434,7 +512,7 @@ async def _preempt_pending(
         and preemption.applies(True, e.request)
     ]
     if not candidates:
-        return
+        return 0
     now = await db_now(conn)
     for e in candidates:
         r = e.request
@@ -451,29 +529,92 @@ async def _preempt_pending(
         await savepoint.commit()
         if placed is not None:
             e.outcome, e.conditions, e.charged = placed.placed, [placed.condition], True
+    return len(candidates)
 
 
-async def _lock_batch_usage(conn: AsyncConnection, entries: list[BatchEntry]) -> None:
+@dataclass
+class _Usage:
+    """The ``quota_usage`` rows of a batch: ``locked`` by this transaction already (outside any
+    SAVEPOINT, so held to COMMIT), and ``known`` to exist (a worker's, kept across its batches of the
+    pool: :attr:`WarmSlot.usage`), as ``(tenant, pool, resource)``."""
+
+    known: set[tuple[str, str, str]] = field(default_factory=set)
+    locked: set[tuple[str, str, str]] = field(default_factory=set)
+
+
+_USAGE_KEYS = (
+    sa.func.unnest(
+        sa.bindparam("tenant_ids", type_=pg.ARRAY(sa.Text)),
+        sa.bindparam("resources", type_=pg.ARRAY(sa.Text)),
+    )
+    .table_valued(sa.column("tenant_id", sa.Text), sa.column("resource", sa.Text))
+    .render_derived(name="k")
+)
+# SELECT tenant_id, resource FROM quota_usage
+#  WHERE pool_id = :pool_id AND (tenant_id, resource) IN (SELECT * FROM unnest(:tenant_ids, :resources))
+#  ORDER BY tenant_id COLLATE "C", resource COLLATE "C" FOR UPDATE  -- Python's sorted order, as one by one
+LOCK_BATCH_USAGE = Prepared(
+    sa.select(quota_usage.c.tenant_id, quota_usage.c.resource)
+    .where(
+        quota_usage.c.pool_id == sa.bindparam("pool_id", type_=sa.Text),
+        sa.tuple_(quota_usage.c.tenant_id, quota_usage.c.resource).in_(sa.select(_USAGE_KEYS)),
+    )
+    .order_by(quota_usage.c.tenant_id.collate("C"), quota_usage.c.resource.collate("C"))
+    .with_for_update()
+)
+
+
+async def _lock_batch_usage(
+    conn: AsyncConnection, entries: list[BatchEntry], usage: _Usage | None = None
+) -> None:
     """Lock every tenant's ``quota_usage`` rows for all the resources ``entries`` charge, tenants and
     resources in sorted order, as one charge locks them (:func:`app.quota.service.charge`): charging
     entry after entry would lock one tenant's rows in the entries' order (``gpu``, then ``cpu`` for a
-    later entry) and deadlock against a single charge taking ``cpu`` before ``gpu``."""
-    wanted: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for e in entries:
-        wanted[(e.request.tenant_id, e.request.pool_id)] |= {
-            r for r, n in e.amounts.items() if Decimal(n) > 0
+    later entry) and deadlock against a single charge taking ``cpu`` before ``gpu``.
+
+    With ``usage``: rows this transaction locked already are not locked again, and when every row
+    left is known to exist, one statement locks them all (:data:`LOCK_BATCH_USAGE`); otherwise (a
+    first charge of a tenant, or a row found missing) one tenant at a time, inserting missing rows."""
+    usage = usage or _Usage()
+    wanted = {
+        (e.request.tenant_id, e.request.pool_id, r)
+        for e in entries
+        for r, n in e.amounts.items()
+        if Decimal(n) > 0
+    } - usage.locked
+    if not wanted:
+        return
+    keys = sorted(wanted)
+    if wanted <= usage.known and len({k[1] for k in keys}) == 1:
+        params = {
+            "pool_id": keys[0][1],
+            "tenant_ids": [k[0] for k in keys],
+            "resources": [k[2] for k in keys],
         }
-    for (tenant, pool), resources in sorted(wanted.items()):
-        await _lock_tenant_rows(conn, tenant, pool, sorted(resources))
+        if len((await LOCK_BATCH_USAGE.run(conn, params)).all()) == len(keys):
+            usage.locked |= wanted
+            return
+    by_tenant: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for tenant, pool, resource in keys:
+        by_tenant[(tenant, pool)].append(resource)
+    for (tenant, pool), resources in sorted(by_tenant.items()):
+        await _lock_tenant_rows(conn, tenant, pool, resources)
+    usage.locked |= wanted
+    usage.known |= wanted
 
 
 async def _charge_placed(
-    conn: AsyncConnection, cache: PoolCache, pool_id: str, entries: list[BatchEntry], tokens: list[int]
+    conn: AsyncConnection,
+    cache: PoolCache,
+    pool_id: str,
+    entries: list[BatchEntry],
+    tokens: list[int],
+    usage: _Usage | None = None,
 ) -> bool:
     """Step 6 for the placed entries not charged yet (last in the lock order): each in a SAVEPOINT; a
     refusal refuses that entry alone and removes what it booked. True when any was refused."""
     placed = [e for e in entries if isinstance(e.outcome, Placed) and not e.charged]
-    await _lock_batch_usage(conn, placed)
+    await _lock_batch_usage(conn, placed, usage)
     if await _charge_together(conn, placed, keep=True):
         for e in placed:
             e.charged = True
@@ -493,11 +634,13 @@ async def _charge_placed(
     return refused_any
 
 
-async def _check_pending(conn: AsyncConnection, entries: list[BatchEntry]) -> None:
+async def _check_pending(
+    conn: AsyncConnection, entries: list[BatchEntry], usage: _Usage | None = None
+) -> None:
     """Step 6 for the pending entries: the charge checked and rolled back (a pending request holds
     nothing, but over quota is 409 even when nothing fits), beside what the batch placed."""
     pending = [e for e in entries if isinstance(e.outcome, Pending)]
-    await _lock_batch_usage(conn, pending)
+    await _lock_batch_usage(conn, pending, usage)
     if await _charge_together(conn, pending, keep=False):
         return
     for e in sorted(pending, key=lambda e: (e.request.tenant_id, e.reservation_id)):
@@ -593,16 +736,15 @@ async def _plan_all(
     conn: AsyncConnection,
     cache: PoolCache,
     opts: BatchOptions,
-    head: PoolHead,
     todo: list[BatchEntry],
     attempt: int,
+    shared: SharedReads,
 ) -> list[_Planned] | None:
     """Plan ``todo`` one after another on reads they share (:class:`~app.capacity.shortlist.SharedReads`:
     one exceptions read per group of window, resource names and tenant, this attempt's earlier plans
     counted as booked and held where the windows overlap; earlier attempts' winners are read back from
     this transaction); each plan's atoms are also assumed booked in the cache for the other plans of
     this process. An entry that does not fit becomes pending; None when the pool turned out archived."""
-    shared = SharedReads(cache, head, [e.request for e in todo])
     planned: list[_Planned] = []
     for e in todo:
         request = e.request
@@ -700,18 +842,23 @@ async def _guarded_rows(
 async def _check_nodes(
     conn: AsyncConnection, pool_id: str, planned: list[_Planned], lost: dict[str, LostRace], skip_locked: bool
 ) -> None:
-    """Lock the planned nodes that are still schedulable for each tenant (one statement per tenant of
-    the batch); an entry whose node is not among them lost the race."""
-    by_tenant: dict[str, list[_Planned]] = defaultdict(list)
+    """Lock the planned nodes that are still schedulable for their entries' tenants, every tenant's in
+    one statement (:func:`lock_tenant_nodes_statement`); an entry whose (node, tenant) is not among
+    them lost the race."""
+    pairs = sorted({(p.candidate.node_id, p.entry.request.tenant_id) for p in planned})
+    if not pairs:
+        return
+    params = {
+        "node_ids": [n for n, _ in pairs],
+        "tenant_ids": [t for _, t in pairs],
+        "tolerated": [TOLERATED_SEPARATOR.join(tolerated_reasons(t)) for _, t in pairs],
+        "pool_id": pool_id,
+    }
+    rows = (await lock_tenant_nodes_statement(skip_locked).run(conn, params)).all()
+    still = {(r[0], r[1]) for r in rows}
     for p in planned:
-        by_tenant[p.entry.request.tenant_id].append(p)
-    for tenant, group in sorted(by_tenant.items()):
-        wanted = sorted({p.candidate.node_id for p in group})
-        params = {"node_ids": wanted, "pool_id": pool_id, "tolerated": tolerated_reasons(tenant)}
-        still = {r[0] for r in (await lock_nodes_statement(skip_locked).run(conn, params)).all()}
-        for p in group:
-            if p.candidate.node_id not in still:
-                lost[p.entry.reservation_id] = _lost(p, NOT_SCHEDULABLE)
+        if (p.candidate.node_id, p.entry.request.tenant_id) not in still:
+            lost[p.entry.reservation_id] = _lost(p, NOT_SCHEDULABLE)
 
 
 async def _check_labels(conn: AsyncConnection, planned: list[_Planned], lost: dict[str, LostRace]) -> None:

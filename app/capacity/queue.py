@@ -12,7 +12,10 @@ replica runs, and the long-poll of ``GET /v1/reservations/{id}?waitSeconds=N``.
   replicas' batches never race each other for atoms), claims up to ``maxBatch`` queued reservations
   oldest first with ``FOR UPDATE SKIP LOCKED`` and decides them in that transaction
   (:func:`app.capacity.batch.place_batch`); a batch that took ``maxBatch`` is followed by another at
-  once. No debounce: the edges that arrive during a batch make the next run, which claims everything
+  once. The worker keeps each pool's batch reads warm (:class:`app.capacity.shortlist.WarmReads`,
+  one :class:`~app.capacity.shortlist.WarmSlot` per pool): its next batch of an unchanged pool plans
+  on the last committed batch's exceptions read and locks known quota rows in one statement.
+  No debounce: the edges that arrive during a batch make the next run, which claims everything
   queued by then. The claim also counts the pool's queued rows it could not take: while another worker
   holds some (or the pool's lease), they are looked at again after ``BUSY_RETRY`` seconds; when that
   worker dies (its transaction rolled back) this one takes them. An idle worker waits on its event: no
@@ -60,6 +63,7 @@ from app.capacity.reservations import (
     read_view,
     spec_hash,
 )
+from app.capacity.shortlist import WarmSlot
 from app.capacity.snapshot import PoolCache
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
@@ -265,20 +269,25 @@ def _decision(entry: BatchEntry | None, row: Any, reason: str | None = None) -> 
     return Decision(row.id, "pending", _condition(entry.outcome.reason))
 
 
-async def work_batch(engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, pool_id: str) -> int:
+async def work_batch(
+    engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, pool_id: str, warm: WarmSlot | None = None
+) -> int:
     """Claim and decide up to ``config.max_batch`` queued reservations of ``pool_id`` in one
-    transaction; returns how many were claimed (0: none claimable)."""
-    return (await _work_batch(engine, cache, config, pool_id))[0]
+    transaction; returns how many were claimed (0: none claimable). ``warm``: the pool's reads kept
+    from the caller's previous batch (:class:`~app.capacity.shortlist.WarmReads`), left for the next."""
+    return (await _work_batch(engine, cache, config, pool_id, warm))[0]
 
 
 async def _work_batch(
-    engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, pool_id: str
+    engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, pool_id: str, warm: WarmSlot | None = None
 ) -> tuple[int, int]:
     """:func:`work_batch`: ``(claimed, left)``, ``left`` the pool's queued rows the claim saw and did
     not take. One transaction: BEGIN, the claim (:func:`_claim`), the batch's plans and commits
-    (:func:`app.capacity.batch.place_batch`), the decisions written with the ``bc_decided`` that
-    carries their views in one statement (:func:`decide`), COMMIT."""
+    (:func:`app.capacity.batch.place_batch`, on ``warm``'s reads where usable), the decisions written
+    with the ``bc_decided`` that carries their views in one statement (:func:`decide`), COMMIT; the
+    warm reads are dropped when the transaction does not commit."""
     tokens: list[int] = []
+    planning = False  # place_batch ran: its warm reads hold only once the transaction committed
     try:
         async with engine.begin() as conn:
             claim = await _claim(conn, pool_id, config.max_batch)
@@ -295,7 +304,8 @@ async def _work_batch(
                 request = placement_request(config, body, now)
                 entries[row.id] = BatchEntry(row.id, request, quota_amounts(request))
             opts = batch_options(config)
-            tokens = await place_batch(conn, cache, opts, pool_id, list(entries.values()))
+            planning = True
+            tokens = await place_batch(conn, cache, opts, pool_id, list(entries.values()), warm)
             passed_reason = "the start passed while the reservation was queued"
             decisions = [
                 _decision(entries.get(r.id), r, passed_reason if r.id in passed else None) for r in rows
@@ -303,8 +313,11 @@ async def _work_batch(
             views = [_decided_view(r, d, entries.get(r.id)) for r, d in zip(rows, decisions, strict=True)]
             await decide(conn, decisions, views)
             _observe(rows, decisions, now)
-            return len(rows), claim.left
+        planning = False  # committed
+        return len(rows), claim.left
     finally:  # committed or rolled back: the bookings (or their absence) are visible to every plan
+        if warm is not None and planning:
+            warm.reads = None
         for token in tokens:
             cache.forget(pool_id, token)
 
@@ -402,6 +415,11 @@ class QueueWorker(ListeningController[str]):
     now (set once the lifecycle exists). Also the in-process hub of long-polls (:meth:`wait`)."""
 
     @functools.cached_property
+    def _warm(self) -> dict[str, WarmSlot]:
+        """Pool id -> the reads kept from this worker's last committed batch of the pool."""
+        return defaultdict(WarmSlot)
+
+    @functools.cached_property
     def _watchers(self) -> dict[str, set[_Waiter]]:
         """Reservation id -> the long-polls waiting on it."""
         return defaultdict(set)
@@ -445,7 +463,8 @@ class QueueWorker(ListeningController[str]):
         busy = False
         for pool_id in sorted(targets):
             while True:
-                claimed, left = await _work_batch(engine, self.cache, self.config, pool_id)
+                warm = self._warm[pool_id]
+                claimed, left = await _work_batch(engine, self.cache, self.config, pool_id, warm)
                 decided += claimed
                 if claimed < self.config.max_batch:
                     break

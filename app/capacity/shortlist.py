@@ -37,9 +37,10 @@ plan or an assumption changes the node. The guarded commit still decides, as for
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import cache
 from typing import Any, Literal
@@ -452,6 +453,8 @@ class _Group:
     rows: _ExceptionRows
     booked: dict[str, set[str]]
     mark: int  # the cache's newest assumption token when the rows were read (PoolCache.assumed_after)
+    most: Decimal = Decimal(0)  # the largest amount of a resource the exceptions read judged room for
+    read_at: float = 0.0  # time.monotonic() of the exceptions read (WarmReads' age bound)
     extra: dict[str, dict[str, Decimal]] = field(default_factory=dict)
     scalars: dict[str, dict[str, ScalarResource]] = field(default_factory=dict)
     changes: list[str] = field(default_factory=list)  # node ids changed, in order (touched_scores)
@@ -468,6 +471,15 @@ class _Group:
             held = self.extra.setdefault(planned.node_id, {})
             for resource, n in planned.resources.items():
                 held[resource] = held.get(resource, Decimal(0)) + Decimal(n)
+
+    def carry(self) -> None:
+        """The batch that planned on this group committed: its plans stay counted (their atoms in
+        ``booked``; their amounts in ``extra`` for the nodes whose scalar rows were read before them).
+        A node whose rows are not read yet drops its ``extra``: the read a later batch makes sees the
+        committed holdings themselves."""
+        for node_id in [n for n in self.extra if n not in self.scalars]:
+            del self.extra[node_id]
+            self.changed(node_id)
 
     def catch_up(self) -> None:
         """Count as booked what other plans of this process assumed since the last catch-up (called
@@ -551,6 +563,53 @@ class _Group:
         return {r: replace(s, allocated=s.allocated + extra.get(r, Decimal(0))) for r, s in rows.items()}
 
 
+WARM_SECONDS = 0.5  # a batch plans on the exceptions read of an earlier batch of the pool this long
+# a warm group reads its window's end this much later: the next batches' windows ("start now") fit in it
+WARM_SLACK = timedelta(seconds=5)
+
+
+@dataclass
+class WarmReads:
+    """The groups of a pool's last committed batch, for the next batch of the same worker (issue 15):
+    their exceptions read, the process's assumptions caught up with, and every committed plan of the
+    batches since counted, so the next batch of an unchanged pool sends no exceptions read.
+
+    Usable (:meth:`usable`) while the pool's inventory version is the one read, for a group read less
+    than ``WARM_SECONDS`` ago whose ``most`` covers the new batch's largest amount. What it misses
+    (bookings and holdings committed elsewhere since the read, bookings released, atoms turned
+    unhealthy) is what any plan on an earlier read misses: the guarded commit catches what was booked
+    meanwhile (the loser replans on fresh reads), a released booking is seen again at the next read.
+    A pending decision is never made on it: a shortlist plan that finds no room goes to the whole-pool
+    read of its transaction."""
+
+    version: int
+    groups: dict[GroupKey, _Group]
+
+    def usable(self, head: PoolHead, most: Mapping[tuple[Any, ...], Decimal]) -> dict[GroupKey, _Group]:
+        """The groups a batch of ``head`` (its pool row, locked) may plan on: ``most`` is the batch's
+        largest amount per (resource names, tolerated reasons), which the group's read must cover."""
+        if head.inventory_version != self.version or head.archived:
+            return {}
+        now = time.monotonic()
+        return {
+            key: g
+            for key, g in self.groups.items()
+            if now - g.read_at < WARM_SECONDS and most.get(key[2:], Decimal(0)) <= g.most
+        }
+
+
+@dataclass
+class WarmSlot:
+    """Where a worker keeps a pool's :class:`WarmReads` between its batches (``reads`` None: read
+    afresh). :func:`app.capacity.batch.place_batch` takes them and leaves the next ones; the caller
+    clears ``reads`` when the batch's transaction did not commit. ``usage``: the ``(tenant, pool,
+    resource)`` of the ``quota_usage`` rows known to exist (never deleted; one missing all the same is
+    found by the count and inserted), so a batch locks every tenant's rows in one statement."""
+
+    reads: WarmReads | None = None
+    usage: set[tuple[str, str, str]] = field(default_factory=set)  # quota_usage rows known to exist
+
+
 class SharedReads:
     """The reads the plans of one batch attempt share (one pool, one transaction; issue 15): one
     exceptions read per :func:`group_key` group (made with the group's largest ``most``, so it serves
@@ -563,17 +622,32 @@ class SharedReads:
     made on a read of its own (the loser replans without the node, on fresh reads: a new attempt makes
     new ``SharedReads``). ``reads`` counts the exceptions reads (tests)."""
 
-    def __init__(self, cache: PoolCache, head: PoolHead, requests: Iterable[PlacementRequest]) -> None:
+    def __init__(
+        self,
+        cache: PoolCache,
+        head: PoolHead,
+        requests: Iterable[PlacementRequest],
+        warm: WarmReads | None = None,
+        slack: timedelta = timedelta(0),
+    ) -> None:
         self.cache = cache
         self.head = head
         self.reads = 0
-        self._most: dict[GroupKey, Decimal] = {}
+        self.slack = slack
+        self._most: dict[tuple[Any, ...], Decimal] = {}  # (names, tolerated) -> the batch's largest amount
         for r in requests:
             if r.resources:
-                key = group_key(r)
-                self._most[key] = max(self._most.get(key, Decimal(0)), *map(Decimal, r.resources.values()))
-        self._groups: dict[GroupKey, _Group] = {}
+                kind = group_key(r)[2:]
+                self._most[kind] = max(self._most.get(kind, Decimal(0)), *map(Decimal, r.resources.values()))
+        self._groups: dict[GroupKey, _Group] = warm.usable(head, self._most) if warm is not None else {}
         self._planned: list[BatchPlanned] = []
+
+    def warm(self) -> WarmReads:
+        """This batch's groups for the next batch of the pool, once this batch's transaction committed
+        with every plan made on them (none lost a race, none was refused or preempted)."""
+        for group in self._groups.values():
+            group.carry()
+        return WarmReads(self.head.inventory_version, dict(self._groups))
 
     def add(self, planned: BatchPlanned) -> None:
         """A plan of the batch: the plans after it see it."""
@@ -581,15 +655,30 @@ class SharedReads:
         for group in self._groups.values():
             group.take(planned)
 
-    async def group(self, conn: AsyncConnection, request: PlacementRequest) -> _Group:
-        """The request's group, read on first use."""
+    def _covering(self, request: PlacementRequest) -> _Group | None:
+        """The group whose read serves ``request``: its own window's, else (with ``slack``) one of the
+        same resource names and tenant whose read window contains the request's."""
         key = group_key(request)
         found = self._groups.get(key)
+        if found is not None or not self.slack:
+            return found
+        start, end, *kind = key
+        for (g_start, g_end, *g_kind), group in self._groups.items():
+            if g_kind == kind and g_start <= start and end <= g_end:
+                return group
+        return None
+
+    async def group(self, conn: AsyncConnection, request: PlacementRequest) -> _Group:
+        """The request's group, read on first use. With ``slack`` the read's window ends ``slack``
+        later than the request's (an upper bound of what the request's window holds: more booked, a
+        higher peak), so the requests of later batches, whose windows start a little later, fit in it."""
+        found = self._covering(request)
         if found is None:
-            start, end, names, _ = key
-            params = exceptions_params(request)
+            start, end, names, tolerated = group_key(request)
+            end = end + self.slack
+            params = exceptions_params(replace(request, end=end))
             if names:
-                params["most"] = self._most.get(key, params["most"])
+                params["most"] = self._most.get((names, tolerated), params["most"])
             # the assumptions live before the read (one may commit during it, after the read's snapshot)
             # and those made after the mark, caught up with before each plan
             live = self.cache.assumed(request.pool_id, start, end)
@@ -599,8 +688,10 @@ class SharedReads:
             booked = rows.booked
             for node_id, atoms in live.items():
                 booked.setdefault(node_id, set()).update(atoms)
-            found = _Group(self.cache, request.pool_id, start, end, list(names), rows, booked, mark)
-            self._groups[key] = found
+            most = Decimal(params.get("most", 0))
+            found = _Group(self.cache, request.pool_id, start, end, list(names), rows, booked, mark, most)
+            found.read_at = time.monotonic()
+            self._groups[(start, end, names, tolerated)] = found
             for planned in self._planned:
                 found.take(planned)
         found.catch_up()
