@@ -82,6 +82,7 @@ from app.db.tables import (
     reservations,
     scalar_holdings,
 )
+from app.db.tx import sqlstate
 from app.db.unnest import wanted_amounts
 from app.db.windows import room_for
 from app.ids import new_id
@@ -162,12 +163,6 @@ class CommitExtras:
 
 
 NO_EXTRAS = CommitExtras()
-
-
-def sqlstate(exc: DBAPIError) -> str | None:
-    """The PostgreSQL SQLSTATE of a driver error (``40P01``, ``23P01``, ``23503``, ...), if any."""
-    orig = exc.orig
-    return getattr(orig, "sqlstate", None) or getattr(getattr(orig, "__cause__", None), "sqlstate", None)
 
 
 def labels_hold(wanted: Mapping[str, str], have: Mapping[str, tuple[str, str]]) -> bool:

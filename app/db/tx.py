@@ -11,6 +11,10 @@ and takes ``db``, an :class:`AsyncEngine` or an :class:`AsyncConnection`, as its
 
 :func:`in_transaction` and :func:`read_only` run any ``fn(conn, ...)`` the same way, for service code
 that composes steps of several modules.
+
+A unit of work that PostgreSQL chose as a deadlock's victim (40P01: everything it did is rolled back) is
+run again, up to :data:`DEADLOCK_ATTEMPTS` times, instead of answering 500: for example a cordon whose
+pool row lock waits on a batch that waits on the cordon's node (found by the pool-lease race test).
 """
 
 from __future__ import annotations
@@ -19,20 +23,37 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 T = TypeVar("T")
 P = ParamSpec("P")
 
 Db = AsyncEngine | AsyncConnection  # what a service entry point takes first
+DEADLOCK = "40P01"
+DEADLOCK_ATTEMPTS = 3
+
+
+def sqlstate(exc: DBAPIError) -> str | None:
+    """The PostgreSQL SQLSTATE of a driver error (``40P01``, ``23P01``, ``23503``, ...), if any."""
+    orig = exc.orig
+    return getattr(orig, "sqlstate", None) or getattr(getattr(orig, "__cause__", None), "sqlstate", None)
 
 
 async def in_transaction(
     engine: AsyncEngine, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any
 ) -> T:
-    """``fn(conn, *args, **kwargs)`` inside ``BEGIN ... COMMIT`` (rolled back when it raises)."""
-    async with engine.begin() as conn:
-        return await fn(conn, *args, **kwargs)
+    """``fn(conn, *args, **kwargs)`` inside ``BEGIN ... COMMIT`` (rolled back when it raises); run again
+    when the transaction was a deadlock's victim, up to :data:`DEADLOCK_ATTEMPTS` times (the last
+    attempt's error is raised)."""
+    for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
+        try:
+            async with engine.begin() as conn:
+                return await fn(conn, *args, **kwargs)
+        except DBAPIError as exc:
+            if sqlstate(exc) != DEADLOCK or attempt == DEADLOCK_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def read_only(engine: AsyncEngine, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
