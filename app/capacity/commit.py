@@ -60,7 +60,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.predicates import leasable_sql_for, schedulable_sql_tolerating
+from app.capacity.predicates import (
+    leasable_sql_within,
+    own_dedication,
+    schedulable_sql_within,
+    tolerated_reasons,
+)
 from app.capacity.races import (  # noqa: F401  (LOST_RACE_KINDS: re-exported)
     ATOM_BOOKED,
     ATOM_UNHEALTHY,
@@ -267,7 +272,12 @@ def _count(cte: Any) -> Any:
     return sa.select(sa.func.count()).select_from(cte).scalar_subquery()
 
 
-def lock_statement(request: PlacementRequest, with_quota: bool) -> Any:
+_TOLERATED = sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text))  # tolerated_reasons(tenant)
+_OWN = sa.bindparam("own_dedication", type_=sa.Text)  # own_dedication(tenant), NULL for no tenant
+
+
+@cache
+def lock_statement(whole_node: bool, with_labels: bool, with_quota: bool) -> Prepared:
     """The guards 1-4 as one ``SELECT`` (parts left to right, so locks are taken in the lock order)::
 
         SELECT (SELECT count(*) FROM (SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
@@ -283,8 +293,11 @@ def lock_statement(request: PlacementRequest, with_quota: bool) -> Any:
                (SELECT count(*) FROM (<app.quota.service.LOCK_USAGE>) usage) AS usage
                                                       -- with a quota charge only; fewer: a first charge
 
-    Built per request shape (the tenant's dedication is a bound value); SQLAlchemy's compiled cache
-    keeps one compiled form per shape."""
+    Built and compiled once per shape (``whole_node``: a ``binding: node`` lease, guarded by
+    ``leasable_sql_within``, else ``schedulable_sql_within``; ``with_labels``: the request has
+    nodeLabels; ``with_quota``: the commit charges quota) from bind parameters only, the tenant's
+    dedication among them (``tolerated``, ``own_dedication``), and run prepared
+    (:class:`app.db.prepared.Prepared`, issue 15: no per-call construct, cache key or compile)."""
     node = (
         sa.select(nodes.c.id)
         .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
@@ -292,9 +305,7 @@ def lock_statement(request: PlacementRequest, with_quota: bool) -> Any:
             nodes.c.id == _NODE,
             nodes.c.pool_id == _POOL,
             # a whole-node lease ignores NoSchedule reasons but dedications (seed 000, leasableSqlFor)
-            leasable_sql_for(request.tenant_id)
-            if request.binding == "node"
-            else schedulable_sql_tolerating(request.tenant_id),
+            leasable_sql_within(_OWN) if whole_node else schedulable_sql_within(_TOLERATED),
         )
         .with_for_update(read=True, of=nodes)
         .subquery("node")
@@ -316,7 +327,7 @@ def lock_statement(request: PlacementRequest, with_quota: bool) -> Any:
         .subquery("scalars")
     )
     columns: list[Any] = [_count(node).label("node")]
-    if request.node_labels:
+    if with_labels:
         triple = pg.array([node_labels.c.key, node_labels.c.value, node_labels.c.source])
         columns.append(
             sa.select(_raw_array(triple))
@@ -328,7 +339,7 @@ def lock_statement(request: PlacementRequest, with_quota: bool) -> Any:
     columns.append(_count(scalars).label("scalars"))
     if with_quota:
         columns.append(_count(quota.LOCK_USAGE.subquery("usage")).label("usage"))
-    return sa.select(*columns)
+    return Prepared(sa.select(*columns))
 
 
 async def run_lock_statement(
@@ -336,17 +347,23 @@ async def run_lock_statement(
 ) -> Any:
     """Run :func:`lock_statement` for ``candidate`` (``charged``: the quota resources to lock, sorted);
     its one row."""
+    whole_node = request.binding == "node"
     params: dict[str, Any] = {
         "node_id": candidate.node_id,
         "pool_id": request.pool_id,
         "atoms": list(candidate.atoms),
         "scalars": sorted(candidate.resources),
     }
+    if whole_node:
+        params["own_dedication"] = own_dedication(request.tenant_id)
+    else:
+        params["tolerated"] = tolerated_reasons(request.tenant_id)
     if request.node_labels:
         params["label_keys"] = list(request.node_labels)
     if charged:
         params.update(tenant_id=request.tenant_id, resources=charged)
-    return (await conn.execute(lock_statement(request, bool(charged)), params)).one()
+    statement = lock_statement(whole_node, bool(request.node_labels), bool(charged))
+    return (await statement.run(conn, params)).one()
 
 
 def node_lost(locked: Any, request: PlacementRequest, candidate: Candidate) -> LostRace | None:

@@ -1,9 +1,11 @@
 """The schedulability rule as SQL (seed 000, "Eligibility filters"): the twins of
 :mod:`app.placement.schedulable`. Who reads them, by module:
 
-- :func:`schedulable_sql_tolerating`: the guarded commit (:mod:`app.capacity.commit`, step 1, ``FOR
-  SHARE`` of the node) and the shortlist's eligibility column (:mod:`app.capacity.shortlist`);
-- :func:`leasable_sql_for`: the guarded commit of a whole-node lease (:mod:`app.capacity.commit`);
+- :func:`schedulable_sql_tolerating` (its body :func:`schedulable_sql_within`, over a bound array of
+  tolerated reasons): the guarded commit (:mod:`app.capacity.commit`, step 1, ``FOR SHARE`` of the
+  node) and the shortlist's eligibility column (:mod:`app.capacity.shortlist`);
+- :func:`leasable_sql_for` (its body :func:`leasable_sql_within`, over a bound own dedication): the
+  guarded commit of a whole-node lease (:mod:`app.capacity.commit`);
 - :func:`may_be_schedulable_sql`: a node's wake edge (:func:`app.capacity.edges.notify_node`) and the
   ``unschedulable`` atom state of the census gauges (:mod:`app.capacity.census`).
 
@@ -72,11 +74,28 @@ def leasable_sql_for(
     """Leasable whole by ``tenant_id``: the pool is not archived, the node is ``leasable``, and no
     dedication to another tenant (other NoSchedule reasons are ignored by whole-node leases). Twin of
     ``lease_ineligibility(...) is None``."""
+    return leasable_sql_within(sa.literal(own_dedication(tenant_id), sa.Text), node_table, pool_table)
+
+
+def own_dedication(tenant_id: str | None) -> str | None:
+    """The dedication reason of ``tenant_id`` (``tainted dedicated=<tenant>``), None for no tenant."""
+    return DEDICATION_PREFIX + tenant_id if tenant_id is not None else None
+
+
+# ... AND NOT EXISTS (... WHERE left(r.reason, 18) = 'tainted dedicated=' AND r.reason IS DISTINCT FROM <own>)
+def leasable_sql_within(
+    own: ColumnElement[str | None], node_table: sa.Table = nodes, pool_table: sa.Table = pools
+) -> ColumnElement[bool]:
+    """The body of :func:`leasable_sql_for` for a ``text`` expression ``own``, the tenant's own
+    dedication (:func:`own_dedication`; NULL for no tenant: every dedication is then foreign, as
+    ``IS DISTINCT FROM NULL`` holds for every reason). A bind parameter lets a statement built once
+    serve every tenant."""
     reasons = sa.func.unnest(_reasons_of(node_table)).table_valued("reason").render_derived("r")
-    own = DEDICATION_PREFIX + tenant_id if tenant_id is not None else None
-    foreign = sa.select(sa.literal(1)).select_from(reasons).where(_is_dedication(reasons.c.reason))
-    if own is not None:
-        foreign = foreign.where(reasons.c.reason.is_distinct_from(own))
+    foreign = (
+        sa.select(sa.literal(1))
+        .select_from(reasons)
+        .where(_is_dedication(reasons.c.reason), reasons.c.reason.is_distinct_from(own))
+    )
     return sa.and_(pool_table.c.archived_at.is_(None), node_table.c.leasable.is_(True), ~foreign.exists())
 
 

@@ -213,34 +213,47 @@ async def _create(
 # SELECT inserted.created_at, p.id, p.archived_at, p.inventory_version
 #   FROM pools p LEFT JOIN inserted ON true WHERE p.id = :pool FOR SHARE OF p
 #                                                    -- lock order: the own row, then pools (FOR SHARE)
+_POOL_ID = sa.bindparam("pool_id", type_=sa.Text)
+_INSERTED = (
+    pg_insert(reservations)
+    .values(
+        id=sa.bindparam("reservation_id", type_=sa.Text),
+        tenant_id=sa.bindparam("tenant_id", type_=sa.Text),
+        pool_id=_POOL_ID,
+        status=sa.literal_column("'pending'"),
+        spec=sa.bindparam("spec", type_=reservations.c.spec.type),
+        spec_hash=sa.bindparam("spec_hash", type_=sa.Text),
+        idempotency_key=sa.bindparam("idempotency_key", type_=sa.Text),
+    )
+    .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+    .returning(reservations.c.created_at)
+    .cte("inserted")
+)
+INSERT_RESERVATION = Prepared(
+    sa.select(_INSERTED.c.created_at, pools.c.id, pools.c.archived_at, pools.c.inventory_version)
+    .select_from(pools.outerjoin(_INSERTED, sa.true()))
+    .where(pools.c.id == _POOL_ID)
+    .with_for_update(read=True, of=pools)
+)
+"""The statement above, built and compiled once and run prepared (issue 15: no per-call construct)."""
+
+
 async def _insert_reservation(
     conn: AsyncConnection, body: ReservationRequest, reservation_id: str, spec: dict[str, Any], digest: str
 ) -> tuple[datetime | None, PoolHead]:
-    """Insert the ``pending`` row and read the pool head under ``FOR SHARE`` in one round trip: the
-    database's ``now()`` (None for a used key) and the head. NotFound (nothing written) for no pool."""
-    inserted = (
-        pg_insert(reservations)
-        .values(
-            id=reservation_id,
-            tenant_id=body.tenantId,
-            pool_id=body.poolId,
-            status="pending",
-            spec=spec,
-            spec_hash=digest,
-            idempotency_key=body.idempotencyKey,
-        )
-        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-        .returning(reservations.c.created_at)
-        .cte("inserted")
-    )
-    stmt = (
-        sa.select(inserted.c.created_at, pools.c.id, pools.c.archived_at, pools.c.inventory_version)
-        .select_from(pools.outerjoin(inserted, sa.true()))
-        .where(pools.c.id == body.poolId)
-        .with_for_update(read=True, of=pools)
-    )
+    """Insert the ``pending`` row and read the pool head under ``FOR SHARE`` in one round trip
+    (:data:`INSERT_RESERVATION`): the database's ``now()`` (None for a used key) and the head. NotFound
+    (nothing written) for no pool."""
+    params = {
+        "reservation_id": reservation_id,
+        "tenant_id": body.tenantId,
+        "pool_id": body.poolId,
+        "spec": spec,
+        "spec_hash": digest,
+        "idempotency_key": body.idempotencyKey,
+    }
     try:
-        row = (await conn.execute(stmt)).first()
+        row = (await INSERT_RESERVATION.run(conn, params)).first()
     except IntegrityError as exc:  # the pool foreign key: no such pool, and nothing was written
         if sqlstate(exc) == FOREIGN_KEY_VIOLATION:
             raise pool_not_found(body.poolId) from None
@@ -269,18 +282,38 @@ async def _idempotent_answer(conn: AsyncConnection, body: ReservationRequest, di
     return await _view(conn, existing)
 
 
-# UPDATE reservations SET status = 'placed', conditions = :conditions, ends_at = :end, updated_at = now()
-#  WHERE id = :reservation
+_RESERVATION_ID = sa.bindparam("reservation_id", type_=sa.Text)
+_CONDITIONS = sa.bindparam("conditions", type_=reservations.c.conditions.type)
+
+# UPDATE reservations SET status = 'placed', conditions = :conditions, ends_at = :ends_at,
+#   updated_at = now() WHERE id = :reservation_id
+MARK_PLACED = Prepared(
+    sa.update(reservations)
+    .where(reservations.c.id == _RESERVATION_ID)
+    .values(
+        status=sa.literal_column("'placed'"),
+        conditions=_CONDITIONS,
+        ends_at=sa.bindparam("ends_at", type_=TS),
+        updated_at=sa.func.now(),
+    )
+)
+
+# UPDATE reservations SET conditions = :conditions, updated_at = now() WHERE id = :reservation_id
+#   RETURNING *
+STORE_PENDING = Prepared(
+    sa.update(reservations)
+    .where(reservations.c.id == _RESERVATION_ID)
+    .values(conditions=_CONDITIONS, updated_at=sa.func.now())
+    .returning(*reservations.c)
+)
+
+
 async def _mark_placed(
     conn: AsyncConnection, reservation_id: str, end: datetime, conditions: list[dict[str, Any]]
 ) -> None:
     """Mark the reservation ``placed`` with ``conditions`` (a preemptor's, which the commit's own placed
-    mark cannot carry: it is known only once the victims are chosen)."""
-    await conn.execute(
-        sa.update(reservations)
-        .where(reservations.c.id == reservation_id)
-        .values(status="placed", conditions=conditions, ends_at=end, updated_at=sa.func.now())
-    )
+    mark cannot carry: it is known only once the victims are chosen); :data:`MARK_PLACED`, prepared."""
+    await MARK_PLACED.run(conn, {"reservation_id": reservation_id, "conditions": conditions, "ends_at": end})
 
 
 async def _store_pending(conn: AsyncConnection, charge: QuotaCharge, reason: str) -> dict[str, Any]:
@@ -296,14 +329,8 @@ async def _store_pending(conn: AsyncConnection, charge: QuotaCharge, reason: str
         charge.end,
     )
     await quota.refund(conn, charge.reservation_id)
-    row = (
-        await conn.execute(
-            sa.update(reservations)
-            .where(reservations.c.id == charge.reservation_id)
-            .values(conditions=_condition(reason), updated_at=sa.func.now())
-            .returning(*reservations.c)
-        )
-    ).one()
+    params = {"reservation_id": charge.reservation_id, "conditions": _condition(reason)}
+    row = (await STORE_PENDING.run(conn, params)).one()  # prepared
     return _shape(row, [])
 
 

@@ -87,14 +87,21 @@ def node_not_found(node_id: str) -> NotFound:
     return NotFound(f"node {quote_input(node_id)} not found")
 
 
+# built once (bind parameters only): SQLAlchemy memoizes a construct's cache key, so a call costs a
+# compiled-cache lookup, not a new construct and its cache key (issue 15)
+_POOL_BY_ID = sa.select(pools).where(pools.c.id == sa.bindparam("pool_id", type_=sa.Text))
+_LOCK_POOL_FOR_UPDATE = _POOL_BY_ID.with_for_update()
+_LOCK_POOL_FOR_SHARE = _POOL_BY_ID.with_for_update(read=True)
+_LOCK_NODE = sa.select(nodes).where(nodes.c.id == sa.bindparam("node_id", type_=sa.Text)).with_for_update()
+
+
 async def lock_pool(conn: AsyncConnection, pool_id: str, *, for_update: bool = True) -> Any:
     """Lock the pool row and return it (``for_update=False``: ``FOR SHARE``); NotFound if absent.
 
     ``SELECT * FROM pools WHERE id = :pool_id FOR UPDATE`` (or ``FOR SHARE``): second in the lock order,
     after the reservation row."""
-    stmt = sa.select(pools).where(pools.c.id == pool_id)
-    stmt = stmt.with_for_update() if for_update else stmt.with_for_update(read=True)
-    row = (await conn.execute(stmt)).first()
+    stmt = _LOCK_POOL_FOR_UPDATE if for_update else _LOCK_POOL_FOR_SHARE
+    row = (await conn.execute(stmt, {"pool_id": pool_id})).first()
     if row is None:
         raise pool_not_found(pool_id)
     return row
@@ -105,7 +112,7 @@ async def lock_node(conn: AsyncConnection, node_id: str) -> Any:
 
     ``SELECT * FROM nodes WHERE id = :node_id FOR UPDATE``: the caller holds its pool row already when it
     needs one (:func:`lock_node_in_order`)."""
-    row = (await conn.execute(sa.select(nodes).where(nodes.c.id == node_id).with_for_update())).first()
+    row = (await conn.execute(_LOCK_NODE, {"node_id": node_id})).first()
     if row is None:
         raise node_not_found(node_id)
     return row

@@ -383,9 +383,18 @@ def hold_params(
     }
 
 
+# DELETE FROM quota_holdings WHERE reservation_id = :reservation_id
+REFUND = Prepared(
+    sa.delete(quota_holdings).where(
+        quota_holdings.c.reservation_id == sa.bindparam("reservation_id", type_=sa.Text)
+    )
+)
+
+
 async def refund(conn: AsyncConnection, reservation_id: str) -> None:
-    """Drop everything the reservation holds (it was charged and then could not be placed)."""
-    await conn.execute(sa.delete(quota_holdings).where(quota_holdings.c.reservation_id == reservation_id))
+    """Drop everything the reservation holds (it was charged and then could not be placed):
+    :data:`REFUND`, prepared."""
+    await REFUND.run(conn, {"reservation_id": reservation_id})
 
 
 async def cut_holdings(conn: AsyncConnection, reservation_id: str, at: datetime) -> None:
