@@ -68,6 +68,7 @@ from app.capacity.snapshot import PoolCache
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
+from app.db.tx import run_again_on_deadlock
 from app.errors import IdempotencyKeyReused
 from app.iam.authorize import Principal, authorize_owned
 from app.ids import new_id
@@ -100,6 +101,7 @@ def queues(config: CapacityConfig, body: ReservationRequest) -> bool:
     return config.placer == POOL_LEASE and body.gang is None and body.binding != "node"
 
 
+@run_again_on_deadlock
 async def create(
     engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
 ) -> tuple[dict[str, Any], bool]:

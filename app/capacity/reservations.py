@@ -53,7 +53,7 @@ from app.capacity.snapshot import PoolCache, PoolHead
 from app.db.locks import lock_pool, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import TS, allocations, pools, reservations
-from app.db.tx import reads
+from app.db.tx import reads, run_again_on_deadlock
 from app.errors import IdempotencyKeyReused, InvalidInput
 from app.iam.authorize import exists_for
 from app.ids import new_id
@@ -139,6 +139,7 @@ def _condition(reason: str) -> list[dict[str, Any]]:
     return [unschedulable_condition(NO_FIT, reason)]
 
 
+@run_again_on_deadlock
 async def create_reservation(
     engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
 ) -> tuple[dict[str, Any], bool]:
@@ -506,6 +507,7 @@ async def list_reservations(
     return {"items": items, "next": (items[-1]["createdAt"], items[-1]["id"]) if more else None}
 
 
+@run_again_on_deadlock
 async def release_reservation(
     engine: AsyncEngine, reservation_id: str, tenant_id: str | None, now: datetime | None = None
 ) -> dict[str, Any]:

@@ -40,20 +40,33 @@ def sqlstate(exc: DBAPIError) -> str | None:
     return getattr(orig, "sqlstate", None) or getattr(getattr(orig, "__cause__", None), "sqlstate", None)
 
 
+def run_again_on_deadlock(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """``fn`` (which opens its own transaction and keeps nothing outside it) run again when PostgreSQL
+    picked its transaction as a deadlock's victim (40P01: all of it was rolled back), up to
+    :data:`DEADLOCK_ATTEMPTS` times; the last attempt's error is raised. For the service entry points
+    that open their transaction themselves (a reservation's create and release)."""
+
+    @functools.wraps(fn)
+    async def again(*args: P.args, **kwargs: P.kwargs) -> T:
+        for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
+            try:
+                return await fn(*args, **kwargs)
+            except DBAPIError as exc:
+                if sqlstate(exc) != DEADLOCK or attempt == DEADLOCK_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    return again
+
+
+@run_again_on_deadlock
 async def in_transaction(
     engine: AsyncEngine, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any
 ) -> T:
     """``fn(conn, *args, **kwargs)`` inside ``BEGIN ... COMMIT`` (rolled back when it raises); run again
-    when the transaction was a deadlock's victim, up to :data:`DEADLOCK_ATTEMPTS` times (the last
-    attempt's error is raised)."""
-    for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
-        try:
-            async with engine.begin() as conn:
-                return await fn(conn, *args, **kwargs)
-        except DBAPIError as exc:
-            if sqlstate(exc) != DEADLOCK or attempt == DEADLOCK_ATTEMPTS:
-                raise
-    raise AssertionError("unreachable")
+    when the transaction was a deadlock's victim (:func:`run_again_on_deadlock`)."""
+    async with engine.begin() as conn:
+        return await fn(conn, *args, **kwargs)
 
 
 async def read_only(engine: AsyncEngine, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
