@@ -72,7 +72,11 @@ async def create_batch(
     """Create every ``ReservationRequest`` of ``items`` (an :class:`ItemResult` is an item the route
     already refused: kept as it is); the answers in the items' order."""
     out: dict[int, ItemResult] = {i: it for i, it in enumerate(items) if isinstance(it, ItemResult)}
-    plain = {i: it for i, it in enumerate(items) if isinstance(it, ReservationRequest) and not _inline(it)}
+    plain = {
+        i: it
+        for i, it in enumerate(items)
+        if isinstance(it, ReservationRequest) and not must_place_inline(it)
+    }
     if plain:
         out.update(await _batch_transaction(engine, cache, config, plain))
     for i, it in enumerate(items):
@@ -108,11 +112,6 @@ async def _batch_transaction(
             for pool_id, token in tokens:
                 cache.forget(pool_id, token)
     raise AssertionError("unreachable")
-
-
-def _inline(body: ReservationRequest) -> bool:
-    """Gangs and whole-node leases place inline (seed 000)."""
-    return body.gang is not None or body.binding == "node"
 
 
 async def _batch(

@@ -32,6 +32,7 @@ from app.capacity.snapshot import PoolCache, PoolHead
 from app.db.tables import reservations
 from app.placement.model import Candidate, PlacementRequest
 from app.placement.options import SchedulerOptions
+from app.placement.request import ReservationRequest
 
 INLINE = "inline"
 POOL_LEASE = "pool-lease"
@@ -180,11 +181,13 @@ def placer(placer_id: str) -> Placer:
     return PLACERS[placer_id]
 
 
-def must_place_inline(request: PlacementRequest) -> bool:
-    """Gangs and whole-node leases always place inline (seed 000): they need an answer at once."""
+def must_place_inline(request: PlacementRequest | ReservationRequest) -> bool:
+    """Gangs and whole-node leases always place inline (seed 000): they need an answer at once. The one
+    rule, for a placement request or the create body it comes from (both carry ``gang`` and
+    ``binding``)."""
     return request.gang is not None or request.binding == "node"
 
 
-def placer_for_request(configured: str, request: PlacementRequest) -> Placer:
+def placer_for_request(configured: str, request: PlacementRequest | ReservationRequest) -> Placer:
     """The placer of a create: the configured one, except inline for the requests that must be."""
     return placer(INLINE if must_place_inline(request) else configured)

@@ -49,7 +49,7 @@ from app.capacity.batch import BatchEntry, batch_options, place_batch
 from app.capacity.intake import Decision, decided_params, decided_update
 from app.capacity.listener import ListeningController
 from app.capacity.placer import Pending, Placed
-from app.capacity.placers import DECIDED_CHANNEL, POOL_LEASE, QUEUE_CHANNEL, queue_edge
+from app.capacity.placers import DECIDED_CHANNEL, POOL_LEASE, QUEUE_CHANNEL, placer_for_request, queue_edge
 from app.capacity.reservations import (
     CapacityConfig,
     _committed_view,
@@ -97,8 +97,9 @@ QUOTA_EXCEEDED_REASON = "QuotaExceeded"  # as the wake-edge controller's
 
 
 def queues(config: CapacityConfig, body: ReservationRequest) -> bool:
-    """Does this create go to the queue? Pool-lease configured, and not a gang or whole-node lease."""
-    return config.placer == POOL_LEASE and body.gang is None and body.binding != "node"
+    """Does this create go to the queue? The placer the registry picks for it is the pool-lease one
+    (configured, and not a gang or whole-node lease: :func:`~app.capacity.placers.placer_for_request`)."""
+    return placer_for_request(config.placer, body).id == POOL_LEASE
 
 
 @run_again_on_deadlock
