@@ -150,6 +150,23 @@ def test_reserve_and_preview_exit_codes_placed_pending_and_no_fit(server: Server
     assert code == 0 and f"{placed['id']} released" in out
 
 
+def test_reserve_with_the_pool_lease_placer_answers_the_decision(
+    database_url: str, fresh_tables: None, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With ``BC_CAPACITY_PLACER=pool-lease`` the create answers 202 ``queued``; ``reserve`` waits for
+    the batch worker's decision (the long-poll) and exits 0 when placed, 3 when pending (found by a
+    fresh-user run: it printed ``queued`` and exited 3 for work placed milliseconds later)."""
+    lease = {"BC_CAPACITY_PLACER": "pool-lease"}
+    with running_server(database_url, tmp_path_factory.mktemp("cli-lease"), extra_env=lease) as server:
+        pool = make_pool(server, {"q1": 2})
+        common = ["--tenant", f"t-{secrets.token_hex(3)}", "--pool", pool.id, "-o", "json"]
+        code, out, err = finished(cli_process(server.url, "reserve", *common, "--gpus", "2"))
+        assert code == 0, err
+        assert json.loads(out)["status"] == "placed" and len(json.loads(out)["allocations"][0]["atoms"]) == 2
+        code, out, _ = finished(cli_process(server.url, "reserve", *common, "--gpus", "1"))
+        assert code == 3 and json.loads(out)["status"] == "pending"
+
+
 def test_spot_work_and_the_preview_that_would_preempt_it(server: Server) -> None:
     pool = make_pool(server, {"s1": 4})
     (name, _node_id), tenant = next(iter(pool.nodes.items())), f"t-{secrets.token_hex(3)}"

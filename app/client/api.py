@@ -157,10 +157,20 @@ class ServiceClient:
         scores}], reason?}``."""
         return self.request("POST", "/v1/capacity/preview", body=body)[1]
 
-    def reserve(self, body: dict[str, Any]) -> dict[str, Any]:
+    def reserve(self, body: dict[str, Any], wait_seconds: int = 30) -> dict[str, Any]:
         """``POST /v1/reservations``: the reservation (placed, pending or queued; an idempotent retry
-        answers the same one)."""
-        return self.request("POST", "/v1/reservations", body=body)[1]
+        answers the same one). A ``queued`` one (the pool-lease placer) is waited for with
+        ``GET /v1/reservations/{id}?waitSeconds=<wait_seconds>`` (0..30; 0: not waited for), so the
+        answer is the batch worker's decision; it stays ``queued`` when the key may not read it or
+        the wait ran out."""
+        reservation = self.request("POST", "/v1/reservations", body=body)[1]
+        if reservation.get("status") == "queued" and wait_seconds > 0:
+            params = {"waitSeconds": min(wait_seconds, 30)}
+            path = f"/v1/reservations/{reservation['id']}"
+            decided = _readable(lambda: self.get(path, params))
+            if decided is not None:
+                return decided
+        return reservation
 
     def release(self, reservation_id: str) -> dict[str, Any]:
         """``POST /v1/reservations/{id}/release``: the released reservation."""
