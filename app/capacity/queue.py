@@ -55,9 +55,9 @@ from app.capacity.reservations import (
     _committed_view,
     _condition,
     _shape,
-    _view,
     check_start,
     create_reservation,
+    idempotent_answer,
     placement_request,
     quota_amounts,
     read_view,
@@ -69,7 +69,6 @@ from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
 from app.db.tx import run_again_on_deadlock
-from app.errors import IdempotencyKeyReused
 from app.iam.authorize import Principal, authorize_owned
 from app.ids import new_id
 from app.observability.metrics import (
@@ -170,22 +169,7 @@ async def _not_enqueued(conn: AsyncConnection, body: ReservationRequest, digest:
     # SELECT id FROM pools WHERE id = :pool
     if (await conn.execute(sa.select(pools.c.id).where(pools.c.id == body.poolId))).first() is None:
         raise pool_not_found(body.poolId)
-    # SELECT * FROM reservations WHERE tenant_id = :tenant AND idempotency_key = :key
-    existing = (
-        await conn.execute(
-            sa.select(reservations).where(
-                reservations.c.tenant_id == body.tenantId,
-                reservations.c.idempotency_key == body.idempotencyKey,
-            )
-        )
-    ).first()
-    assert existing is not None  # ON CONFLICT waited for the writer of the key, which committed
-    if existing.spec_hash != digest:
-        raise IdempotencyKeyReused(
-            f"idempotency key {body.idempotencyKey} was used with another body",
-            {"idempotencyKey": body.idempotencyKey, "reservationId": existing.id},
-        )
-    return await _view(conn, existing)
+    return await idempotent_answer(conn, body, digest)
 
 
 # ------------------------------------------------------------------------------------ one batch

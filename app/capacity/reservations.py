@@ -172,7 +172,7 @@ async def _create(
         reservation_id = new_id("res")
         created_at, head = await _insert_reservation(conn, body, reservation_id, spec, digest)
         if created_at is None:
-            return await _idempotent_answer(conn, body, digest), False
+            return await idempotent_answer(conn, body, digest), False
         check_start(body, created_at, config.max_lead)  # raising rolls the row back: nothing is written
         request = placement_request(config, body, created_at)
         assert request.start is not None and request.end is not None
@@ -264,8 +264,10 @@ async def _insert_reservation(
     return row.created_at, PoolHead(row.id, row.archived_at is not None, row.inventory_version)
 
 
-async def _idempotent_answer(conn: AsyncConnection, body: ReservationRequest, digest: str) -> dict[str, Any]:
-    """The reservation an earlier create with this key made (same body), or 409 IDEMPOTENCY_KEY_REUSED."""
+async def idempotent_answer(conn: AsyncConnection, body: ReservationRequest, digest: str) -> dict[str, Any]:
+    """The reservation an earlier create with this key made (same body), or 409 IDEMPOTENCY_KEY_REUSED
+    (``SELECT * FROM reservations WHERE tenant_id = :tenant AND idempotency_key = :key``; the key's
+    writer has committed: the create's ``ON CONFLICT`` waited for it)."""
     existing = (
         await conn.execute(
             sa.select(reservations).where(
