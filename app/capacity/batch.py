@@ -93,6 +93,7 @@ from app.db.tables import (
     quota_usage,
     scalar_holdings,
 )
+from app.db.unnest import bound_rows
 from app.db.windows import hold_if, holding_params, room_for
 from app.errors import QuotaExceeded
 from app.ids import new_id
@@ -155,16 +156,11 @@ def lock_nodes_statement(skip_locked: bool) -> Prepared:
 
 
 TOLERATED_SEPARATOR = "\n"  # joins a tenant's tolerated reasons in one text (no reason holds a newline)
-_TENANT_NODES = (
-    sa.func.unnest(
-        _NODES,
-        sa.bindparam("tenant_ids", type_=pg.ARRAY(sa.Text)),
-        sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text)),
-    )
-    .table_valued(
-        sa.column("node_id", sa.Text), sa.column("tenant_id", sa.Text), sa.column("tolerated", sa.Text)
-    )
-    .render_derived(name="w")
+_TENANT_NODES = bound_rows(
+    "w",
+    ("node_id", _NODES, sa.Text),
+    ("tenant_id", "tenant_ids", sa.Text),
+    ("tolerated", "tolerated", sa.Text),
 )
 
 
@@ -215,15 +211,12 @@ _ROWS = {
     name: sa.bindparam(name, type_=pg.ARRAY(t))
     for name, t in (("ids", sa.Text), ("node_ids", sa.Text), ("starts", TS), ("ends", TS))
 }
-_BOOKING_ROWS = (
-    sa.func.unnest(_ATOM_IDS, _ROWS["ids"], _ROWS["starts"], _ROWS["ends"])
-    .table_valued(
-        sa.column("device_id", sa.Text),
-        sa.column("allocation_id", sa.Text),
-        sa.column("starts_at", TS),
-        sa.column("ends_at", TS),
-    )
-    .render_derived(name="w")
+_BOOKING_ROWS = bound_rows(
+    "w",
+    ("device_id", _ATOM_IDS, sa.Text),
+    ("allocation_id", _ROWS["ids"], sa.Text),
+    ("starts_at", _ROWS["starts"], TS),
+    ("ends_at", _ROWS["ends"], TS),
 )
 # INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
 #   SELECT d.pk, d.id, :pool_id, w.allocation_id, tstzrange(w.starts_at, w.ends_at, '[)')
@@ -247,11 +240,7 @@ INSERT_BOOKINGS = Prepared(
 )
 
 
-_SCALAR_KEYS = (
-    sa.func.unnest(_ROWS["node_ids"], sa.bindparam("resources", type_=pg.ARRAY(sa.Text)))
-    .table_valued(sa.column("node_id", sa.Text), sa.column("resource", sa.Text))
-    .render_derived(name="k")
-)
+_SCALAR_KEYS = bound_rows("k", ("node_id", _ROWS["node_ids"], sa.Text), ("resource", "resources", sa.Text))
 
 
 @cache
@@ -270,26 +259,15 @@ def lock_scalars_statement(skip_locked: bool) -> Prepared:
     )
 
 
-_HOLDS = (
-    sa.func.unnest(
-        _ROWS["ids"],
-        sa.bindparam("resources", type_=pg.ARRAY(sa.Text)),
-        _ROWS["node_ids"],
-        sa.bindparam("amounts", type_=pg.ARRAY(sa.Numeric)),
-        _ROWS["starts"],
-        _ROWS["ends"],
-        sa.bindparam("totals", type_=pg.ARRAY(sa.Numeric)),
-    )
-    .table_valued(
-        sa.column("allocation_id", sa.Text),
-        sa.column("resource", sa.Text),
-        sa.column("node_id", sa.Text),
-        sa.column("amount", sa.Numeric),
-        sa.column("starts_at", TS),
-        sa.column("ends_at", TS),
-        sa.column("total", sa.Numeric),
-    )
-    .render_derived(name="w")
+_HOLDS = bound_rows(
+    "w",
+    ("allocation_id", _ROWS["ids"], sa.Text),
+    ("resource", "resources", sa.Text),
+    ("node_id", _ROWS["node_ids"], sa.Text),
+    ("amount", "amounts", sa.Numeric),
+    ("starts_at", _ROWS["starts"], TS),
+    ("ends_at", _ROWS["ends"], TS),
+    ("total", "totals", sa.Numeric),
 )
 # The holds of many allocations in one statement, one group per (node, resource) whose holds share one
 # window, each row guarded with its group's total (the statement does not see its own rows):
@@ -542,14 +520,7 @@ class _Usage:
     locked: set[tuple[str, str, str]] = field(default_factory=set)
 
 
-_USAGE_KEYS = (
-    sa.func.unnest(
-        sa.bindparam("tenant_ids", type_=pg.ARRAY(sa.Text)),
-        sa.bindparam("resources", type_=pg.ARRAY(sa.Text)),
-    )
-    .table_valued(sa.column("tenant_id", sa.Text), sa.column("resource", sa.Text))
-    .render_derived(name="k")
-)
+_USAGE_KEYS = bound_rows("k", ("tenant_id", "tenant_ids", sa.Text), ("resource", "resources", sa.Text))
 # SELECT tenant_id, resource FROM quota_usage
 #  WHERE pool_id = :pool_id AND (tenant_id, resource) IN (SELECT * FROM unnest(:tenant_ids, :resources))
 #  ORDER BY tenant_id COLLATE "C", resource COLLATE "C" FOR UPDATE  -- Python's sorted order, as one by one

@@ -11,13 +11,14 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.reservations import spec_hash
 from app.db.prepared import Prepared
 from app.db.tables import TS, pools, reservations
+from app.db.unnest import bound_rows
 from app.errors import AppError, IdempotencyKeyReused, NotFound, quote_input
 from app.ids import new_id
 from app.placement.request import ReservationRequest
@@ -131,15 +132,12 @@ def decided_update() -> sa.Update:
     #        updated_at = now()
     #   FROM unnest(:ids, :statuses, :conditions, :ends_at) AS d (id, status, conditions, ends_at)
     #  WHERE reservations.id = d.id
-    decided = (
-        sa.func.unnest(
-            sa.bindparam("ids", type_=ARRAY(sa.Text)),
-            sa.bindparam("statuses", type_=ARRAY(sa.Text)),
-            sa.bindparam("conditions", type_=ARRAY(sa.Text)),  # JSON texts: cast in the SET
-            sa.bindparam("ends_at", type_=ARRAY(TS)),
-        )
-        .table_valued("id", "status", "conditions", "ends_at")
-        .render_derived(name="decided")
+    decided = bound_rows(
+        "decided",
+        ("id", "ids", sa.Text),
+        ("status", "statuses", sa.Text),
+        ("conditions", "conditions", sa.Text),  # JSON texts: cast in the SET
+        ("ends_at", "ends_at", TS),
     )
     return (
         sa.update(reservations)

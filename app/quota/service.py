@@ -31,7 +31,7 @@ from app.db.locks import pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import TS, pools, quota_holdings, quota_limits, quota_usage
 from app.db.tx import reads, transaction
-from app.db.unnest import wanted_amounts
+from app.db.unnest import bound_rows, wanted_amounts
 from app.db.windows import cut, held_at, peak_instant, room_for
 from app.errors import QuotaExceeded
 from app.jsonnum import num
@@ -282,31 +282,15 @@ HOLD_QUOTA = (
 )
 
 
-_CHARGES = (
-    sa.func.unnest(
-        *(
-            sa.bindparam(name, type_=pg.ARRAY(t))
-            for name, t in (
-                ("reservation_ids", sa.Text),
-                ("tenant_ids", sa.Text),
-                ("resources", sa.Text),
-                ("amounts", sa.Numeric),
-                ("starts", TS),
-                ("ends", TS),
-                ("totals", sa.Numeric),
-            )
-        )
-    )
-    .table_valued(
-        sa.column("reservation_id", sa.Text),
-        sa.column("tenant_id", sa.Text),
-        sa.column("resource", sa.Text),
-        sa.column("amount", sa.Numeric),
-        sa.column("starts_at", TS),
-        sa.column("ends_at", TS),
-        sa.column("total", sa.Numeric),
-    )
-    .render_derived(name="w")
+_CHARGES = bound_rows(
+    "w",
+    ("reservation_id", "reservation_ids", sa.Text),
+    ("tenant_id", "tenant_ids", sa.Text),
+    ("resource", "resources", sa.Text),
+    ("amount", "amounts", sa.Numeric),
+    ("starts_at", "starts", TS),
+    ("ends_at", "ends", TS),
+    ("total", "totals", sa.Numeric),
 )
 _ROW_LIMIT = (
     sa.select(quota_limits.c.limit)
