@@ -68,7 +68,6 @@ from app.capacity.snapshot import PoolCache
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
-from app.db.tx import run_again_on_deadlock
 from app.iam.authorize import Principal, authorize_owned
 from app.ids import new_id
 from app.observability.metrics import (
@@ -101,7 +100,6 @@ def queues(config: CapacityConfig, body: ReservationRequest) -> bool:
     return placer_for_request(config.placer, body).id == POOL_LEASE
 
 
-@run_again_on_deadlock
 async def create(
     engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
 ) -> tuple[dict[str, Any], bool]:
