@@ -5,7 +5,17 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from app.jsonnum import JsonDecimal
 
 LABEL_KEY = r"^[A-Za-z][A-Za-z0-9._/-]*$"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -14,6 +24,12 @@ NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 # labels (operator and system together) and 64 taints.
 MAX_LABEL_PREFIX, MAX_LABEL_NAME, MAX_LABEL_VALUE = 253, 63, 63
 MAX_LABELS, MAX_TAINTS = 256, 64
+# LABEL_KEY and both sizes in one pattern, for the OpenAPI document: ``[prefix/]name`` where the prefix
+# (up to the last '/') holds at most 253 characters and the name at most 63
+SIZED_LABEL_KEY = (
+    rf"^(?=[A-Za-z][A-Za-z0-9._/-]*$)(?:[A-Za-z0-9._/-]{{0,{MAX_LABEL_PREFIX}}}/)?"
+    rf"[A-Za-z0-9._-]{{0,{MAX_LABEL_NAME}}}$"
+)
 
 
 def _label_key_sizes(key: str) -> str:
@@ -31,10 +47,13 @@ LabelKey = Annotated[
     str,
     Field(pattern=LABEL_KEY, max_length=MAX_LABEL_PREFIX + 1 + MAX_LABEL_NAME),
     AfterValidator(_label_key_sizes),
+    WithJsonSchema(
+        {"type": "string", "pattern": SIZED_LABEL_KEY, "maxLength": MAX_LABEL_PREFIX + 1 + MAX_LABEL_NAME}
+    ),
 ]
 LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE)]
 Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)]
-Amount = Annotated[Decimal, Field(ge=0, max_digits=24, decimal_places=6, allow_inf_nan=False)]
+Amount = Annotated[Decimal, JsonDecimal(ge=0, max_digits=24, decimal_places=6)]
 
 
 class PoolCreate(BaseModel):
@@ -59,9 +78,7 @@ class ResourceBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     allocatable: Amount
-    ratio: Annotated[Decimal, Field(gt=0, le=1000, max_digits=12, decimal_places=6, allow_inf_nan=False)] = (
-        Decimal(1)
-    )
+    ratio: Annotated[Decimal, JsonDecimal(gt=0, le=1000, max_digits=12, decimal_places=6)] = Decimal(1)
 
 
 class DeviceBody(BaseModel):
