@@ -28,18 +28,39 @@ from app.inventory.liveness_task import HEARTBEAT_LIVENESS, sweep_once
 from app.observability.logs import configure_logging
 from app.observability.middleware import AccessLogMiddleware
 from app.placement.options import SchedulerOptions
-from app.placement.plugins import load_plugins
-from app.settings import Settings, get_settings
+from app.placement.plugins import SchedulerPlugin, load_plugins
+from app.placement.scorers import SCORER_NAMES
+from app.settings import Settings, SettingsError, get_settings
 
 API_VERSION = "0.1.0"
 
 
+def scheduler_plugins(settings: Settings) -> tuple[SchedulerPlugin, ...]:
+    """The plugins of ``BC_SCHEDULER_PLUGINS``, imported, and ``BC_SCHEDULER_WEIGHTS`` checked against
+    the scorers they and the built-ins declare. Raises :class:`~app.settings.SettingsError` (one line)
+    for a path that does not import a plugin or a weight of no scorer (docs/operating.md, "Settings")."""
+    try:
+        plugins = load_plugins(settings.scheduler_plugins)
+    except ValueError as exc:
+        raise SettingsError("BC_SCHEDULER_PLUGINS", str(exc)) from None
+    known = [*SCORER_NAMES, *(scorer.id for plugin in plugins for scorer in plugin.scorers)]
+    unknown = sorted(set(settings.scheduler_weights) - set(known))
+    if unknown:
+        raise SettingsError(
+            "BC_SCHEDULER_WEIGHTS",
+            f"no scorer is named {', '.join(repr(name) for name in unknown)}",
+            f"weights >= 0 of the scorers {', '.join(known)}",
+        )
+    return plugins
+
+
 def capacity_config(settings: Settings) -> CapacityConfig:
-    """Scheduler options and max attempts from settings (plugins loaded by import path)."""
+    """Scheduler options and max attempts from settings (plugins loaded by import path). Raises
+    :class:`~app.settings.SettingsError` for a bad plugin path or a weight of no scorer."""
     options = SchedulerOptions(
         weights=dict(settings.scheduler_weights),
         top_n=settings.scheduler_top_n,
-        plugins=tuple(load_plugins(settings.scheduler_plugins)),
+        plugins=scheduler_plugins(settings),
     )
     return CapacityConfig(
         options=options,
