@@ -133,7 +133,7 @@ class Settings(BaseSettings):
         if value is None:
             return None
         parts = urlsplit(value)
-        if parts.scheme.split("+")[0] not in ("postgresql", "postgres") or not parts.hostname:
+        if parts.scheme.split("+")[0] not in ("postgresql", "postgres"):  # no host: a Unix socket
             raise ValueError("not a PostgreSQL URL")
         parts.port  # noqa: B018 - ValueError for a port that is not a number in 0..65535
         return value

@@ -167,7 +167,9 @@ def where(url: str) -> str:
     """``url`` without its user and password: ``postgresql://host:port/database`` (for messages)."""
     u = make_url(url)
     port = f":{u.port}" if u.port else ""
-    return f"postgresql://{u.host or 'localhost'}{port}/{u.database or ''}"
+    socket_dir = u.query.get("host")  # postgresql://user@/db?host=/run/postgresql: a Unix socket
+    host = u.host or (f"[{socket_dir}]" if isinstance(socket_dir, str) else "localhost")
+    return f"postgresql://{host}{port}/{u.database or ''}"
 
 
 def probe_database(url: str, timeout: float = 10.0) -> str | None:
