@@ -44,7 +44,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.capacity import preemption
 from app.capacity.access import reservation_not_found, visible
 from app.capacity.commit import CommitExtras, Committed, MarkPlaced, QuotaCharge, sqlstate
-from app.capacity.conditions import NO_FIT, ended_condition, unschedulable_condition, window_passed_condition
+from app.capacity.conditions import (
+    NO_FIT,
+    ended_condition,
+    released_condition,
+    unschedulable_condition,
+    window_passed_condition,
+)
 from app.capacity.cuts import cut_allocations
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Pending, Placed, db_now, place_inline
@@ -535,7 +541,12 @@ async def release_reservation(
         await conn.execute(
             sa.update(reservations)
             .where(reservations.c.id == reservation_id)
-            .values(status="released", released_at=at, updated_at=sa.func.now())
+            .values(
+                status="released",
+                released_at=at,
+                updated_at=sa.func.now(),
+                conditions=[*row.conditions, released_condition(at, row.status)],
+            )
         )
         row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).one()
         return await _view(conn, row)
