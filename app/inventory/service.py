@@ -604,28 +604,36 @@ async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody
 async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]) -> dict[str, Any]:
     """Replace the node's operator labels; system labels stay. Bumps the pool's inventory version.
 
-    A ``bc.dev/`` key is refused with InvalidInput (422, path ``labels.<key>``): only Hello writes those."""
+    Refused with InvalidInput (422, path ``labels.<key>``, nothing changed): a ``bc.dev/`` key (only
+    Hello writes those), and a key the node already carries as a system label (written by its import or
+    its agent's Hello, such as ``gpu.count``), which an operator label cannot replace (docs/api.md)."""
     refuse_system_keys(labels)
     pool_id = await node_pool_id(conn, node_id)
     await bump_inventory_version(conn, pool_id)  # locks the pool row first (lock order)
     await lock_node(conn, node_id)
-    await conn.execute(
-        sa.delete(node_labels).where(node_labels.c.node_id == node_id, node_labels.c.source == "operator")
-    )
     system = set(
         (
             await conn.execute(
                 sa.select(node_labels.c.key).where(
-                    node_labels.c.node_id == node_id, node_labels.c.source == "system"
+                    node_labels.c.node_id == node_id, node_labels.c.source == SYSTEM_SOURCE
                 )
             )
         ).scalars()
     )
-    rows = [
-        {"node_id": node_id, "key": k, "value": v, "source": "operator"}
-        for k, v in labels.items()
-        if k not in system
-    ]
+    taken = next((key for key in labels if key in system), None)
+    if taken is not None:  # raising rolls the transaction back: the version bump above is undone too
+        raise InvalidInput(
+            f"label {taken} is a system label of node {node_id} (from its import or its agent's Hello): "
+            "an operator label cannot replace it",
+            path=f"labels.{taken}",
+            details={"key": taken},
+        )
+    await conn.execute(
+        sa.delete(node_labels).where(
+            node_labels.c.node_id == node_id, node_labels.c.source == OPERATOR_SOURCE
+        )
+    )
+    rows = [{"node_id": node_id, "key": k, "value": v, "source": OPERATOR_SOURCE} for k, v in labels.items()]
     check_label_count(len(rows) + len(system), len(system))
     if rows:
         await conn.execute(sa.insert(node_labels), rows)
