@@ -70,6 +70,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 GUARDED_PREFIX = "/v1/"
+METRICS_PATH = "/metrics"
 IMPORT_PATH = re.compile(r"^/v1/pools/[^/]+/nodes/import/?$")
 PLACEMENT_PREFIX = "/v1/placement/"
 # a JSON string, unrolled so a multi-megabyte string is one linear scan: "[^"\\]*(?:\\.[^"\\]*)*"
@@ -211,7 +212,7 @@ class RequestGuard:
         self.recent = RecentKeys()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(GUARDED_PREFIX):
+        if scope["type"] != "http" or not self._guarded(scope["path"]):
             await self.app(scope, receive, send)
             return
         try:
@@ -236,6 +237,10 @@ class RequestGuard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    def _guarded(self, path: str) -> bool:
+        """Every ``/v1/`` path, and ``/metrics`` when ``BC_METRICS_REQUIRE_KEY`` is on (docs/metrics.md)."""
+        return path.startswith(GUARDED_PREFIX) or (self.settings.metrics_require_key and path == METRICS_PATH)
 
     async def _authenticate(self, scope: Scope) -> None:
         client = scope.get("client")
