@@ -17,7 +17,7 @@ notation: ``100/second``, ``5/minute``); serving ``BC_LIMIT_CONCURRENCY`` and ``
 ``BC_LIFECYCLE_SWEEP`` (seconds between two full sweeps of the pending reservations, the safety net of
 the wake edges; docs/lifecycle.md),
 ``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection), ``BC_METRICS_REQUIRE_KEY`` (``/metrics``
-asks for an API key with ``compute:metrics:read``; docs/metrics.md).
+asks for an API key with ``compute:capacity:read`` on ``*``; docs/metrics.md).
 
 Every setting is checked when it is read: :func:`load_settings` raises :class:`SettingsError`, one line
 naming the environment variable and what it accepts, and ``better-compute serve`` prints that line and
@@ -166,7 +166,7 @@ class Settings(BaseSettings):
     node_liveness_sweep_seconds: float = Field(default=5.0, gt=0, le=3600)
     # set by `serve --demo`: the service heartbeats the demo pool's nodes in process
     demo_agents: bool = False
-    # /metrics asks for an API key holding compute:metrics:read (off: open, as before; docs/metrics.md)
+    # /metrics asks for an API key holding compute:capacity:read on * (off: open, as before; docs/metrics.md)
     metrics_require_key: bool = False
 
 
