@@ -16,7 +16,8 @@ commit's, :mod:`app.db.locks`):
    attempts wrote is read back in this transaction. A queue worker's first attempt also plans on the
    pool's warm reads from its previous batch (``WarmSlot``, :class:`~app.capacity.shortlist.WarmReads`);
 3. **lock the pool row** ``FOR SHARE`` right before the first commit (:class:`~app.db.locks.PoolShare`,
-   seed 000: the critical section is the commit alone, so inventory changes never wait for the plans):
+   docs/placement-rules.md, "The pipeline": the critical section is the commit alone, so inventory
+   changes never wait for the plans):
    a pool archived since the read leaves every undecided entry pending with ``the pool is archived``
    and nothing written, exactly as one archived before;
    **commit** the plans with guarded multi-row statements (:func:`_commit_plans`), compiled once: one

@@ -6,9 +6,10 @@ CONFLICT (tenant_id, idempotency_key) DO NOTHING``, in the statement that reads 
 read: the row's foreign key holds the pool row only ``FOR KEY SHARE``, which no inventory change waits
 for): concurrent creates with one key queue on that index entry, and the losers read the winner's row
 (same body -> the same reservation; another body -> 409 IDEMPOTENCY_KEY_REUSED). Then the inline placer
-plans on plain reads, locks the pool row ``FOR SHARE`` right before its first commit (seed 000: the
-critical section is the commit alone; :class:`~app.db.locks.PoolShare`, shared with preemption, so a
-pool archived meanwhile answers ``the pool is archived`` as one archived before the create does) and
+plans on plain reads, locks the pool row ``FOR SHARE`` right before its first commit
+(docs/placement-rules.md, "The pipeline": the critical section is the commit alone;
+:class:`~app.db.locks.PoolShare`, shared with preemption, so a pool archived meanwhile answers ``the
+pool is archived`` as one archived before the create does) and
 commits the plan with the guarded statements, which also charge quota (409
 QUOTA_EXCEEDED rolls everything back) and mark the row placed: the tenant's quota row is locked last,
 by the commit's lock statement, and held to COMMIT only, not over the plan. A request that cannot be

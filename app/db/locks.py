@@ -141,7 +141,8 @@ async def lock_node_in_order(conn: AsyncConnection, node_id: str) -> Any:
 
 class PoolShare:
     """The pool row's ``FOR SHARE`` of one placing transaction, taken right before its first guarded
-    commit (seed 000, "The pipeline": the critical section is the commit alone) and held to its end.
+    commit (docs/placement-rules.md, "The pipeline": the critical section is the commit alone) and held
+    to its end.
 
     :meth:`take` locks once (``SELECT * FROM pools WHERE id = :pool_id FOR SHARE``, :func:`lock_pool`)
     and answers whether the pool may still be placed into: False when it was archived, however long

@@ -1,5 +1,6 @@
 """The pool row lock is taken right before the first commit, not before the plan (docs/lifecycle.md,
-"Lock order"; seed 000: the critical section is the commit alone), on real PostgreSQL.
+"Lock order"; docs/placement-rules.md, "The pipeline": the critical section is the commit alone), on
+real PostgreSQL.
 
 A create (and a batch) paused between its plan and its commit holds nothing of the pool but the
 foreign key's ``FOR KEY SHARE`` of its reservation row, so a node add, a label change and an archive on
