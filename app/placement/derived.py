@@ -109,7 +109,7 @@ DERIVATIONS: tuple[Derivation, ...] = (
         (),
         matches,
         request_reads=("devices", "devices.device_class", "devices.selector"),
-        node_reads=("inventory.atoms",),
+        node_reads=("inventory.atoms", "inventory.labels", "inventory.label_sources"),  # selectors see labels
     ),
     Derivation(
         "free",
