@@ -134,7 +134,8 @@ def undeclared_reads(
             done: set[str] = set()
             reason = None
             for flt in filters:
-                if not applies(flt, ctx):
+                rec.owner = f"filter {flt.NAME}"
+                if not applies(flt, rctx):  # applies(ctx) reads the request too
                     continue
                 for d in derivations_for(tuple(flt.READS)):
                     if d.name not in done:
