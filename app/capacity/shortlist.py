@@ -32,7 +32,9 @@ reservation and max(topN, 10) for a preview.
 A batch (:mod:`app.capacity.batch`) plans its entries on reads they share (:class:`SharedReads`): one
 exceptions read per (window, resource names, tenant) group, the batch's earlier plans counted in, the
 touched nodes' scores, the inside nodes' states and the pipeline's per-node outcomes memoized until a
-plan or an assumption changes the node. The guarded commit still decides, as for a plan of its own.
+plan or an assumption changes the node (the outcomes under keys the pipeline derives from what its
+filters and scorers declare they read, docs/extending.md, "What a filter reads"). The guarded commit
+still decides, as for a plan of its own.
 """
 
 from __future__ import annotations
