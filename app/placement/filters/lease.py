@@ -13,6 +13,9 @@ from app.placement.filters.scalars import format_amount
 from app.placement.model import NodeSnapshot
 
 NAME = "lease"
+# what it reads of the request and the node (docs/extending.md, "What a filter reads")
+REQUEST_READS: tuple[str, ...] = ("binding",)
+NODE_READS: tuple[str, ...] = ("inventory.atoms", "state.booked", "state.resources")
 NODE_BINDING = "node"
 READS: tuple[str, ...] = ()
 AFTER: tuple[str, ...] = ()
