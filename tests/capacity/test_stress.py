@@ -43,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db.tables import quota_holdings
 from app.quota.service import set_limits
 from tests.capacity.helpers import book, db_time, make_pool_with_nodes, reservation_row
+from tests.capacity.invariants import violations
 from tests.factories import add_node, gpu_node, make_pool, node_body
 from tests.servers import Server, admin_clients, running_servers
 
@@ -296,161 +297,6 @@ async def _worker(
 
 # ------------------------------------------------------------------------------------------ SQL checks
 
-# what a reservation asks of its tenant's quota, from its spec (a gang charges every member)
-WANTED = """
-    SELECT r.id, r.tenant_id, r.pool_id, d->>'class' AS resource,
-           (d->>'count')::numeric * coalesce((r.spec->'gang'->>'members')::int, 1) AS n
-      FROM reservations r, jsonb_array_elements(r.spec->'devices') d
-     WHERE (d->>'count')::int > 0
-    UNION ALL
-    SELECT r.id, r.tenant_id, r.pool_id, x.key,
-           x.value::numeric * coalesce((r.spec->'gang'->>'members')::int, 1)
-      FROM reservations r, jsonb_each_text(coalesce(r.spec->'resources', '{}'::jsonb)) x
-"""
-
-CHECKS: dict[str, str] = {
-    # two bookings of one device whose windows overlap
-    "overlapping bookings": """
-        SELECT a.device_id, a.allocation_id, b.allocation_id
-          FROM device_bookings a
-          JOIN device_bookings b
-            ON a.device_pk = b.device_pk AND a.allocation_id < b.allocation_id AND a.during && b.during
-    """,
-    # the per-instant sweep: at every instant where a holding starts (the held amount is a step function
-    # that only rises there), what the node holds is within floor(allocatable * ratio)
-    "scalar over capacity at an instant": """
-        WITH instants AS (SELECT DISTINCT node_id, resource, starts_at AS t FROM scalar_holdings)
-        SELECT i.node_id, i.resource, i.t, sum(h.amount), floor(nr.allocatable * nr.ratio)
-          FROM instants i
-          JOIN scalar_holdings h
-            ON h.node_id = i.node_id AND h.resource = i.resource AND h.starts_at <= i.t AND h.ends_at > i.t
-          JOIN node_resources nr ON nr.node_id = i.node_id AND nr.resource = i.resource
-         GROUP BY i.node_id, i.resource, i.t, nr.allocatable, nr.ratio
-        HAVING sum(h.amount) > floor(nr.allocatable * nr.ratio)
-    """,
-    # the same sweep over each tenant's quota holdings against its limits
-    "quota over limit at an instant": """
-        WITH instants AS (SELECT DISTINCT tenant_id, pool_id, resource, starts_at AS t FROM quota_holdings)
-        SELECT i.tenant_id, i.resource, i.t, sum(h.amount), l."limit"
-          FROM instants i
-          JOIN quota_holdings h
-            ON h.tenant_id = i.tenant_id AND h.pool_id = i.pool_id AND h.resource = i.resource
-           AND h.starts_at <= i.t AND h.ends_at > i.t
-          JOIN quota_limits l
-            ON l.tenant_id = i.tenant_id AND l.pool_id = i.pool_id AND l.resource = i.resource
-         GROUP BY i.tenant_id, i.pool_id, i.resource, i.t, l."limit"
-        HAVING sum(h.amount) > l."limit"
-    """,
-    # a live allocation holds exactly its resources over its window; a released one at most up to its
-    # release instant (rows that had not started are gone)
-    "scalar holdings != allocations": """
-        WITH asked AS (
-                SELECT a.id, a.node_id, x.key AS resource, x.value::numeric AS n, a.during, a.released_at
-                  FROM allocations a, jsonb_each_text(a.resources) x
-             )
-        SELECT coalesce(q.id, h.allocation_id), coalesce(q.resource, h.resource), q.n, h.amount
-          FROM asked q
-          FULL JOIN scalar_holdings h ON h.allocation_id = q.id AND h.resource = q.resource
-         WHERE q.id IS NULL
-            OR (q.released_at IS NULL
-                AND (h.allocation_id IS NULL OR h.amount <> q.n OR h.node_id <> q.node_id
-                     OR h.starts_at <> lower(q.during) OR h.ends_at <> upper(q.during)))
-            OR (q.released_at IS NOT NULL AND h.allocation_id IS NOT NULL
-                AND (h.amount <> q.n OR h.starts_at <> lower(q.during) OR h.ends_at > q.released_at
-                     OR h.ends_at > upper(q.during)))
-    """,
-    # a placed reservation holds for its tenant exactly what its spec asks over its window; a pending one
-    # holds nothing; a released one nothing after its release
-    "quota holdings != reservations": """
-        WITH wanted AS ("""
-    + WANTED
-    + """),
-             windows AS (
-                SELECT reservation_id AS id, min(lower(during)) AS s, max(upper(during)) AS e
-                  FROM allocations GROUP BY 1
-             )
-        SELECT coalesce(w.id, h.reservation_id), coalesce(w.resource, h.resource), r.status, w.n, h.amount
-          FROM wanted w
-          JOIN reservations r ON r.id = w.id
-          LEFT JOIN windows x ON x.id = w.id
-          FULL JOIN quota_holdings h ON h.reservation_id = w.id AND h.resource = w.resource
-         WHERE w.id IS NULL
-            OR (r.status IN ('placed', 'ended')
-                AND (h.reservation_id IS NULL OR h.amount <> w.n OR h.tenant_id <> w.tenant_id
-                     OR h.starts_at <> x.s OR h.ends_at <> x.e))
-            OR (r.status NOT IN ('placed', 'released', 'ended') AND h.reservation_id IS NOT NULL)
-            OR (r.status = 'released' AND h.reservation_id IS NOT NULL AND h.ends_at > r.released_at)
-    """,
-    # a placed reservation has one live allocation per member, on distinct nodes; others have none
-    "placed reservation without one live allocation per member": """
-        SELECT r.id, r.status, count(a.id)
-          FROM reservations r
-          LEFT JOIN allocations a ON a.reservation_id = r.id AND a.released_at IS NULL
-         GROUP BY r.id, r.status, r.spec
-        HAVING (r.status = 'placed') <> (count(a.id) = coalesce((r.spec->'gang'->>'members')::int, 1))
-            OR count(a.id) > coalesce((r.spec->'gang'->>'members')::int, 1)
-            OR count(a.id) <> count(DISTINCT a.node_id)
-    """,
-    # a pending reservation never keeps an allocation row (lost races roll back to the savepoint)
-    "pending reservation with allocations": """
-        SELECT r.id FROM reservations r JOIN allocations a ON a.reservation_id = r.id
-         WHERE r.status = 'pending'
-    """,
-    # a live allocation's atoms are exactly its bookings, on its node, over its window
-    "allocation atoms != bookings": """
-        SELECT a.id, a.atoms, array_agg(b.device_id ORDER BY b.device_id)
-          FROM allocations a
-          LEFT JOIN device_bookings b ON b.allocation_id = a.id
-         WHERE a.released_at IS NULL
-         GROUP BY a.id, a.atoms
-        HAVING coalesce(array_agg(b.device_id ORDER BY b.device_id) FILTER (WHERE b.device_id IS NOT NULL),
-                        '{}'::text[])
-               <> coalesce((SELECT array_agg(x ORDER BY x) FROM unnest(a.atoms) x), '{}'::text[])
-    """,
-    # bookings are on the allocation's node and over its window (cut at the release instant if released)
-    "booking on another node or window": """
-        SELECT b.device_id, a.id
-          FROM device_bookings b
-          JOIN allocations a ON a.id = b.allocation_id
-          JOIN devices d ON d.pk = b.device_pk
-         WHERE d.node_id <> a.node_id OR d.id <> b.device_id
-            OR (a.released_at IS NULL AND b.during <> a.during)
-            OR (a.released_at IS NOT NULL
-                AND (lower(b.during) <> lower(a.during) OR upper(b.during) > a.released_at))
-    """,
-    # the atom count of a placed reservation is what its spec asked for
-    "placed atoms != requested count": """
-        SELECT r.id, cardinality(a.atoms), s.n
-          FROM reservations r
-          JOIN allocations a ON a.reservation_id = r.id AND a.released_at IS NULL
-          CROSS JOIN LATERAL (
-                SELECT coalesce(sum((d->>'count')::int), 0) AS n
-                  FROM jsonb_array_elements(r.spec->'devices') d
-          ) s
-         WHERE r.status = 'placed' AND cardinality(a.atoms) <> s.n
-    """,
-    # released reservations hold no bookings after their release, and no live allocations
-    "released reservation still booked": """
-        SELECT r.id, b.device_id
-          FROM reservations r
-          JOIN allocations a ON a.reservation_id = r.id
-          JOIN device_bookings b ON b.allocation_id = a.id
-         WHERE r.status NOT IN ('placed', 'released', 'ended')
-            OR (r.status = 'released' AND (a.released_at IS NULL OR upper(b.during) > r.released_at))
-    """,
-}
-
-
-async def _violations(engine: AsyncEngine) -> dict[str, list[tuple[Any, ...]]]:
-    """Run every check; returns the failing ones with up to 10 offending rows each."""
-    found: dict[str, list[tuple[Any, ...]]] = {}
-    async with engine.connect() as conn:
-        for name, sql in CHECKS.items():
-            rows = [tuple(r) for r in (await conn.exec_driver_sql(sql)).all()]
-            if rows:
-                found[name] = rows[:10]
-    return found
-
 
 async def _scalar(engine: AsyncEngine, sql: str) -> Any:
     async with engine.connect() as conn:
@@ -512,7 +358,7 @@ async def test_two_servers_32_clients_never_double_book(
     assert placed_first >= 1 and WORKERS - placed_first >= WORKERS - NODES * GPUS_PER_NODE, summary
 
     # the books with reservations still live
-    assert await _violations(engine) == {}, summary
+    assert await violations(engine) == {}, summary
     placed_in_db = set(
         (
             await _scalar(
@@ -532,7 +378,7 @@ async def test_two_servers_32_clients_never_double_book(
     everything = held | placed_in_db | tally.pending_ids
     await asyncio.gather(*(load.release_twice(rid) for rid in sorted(everything)))
     assert not tally.unexpected, "\n".join(tally.unexpected[:20]) + "\n" + server_logs
-    assert await _violations(engine) == {}
+    assert await violations(engine) == {}
     # nothing is booked or held after the last release instant (what was used stays as history)
     assert await _scalar(engine, "SELECT count(*) FROM device_bookings WHERE upper(during) > now()") == 0
     assert await _scalar(engine, "SELECT count(*) FROM scalar_holdings WHERE ends_at > now()") == 0
@@ -571,6 +417,6 @@ async def test_the_sweep_finds_an_overcommit_at_one_instant(clean_db: AsyncEngin
                     ends_at=end,
                 )
             )
-    found = await _violations(engine)
+    found = await violations(engine)
     assert [(r[2], r[3]) for r in found["scalar over capacity at an instant"]] == [(t + hour - second, 13)]
     assert [(r[2], r[3]) for r in found["quota over limit at an instant"]] == [(t + hour - second, 3)]
