@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -17,11 +18,14 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity import repair
+from app.capacity.placer import Pending, place_inline
 from app.capacity.reservations import CapacityConfig, create_reservation
 from app.capacity.snapshot import PoolCache
+from app.inventory.schemas import NodeCreate
+from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
-from tests.capacity.helpers import make_pool_with_nodes
+from tests.capacity.helpers import db_time, make_pool_with_nodes, reservation_row
 from tests.capacity.invariants import violations
 from tests.conftest import ADMIN_KEY, settings_for
 from tests.factories import add_node, gpu_node, make_pool, node_body, reservation
@@ -220,3 +224,60 @@ async def test_a_lease_races_device_reservations_and_a_heal_on_one_node(clean_db
         outcomes += await _race_round(engine, config, f"race-{round_}", round_ % 4, reverse=bool(round_ % 2))
     assert "lease placed" in outcomes and "device placed" in outcomes, outcomes  # both sides won
     assert await violations(engine) == {}, outcomes
+
+
+async def test_a_gpu_healed_and_booked_between_a_leases_plan_and_commit_makes_the_lease_lose(
+    clean_db: AsyncEngine,
+) -> None:
+    """The lease is planned while GPU3 (the node's one H200) is unhealthy; before it commits, GPU3 heals
+    and other tenants' reservations for an H200, each on its own connection, race for it and one
+    commits. The lease's guarded commit books GPU3 too, so it loses that race and replans: the node
+    now holds other work, and the lease is left pending instead of sharing the node."""
+    engine = clean_db
+    body = gpu_node("mid", 4, cpu=16, memory=None, attributes={"gpuProduct": "H100"})
+    body["devices"][3]["attributes"] = {"gpuProduct": "H200"}
+    pool, _ = await make_pool_with_nodes(engine, [NodeCreate.model_validate(body)])
+    async with engine.begin() as conn:
+        await conn.execute(sa.text("UPDATE devices SET healthy = false WHERE id = 'mid-GPU3'"))
+    start = await db_time(engine)
+    config = CapacityConfig(SchedulerOptions())
+    h200 = {"matchExpressions": [{"key": "gpuProduct", "op": "In", "values": ["H200"]}]}
+    others: list[str] = []
+
+    async def heal_and_book(attempt: int, candidate: Any) -> None:
+        if attempt != 1:
+            return
+        async with engine.begin() as conn:
+            await conn.execute(sa.text("UPDATE devices SET healthy = true WHERE id = 'mid-GPU3'"))
+
+        async def device(i: int) -> str:
+            request = ReservationRequest.model_validate(
+                {
+                    "tenantId": f"b{i}",
+                    "poolId": pool,
+                    "devices": [{"class": "gpu", "count": 1, "selector": h200}],
+                    "duration": "1h",
+                    "idempotencyKey": f"mid-{i}",
+                }
+            )
+            view, _ = await create_reservation(engine, PoolCache(), config, request)
+            return str(view["status"])
+
+        others.extend(await asyncio.gather(*(device(i) for i in range(3))))
+
+    request = PlacementRequest(
+        tenant_id="lessee",
+        pool_id=pool,
+        devices=(DeviceRequest("gpu", 1),),
+        start=start,
+        end=start + timedelta(hours=1),
+        binding="node",
+    )
+    async with engine.begin() as conn:
+        res = await reservation_row(conn, pool, tenant="lessee")
+        outcome = await place_inline(
+            conn, PoolCache(), request, res, SchedulerOptions(), 3, before_commit=heal_and_book
+        )
+    assert sorted(others) == ["pending", "pending", "placed"], others  # GPU3 went to one of them
+    assert isinstance(outcome, Pending), outcome
+    assert await violations(engine) == {}
