@@ -67,9 +67,13 @@ SHAPES: list[tuple[int, dict[str, int]]] = [
     (0, {"cpu": 4}),
 ]
 GANG_SHARE = 0.2  # a fifth of later requests are gangs of two members of the shape, on distinct nodes
-LEASE_SHARE = 0.1  # a tenth of the others are whole-node leases (binding: node) of 1 GPU
+LEASE_SHARE = 0.15  # of the one-member requests, whole-node leases (binding: node) of 1 GPU
 WINDOW_SHARE = 0.6  # later requests with a random window in the next few hours (the others: now, 1 day)
 SLOT = timedelta(minutes=20)  # windows start on a slot of the next 4 hours and last 1 to 6 slots
+# a third of the windows (and every lease's) lie a day later, after the 1-day requests: there leases find
+# empty nodes and race the other windowed work for them
+LATER = timedelta(days=1, hours=1)
+LATER_SHARE = 0.3
 STARTUP_SECONDS = 60.0
 REQUEST_TIMEOUT = 60.0
 
@@ -284,8 +288,9 @@ async def _worker(
         members = 2 if rng.random() < GANG_SHARE else 1
         lease = members == 1 and rng.random() < LEASE_SHARE
         start, seconds = None, None
-        if rng.random() < WINDOW_SHARE:
-            start = load.base + rng.randrange(12) * SLOT
+        if lease or rng.random() < WINDOW_SHARE:
+            later = lease or rng.random() < LATER_SHARE
+            start = load.base + (LATER if later else timedelta(0)) + rng.randrange(12) * SLOT
             seconds = int((rng.randint(1, 6) * SLOT).total_seconds())
         shape = (1, {}) if lease else rng.choice(SHAPES)
         body = _body(load.pool_id, tenant, load.key(worker), shape, members, start, seconds)
