@@ -75,6 +75,8 @@ SLOT = timedelta(minutes=20)  # windows start on a slot of the next 4 hours and 
 LATER = timedelta(days=1, hours=1)
 LATER_SHARE = 0.3
 STARTUP_SECONDS = 60.0
+FLIP_SECONDS = 0.05  # while the workload runs, a GPU is marked unhealthy, healed this long after, and so on
+SETTLE_SECONDS = 20.0  # the most BookingRepair may take to move work off the GPU left broken at the end
 REQUEST_TIMEOUT = 60.0
 
 
@@ -315,6 +317,29 @@ async def _scalar(engine: AsyncEngine, sql: str) -> Any:
         return (await conn.exec_driver_sql(sql)).scalar_one()
 
 
+async def _flip_health(load: Workload, atoms: list[tuple[str, str]], stop: asyncio.Event) -> int:
+    """Mark a random GPU unhealthy, heal it ``FLIP_SECONDS`` later, and again, alternating between the
+    servers, until ``stop``: BookingRepair moves work off it meanwhile and leases placed while it is
+    broken hold it. Returns the number of flips."""
+    rng = random.Random(104729)
+    flips = 0
+    while not stop.is_set():
+        node_id, atom = rng.choice(atoms)
+        for healthy in (False, True):
+            await _set_health(load, flips % len(load.clients), node_id, atom, healthy)
+            await asyncio.sleep(FLIP_SECONDS)
+        flips += 1
+    return flips
+
+
+async def _set_health(load: Workload, server: int, node_id: str, atom: str, healthy: bool) -> None:
+    body = {"devices": [{"id": atom, "healthy": healthy}]}
+    r = await load.clients[server].post(f"/v1/nodes/{node_id}/health", json=body)
+    load.tally.answers[f"health {r.status_code}"] += 1
+    if r.status_code != 200:
+        load.tally.bad(f"health {atom} {healthy}", r)
+
+
 # ------------------------------------------------------------------------------------------ the test
 
 
@@ -334,9 +359,12 @@ async def test_two_servers_32_clients_never_double_book(
     pool_id = await make_pool(admin, f"stress-{os.getpid()}-{time.monotonic_ns()}")
     suffix = pool_id[-6:]
     node_ids: set[str] = set()
+    gpus: list[tuple[str, str]] = []  # (node id, atom)
     for n in range(NODES):
         body = gpu_node(f"stress-{suffix}-n{n}", GPUS_PER_NODE, cpu=NODE_CPU, memory=NODE_MEMORY)
-        node_ids.add((await add_node(admin, pool_id, body))["id"])
+        node_id = (await add_node(admin, pool_id, body))["id"]
+        node_ids.add(node_id)
+        gpus += [(node_id, d["id"]) for d in body["devices"]]
     for tenant in TENANTS:
         r = await clients[1].put(f"/v1/tenants/{tenant}/quotas/{pool_id}", json={"limits": QUOTA})
         assert r.status_code == 200, r.text
@@ -344,6 +372,8 @@ async def test_two_servers_32_clients_never_double_book(
     base = await _scalar(engine, "SELECT now() + interval '1 minute'")
     load = Workload(clients, pool_id, node_ids, base)
     start, first_done = asyncio.Barrier(WORKERS), asyncio.Barrier(WORKERS)
+    stop = asyncio.Event()
+    flipper = asyncio.create_task(_flip_health(load, gpus, stop))
     try:
         held_lists = await asyncio.wait_for(
             asyncio.gather(*(_worker(load, w, start, first_done) for w in range(WORKERS))), timeout=180
@@ -352,13 +382,24 @@ async def test_two_servers_32_clients_never_double_book(
         raise AssertionError(
             "the workload did not finish in 180 s (a stuck lock?):\n" + "\n".join(s.output() for s in servers)
         ) from exc
+    finally:
+        stop.set()
+        flips = await flipper
+    # one GPU stays broken; BookingRepair settles: nothing is in use on it (the sweep checks it)
+    broken_node, broken_atom = gpus[0]
+    await _set_health(load, 1, broken_node, broken_atom, healthy=False)
+    settled = time.monotonic() + SETTLE_SECONDS
+    while time.monotonic() < settled:
+        if "in use on an unavailable atom" not in await violations(engine):
+            break
+        await asyncio.sleep(0.1)
     tally = load.tally
     held = {rid for hs in held_lists for rid in hs}
     summary = (
         f"answers {dict(tally.answers)}; first wave {Counter(tally.first_wave)}; "
         f"pending reasons {dict(tally.pending_reasons)}"
     )
-    print(summary)
+    print(f"{summary}; health flips {flips}")
     server_logs = "\n".join(s.output() for s in servers)
     assert not tally.unexpected, "\n".join(tally.unexpected[:20]) + "\n" + summary + "\n" + server_logs
     assert not [k for k in tally.answers if k.startswith("http 5") or k.startswith("release 5")], summary
@@ -375,7 +416,12 @@ async def test_two_servers_32_clients_never_double_book(
         "SELECT count(*) FROM allocations a JOIN reservations r ON r.id = a.reservation_id "
         "WHERE r.spec->>'binding' = 'node'",
     )
-    print(f"lease allocations {leases}; invariants (offending rows) {await counts(engine)}")
+    holding = await _scalar(  # leases placed beside a broken GPU: they book it without using it
+        engine,
+        "SELECT count(DISTINCT a.id) FROM allocations a JOIN device_bookings b ON b.allocation_id = a.id "
+        "WHERE b.device_id <> ALL(a.atoms)",
+    )
+    print(f"lease allocations {leases} ({holding} holding an unused GPU); invariants {await counts(engine)}")
     assert await violations(engine) == {}, summary
     placed_in_db = set(
         (
@@ -387,8 +433,18 @@ async def test_two_servers_32_clients_never_double_book(
         )
         or []
     )
-    # the database's placed reservations are the ones clients hold, plus pending ones a wake placed
-    assert held <= placed_in_db and placed_in_db - held <= tally.pending_ids, summary
+    repaired = set(
+        await _scalar(
+            engine,
+            "SELECT coalesce(array_agg(id), '{}') FROM reservations "
+            """WHERE conditions @> '[{"type": "Repaired"}]'""",
+        )
+        or []
+    )
+    print(f"repaired reservations {len(repaired)}")
+    # the database's placed reservations are the ones clients hold (but those a repair left pending),
+    # plus pending ones a wake placed
+    assert held - placed_in_db <= repaired and placed_in_db - held <= tally.pending_ids | repaired, summary
     assert tally.released_ids.isdisjoint(placed_in_db)
 
     # release everything through both servers at once, the pending ones too (no wake may place them
