@@ -759,7 +759,7 @@ async def _plan_all(
             continue
         assert isinstance(plan, Plan) and len(plan.placements) == 1  # gangs place inline
         chosen = plan.chosen
-        token = cache.assume(request.pool_id, chosen.node_id, chosen.atoms, request.start, request.end)
+        token = cache.assume(request.pool_id, chosen.node_id, chosen.booked_atoms, request.start, request.end)
         atoms = frozenset(chosen.atoms)
         shared.add(BatchPlanned(chosen.node_id, atoms, chosen.resources, request.start, request.end))
         planned.append(_Planned(e, chosen, token))
@@ -934,12 +934,13 @@ async def _insert_bookings(
     ids: dict[str, str],
     lost: dict[str, LostRace],
 ) -> None:
-    """One multi-row INSERT of every atom's booking; an entry with fewer rows back lost the race."""
+    """One multi-row INSERT of every atom's booking (a whole-node lease's held atoms too,
+    ``Candidate.booked_atoms``); an entry with fewer rows back lost the race."""
     rows = [
         (atom, ids[p.entry.reservation_id], p.entry.request.start, p.entry.request.end)
         for p in alive
         if p.entry.reservation_id not in lost
-        for atom in p.candidate.atoms
+        for atom in p.candidate.booked_atoms
     ]
     if not rows:
         return
@@ -951,7 +952,7 @@ async def _insert_bookings(
         booked[allocation_id] += 1
     for p in alive:
         rid = p.entry.reservation_id
-        if rid not in lost and booked[ids[rid]] != len(p.candidate.atoms):
+        if rid not in lost and booked[ids[rid]] != len(p.candidate.booked_atoms):
             lost[rid] = _lost(p, ATOM_BOOKED)
 
 

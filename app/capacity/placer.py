@@ -149,7 +149,8 @@ async def _place_inline(
         assert isinstance(plan, Plan)
         placements = plan.placements  # the chosen candidate, or a gang's members
         tokens = [
-            cache.assume(request.pool_id, c.node_id, c.atoms, request.start, request.end) for c in placements
+            cache.assume(request.pool_id, c.node_id, c.booked_atoms, request.start, request.end)
+            for c in placements
         ]
         try:
             if before_commit is not None:

@@ -183,7 +183,10 @@ class PoolSnapshot:
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """A node that passed every filter: the atoms picked per device request (in request order), the
-    scalar amounts claimed, the weighted total ``score`` and its per-scorer parts ``scores``."""
+    scalar amounts claimed, the weighted total ``score`` and its per-scorer parts ``scores``.
+    ``held_atoms``: what a whole-node lease books without using, the node's atoms that were unhealthy
+    or unbookable when it was planned, so that nothing else lands on them once they heal
+    (docs/lifecycle.md, "Whole-node leases"); empty for every other binding."""
 
     node_id: str
     node_name: str
@@ -191,11 +194,17 @@ class Candidate:
     resources: Mapping[str, Decimal]
     score: float
     scores: Mapping[str, float]
+    held_atoms: tuple[str, ...] = ()
 
     @property
     def atoms(self) -> tuple[str, ...]:
         """Every picked atom, flattened in request order."""
         return tuple(a for group in self.atoms_by_request for a in group)
+
+    @property
+    def booked_atoms(self) -> tuple[str, ...]:
+        """Every atom the commit books: the picked ones, then :attr:`held_atoms`."""
+        return (*self.atoms, *self.held_atoms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,9 +193,9 @@ def _plan(
                 with_plugins[scorer.id] = value
                 total += weight * value
             scores = MappingProxyType(with_plugins)
-        atoms_by_request, claimed = tuple(work.atoms), resources
+        atoms_by_request, claimed, held = tuple(work.atoms), resources, ()
         if request.binding == lease.NODE_BINDING:  # a lease takes the whole node for its window
-            atoms_by_request, claimed = lease.whole_node(node, atoms_by_request)
+            atoms_by_request, claimed, held = lease.whole_node(node, atoms_by_request)
         candidate = Candidate(
             node_id=node_id,
             node_name=node.inventory.name,
@@ -203,6 +203,7 @@ def _plan(
             resources=claimed,
             score=total,
             scores=scores,
+            held_atoms=held,
         )
         candidates.append(candidate)
         if memo is not None:
