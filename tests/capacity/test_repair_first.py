@@ -1,15 +1,19 @@
 """Repair first (issue 21; docs/lifecycle.md, "Repair first"): BookingRepair runs on its own task and
 never waits behind the wake of pending reservations. A wake of 600 pending reservations is held mid-way
 by a real row lock; an atom marked unhealthy meanwhile is repaired, and the repair committed, while that
-wake is still held. And the wake loop does not claim a pending reservation while a repair is asked for."""
+wake is still held. The wake loop does not claim a pending reservation while a repair is asked for. And
+two service processes that both hear the repair edges repair each reservation exactly once."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -17,8 +21,10 @@ from app.capacity.repair_first import RepairController
 from app.capacity.snapshot import PoolCache
 from app.capacity.wake import wake_pool
 from app.main import capacity_config
+from tests.capacity.helpers import overlapping_bookings
 from tests.conftest import settings_for
 from tests.factories import add_node, gpu_node, make_pool, reservation
+from tests.servers import Server, admin_clients, running_servers
 
 BACKLOG = 600
 GIVE_UP = 60.0  # seconds: a bound on waiting for an outcome, never a measured figure
@@ -138,3 +144,56 @@ async def test_the_wake_loop_claims_nothing_while_a_repair_is_asked_for(
     [woken] = await asyncio.wait_for(wake, GIVE_UP)
     assert woken.result == "placed"
     assert await _count(engine, placed, p=pool) == 1
+
+
+@pytest.fixture
+def servers(database_url: str, clean_db: AsyncEngine, tmp_path: Path) -> Iterator[list[Server]]:
+    """Two service processes: both hear every repair edge and run BookingRepair on it."""
+    with running_servers(database_url, tmp_path, 2) as started:
+        yield started
+
+
+async def test_two_replicas_repair_each_reservation_once(servers: list[Server], engine: AsyncEngine) -> None:
+    async with admin_clients(servers) as (a, b):
+        pool = await make_pool(a)
+        for i in range(2):
+            await add_node(a, pool, gpu_node(f"twin-{i}", 8))
+        placed = [(await a.post("/v1/reservations", json=reservation(pool, 1))).json() for _ in range(8)]
+        assert {p["status"] for p in placed} == {"placed"}
+        booked = [
+            (alloc["nodeId"], atom) for p in placed for alloc in p["allocations"] for atom in alloc["atoms"]
+        ]
+        # every booked atom turns unhealthy at once, one request each, through both processes in turn:
+        # both processes hear every repair edge and race for the same reservations
+        marks = [
+            (a, b)[i % 2].post(f"/v1/nodes/{node}/health", json={"devices": [{"id": atom, "healthy": False}]})
+            for i, (node, atom) in enumerate(booked)
+        ]
+        assert {r.status_code for r in await asyncio.gather(*marks)} == {200}
+        broken = [atom for _, atom in booked]
+        live_on_broken = (
+            "SELECT count(*) FROM device_bookings WHERE device_id = ANY(:a) AND upper(during) > now()"
+        )
+
+        async def settled() -> bool:
+            return await _count(engine, live_on_broken, a=broken) == 0
+
+        await _wait_until(settled, "the repairs")
+        await asyncio.sleep(0.5)  # a second repair of one reservation would land by now
+        async with engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    sa.text(
+                        """SELECT r.status, count(a.id) FILTER (WHERE a.released_at IS NULL) AS live,
+                                  count(a.id) AS allocations,
+                                  jsonb_array_length(jsonb_path_query_array(
+                                    r.conditions, '$[*] ? (@.type == "Repaired")')) AS repaired
+                             FROM reservations r JOIN allocations a ON a.reservation_id = r.id
+                            WHERE r.id = ANY(:ids) GROUP BY r.id"""
+                    ),
+                    {"ids": [p["id"] for p in placed]},
+                )
+            ).all()
+            assert await overlapping_bookings(conn) == 0
+        # 8 healthy GPUs are left for 8 reservations: each moved once, none twice, none lost
+        assert [tuple(r) for r in rows] == [("placed", 1, 2, 1)] * 8
