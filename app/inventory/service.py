@@ -50,7 +50,12 @@ from app.inventory.schemas import (
 )
 from app.jsonnum import num
 from app.placement.scalar_capacity import scalar_capacity
-from app.placement.system_labels import OPERATOR_SOURCE, SYSTEM_SOURCE, refuse_system_keys
+from app.placement.system_labels import (
+    OPERATOR_SOURCE,
+    SYSTEM_SOURCE,
+    refuse_system_attributes,
+    refuse_system_keys,
+)
 
 # --------------------------------------------------------------------------------------------- pools
 
@@ -197,10 +202,12 @@ async def add_node(
 
     ``body.labels`` are operator labels: a ``bc.dev/`` key among them is refused with InvalidInput (422,
     path ``labels.<key>``) before anything is written; only ``system_labels`` (from the importer or an
-    agent's Hello) are stored with source ``system``. Raises NotFound (pool), PoolArchived (409, an
-    archived pool: :func:`refuse_archived`), Conflict (duplicate node name or device id).
+    agent's Hello) are stored with source ``system``. A ``bc.dev/`` device attribute is refused alike
+    (422, path ``devices.<i>.attributes.<key>``; docs/selectors.md). Raises NotFound (pool), PoolArchived
+    (409, an archived pool: :func:`refuse_archived`), Conflict (duplicate node name or device id).
     """
     refuse_system_keys(body.labels)
+    refuse_system_attributes(d.attributes for d in body.devices)
     refuse_archived(await lock_pool(conn, pool_id))
     node_id = new_id("node")
     taints = [(t.key, t.value, t.effect) for t in body.taints]
@@ -359,7 +366,10 @@ async def add_rollup_totals(conn: AsyncConnection, pool_id: str, totals: dict[st
 
 
 def device_bodies(imported: ImportedNode) -> list[DeviceBody]:
-    """The imported node's atoms as the device bodies :func:`add_node` stores (import and Hello)."""
+    """The imported node's atoms as the device bodies :func:`add_node` stores (import and Hello, on
+    create and update). A derived attribute under ``bc.dev/`` is refused (422, path
+    ``nvidiaSmiXml.<i>.attributes.<key>``): the importer names attributes itself, so none should be."""
+    refuse_system_attributes((d.attributes for d in imported.devices), path="nvidiaSmiXml")
     return [
         DeviceBody.model_validate(
             {

@@ -88,6 +88,20 @@ class PlacementRequest:
         return any(d.selector is not None and d.selector.match_expressions for d in self.devices)
 
 
+NUMA_NODE_ATTRIBUTE = "numaNode"
+
+
+def selectable_attributes(attributes: Mapping[str, Any], numa_node: int | None) -> Mapping[str, Any]:
+    """The attributes a selector reads on an atom (docs/selectors.md, "Device attributes"): the stored
+    ``attributes`` with the atom's NUMA node as ``numaNode`` (an integer), whatever path registered the
+    device. ``attributes`` is returned itself when it says so already (or the NUMA node is unknown), so
+    atoms of alike nodes keep sharing one mapping; else a new dict. The ``numa_node`` column wins over a
+    stored ``numaNode`` attribute: it is what the atom pick and the ``numa`` scorer read."""
+    if numa_node is None or attributes.get(NUMA_NODE_ATTRIBUTE) == numa_node:
+        return attributes
+    return {**attributes, NUMA_NODE_ATTRIBUTE: numa_node}
+
+
 @dataclass(frozen=True, slots=True)
 class Atom:
     """One bookable unit on a node: a whole GPU (``GPU-<uuid>``) or a MIG slice (``MIG-<uuid>``, with
