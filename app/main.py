@@ -19,6 +19,7 @@ from app.api.guard import RequestGuard
 from app.api.text_guard import check_json_body
 from app.capacity.lifecycle import Lifecycle, LifecycleTask, default_tasks
 from app.capacity.queue import QUEUE_LISTENER, QUEUE_WORKER, QueueWorker
+from app.capacity.repair_first import BOOKING_REPAIR, REPAIR_LISTENER, RepairController
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.capacity.wake import LISTENER_RETRY, WAKE_LISTENER, WAKE_PENDING, WakeController
@@ -75,11 +76,14 @@ def capacity_config(settings: Settings) -> CapacityConfig:
 
 
 def lifecycle_tasks(
-    settings: Settings, wake: WakeController | None = None, queue: QueueWorker | None = None
+    settings: Settings,
+    wake: WakeController | None = None,
+    queue: QueueWorker | None = None,
+    repair: RepairController | None = None,
 ) -> list[LifecycleTask]:
-    """The lifecycle controller's tasks (DESIGN.md, "Reservation lifecycle"): the built-in ones, the
-    liveness sweep of agents' nodes (issue 14) and, given ``wake``, the wake-edge controller's listener
-    and wake task (issue 12), each safe with several replicas."""
+    """The lifecycle controller's tasks (docs/lifecycle.md): the built-in ones, the liveness sweep of
+    agents' nodes and, when given, the wake-edge controller's listener and wake task, the pool-lease
+    worker's, and BookingRepair's listener and task (repair first), each safe with several replicas."""
     liveness = LifecycleTask(
         HEARTBEAT_LIVENESS,
         settings.node_liveness_sweep_seconds,
@@ -90,6 +94,11 @@ def lifecycle_tasks(
         tasks += [
             LifecycleTask(WAKE_PENDING, wake.sweep_seconds, wake.run),
             LifecycleTask(WAKE_LISTENER, LISTENER_RETRY, wake.listen),
+        ]
+    if repair is not None:  # BookingRepair on its own task, ahead of the wakes (docs/lifecycle.md)
+        tasks += [
+            LifecycleTask(BOOKING_REPAIR, repair.sweep_seconds, repair.run),
+            LifecycleTask(REPAIR_LISTENER, LISTENER_RETRY, repair.listen),
         ]
     if queue is not None:  # the pool-lease batch worker (issue 15): idle until a queue edge
         tasks += [
@@ -119,12 +128,16 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         )
         wake = WakeController(cache, config, settings.lifecycle_sweep)
         queue = QueueWorker(cache, config, settings.lifecycle_sweep)
-        lifecycle = Lifecycle(engine, lifecycle_tasks(settings, wake, queue))
+        repair = RepairController(cache, config, settings.lifecycle_interval)
+        lifecycle = Lifecycle(engine, lifecycle_tasks(settings, wake, queue, repair))
         wake.poke = partial(lifecycle.poke, WAKE_PENDING)
+        wake.yield_to = repair.wait_for_repairs  # repair first: a wake waits while a repair is asked for
+        repair.poke = partial(lifecycle.poke, BOOKING_REPAIR)
         queue.poke = partial(lifecycle.poke, QUEUE_WORKER)
         app.state.queue = queue
         app.state.lifecycle = lifecycle
         app.state.wake = wake
+        app.state.repair = repair
         lifecycle.start()
         demo = None
         if settings.demo_agents:  # `serve --demo`: the service heartbeats the demo pool's nodes itself

@@ -2,8 +2,9 @@
 turned unhealthy or unbookable is moved for the rest of its window.
 
 The health route and the node agents' edges (:func:`app.inventory.agent_hooks.on_atoms_unavailable`)
-send a wake edge for the pool; the wake-edge controller runs :func:`repair_broken` before it wakes
-pending work, and the periodic sweep runs it too. It finds every live allocation with a booking on an
+send the pool's repair edge; :mod:`app.capacity.repair_first` runs :func:`repair_broken` on it, on its
+own task and ahead of any wake (docs/lifecycle.md, "Repair first"), and periodically as a safety net.
+It finds every live allocation with a booking on an
 unavailable atom whose window is not over (the partial index of unavailable atoms keeps that cheap) and
 repairs each reservation in one transaction, its row claimed ``FOR UPDATE SKIP LOCKED`` (replica-safe):
 
