@@ -25,6 +25,7 @@ NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 MAX_LABEL_PREFIX, MAX_LABEL_NAME, MAX_LABEL_VALUE = 253, 63, 63
 MAX_LABELS, MAX_TAINTS = 256, 64
 MAX_NUMA_NODE = 1024
+MAX_DEVICES, MAX_LINKS = 1024, 1024 * 64  # per node: atoms, and device-device links
 
 
 def _label_key_sizes(key: str) -> str:
@@ -138,8 +139,8 @@ class NodeCreate(BaseModel):
     resources: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceBody] = (
         Field(default_factory=dict)
     )
-    devices: list[DeviceBody] = Field(default_factory=list, max_length=1024)
-    links: list[LinkBody] = Field(default_factory=list, max_length=1024 * 64)
+    devices: list[DeviceBody] = Field(default_factory=list, max_length=MAX_DEVICES)
+    links: list[LinkBody] = Field(default_factory=list, max_length=MAX_LINKS)
 
     @field_validator("devices")
     @classmethod
@@ -248,7 +249,7 @@ class HelloBody(BaseModel):
     nvidiaSmiXml: str | None = Field(default=None, max_length=20_000_000)
     drivers: list[DriverBody] = Field(default_factory=list, max_length=16)
     capabilities: list[AgentToken] = Field(default_factory=list, max_length=64)
-    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
     resources: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceBody] = (
         Field(default_factory=dict)
     )

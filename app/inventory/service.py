@@ -38,7 +38,9 @@ from app.ids import new_id
 from app.inventory.importer import ImportedNode, build_imported_node
 from app.inventory.reasons import no_schedule_reasons
 from app.inventory.schemas import (
+    MAX_DEVICES,
     MAX_LABELS,
+    MAX_LINKS,
     DeviceBody,
     HealthBody,
     LinkBody,
@@ -265,6 +267,20 @@ async def _write_labels(
         await conn.execute(sa.insert(node_labels), list(rows.values()))
 
 
+def check_device_count(devices: int, links: int) -> None:
+    """Raise InvalidInput (path ``topo``) when imported text (an import, a Hello) lists more than
+    MAX_DEVICES atoms or MAX_LINKS links on one node: the bounds of ``POST /v1/pools/{id}/nodes``
+    (docs/api.md, "Limits"), checked before anything is built from them."""
+    if devices > MAX_DEVICES:
+        raise InvalidInput(
+            f"a node holds at most {MAX_DEVICES} devices; the topo lists {devices}", path="topo"
+        )
+    if links > MAX_LINKS:
+        raise InvalidInput(
+            f"a node holds at most {MAX_LINKS} device links; the topo lists {links}", path="topo"
+        )
+
+
 def check_label_count(total: int, system: int) -> None:
     """Raise InvalidInput (path ``labels``) when a node would hold more than MAX_LABELS labels."""
     if total > MAX_LABELS:
@@ -395,6 +411,7 @@ async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> 
     Raises InvalidInput(path ``topo`` / ``nvidiaSmiXml``) for text that does not parse.
     """
     imported = build_imported_node(body.name, body.topo, body.nvidiaSmiXml)
+    check_device_count(len(imported.devices), len(imported.links))
     node = NodeCreate(
         name=body.name,
         labels=body.labels,
