@@ -4,9 +4,11 @@ FastAPI writes the document from the models; three things it leaves out or says 
 clients misread are settled here, once, for the served ``/openapi.json`` and the checked-in copy alike:
 
 - **servers**: the address ``better-compute serve`` answers on with its defaults.
-- **security of every operation**: the routes outside ``/v1/`` need no key (the request guard passes
-  them, app/api/guard.py), so they declare ``security: []``; every ``/v1/`` route declares the bearer
-  key through its ``current_principal`` dependency.
+- **security of every operation**: ``/healthz`` and ``/readyz`` need no key (the request guard passes
+  them, app/api/guard.py), so they declare ``security: []``; ``/metrics`` is open unless
+  ``BC_METRICS_REQUIRE_KEY`` is on, so it declares either no key or the bearer key
+  (``[{}, {"HTTPBearer": []}]``); every ``/v1/`` route declares the bearer key through its
+  ``current_principal`` dependency.
 - **request schemas say what may be left out, and which names a map takes**: a field with a default is
   absent from ``required`` already, but openapi-typescript (with its default ``defaultNonNullable``)
   reads a ``default`` on a component's property as "always present" and makes the field required, so a
@@ -29,7 +31,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.api.guard import GUARDED_PREFIX
+from app.api.deps import bearer
+from app.api.guard import GUARDED_PREFIX, METRICS_PATH
 from app.client.api import DEFAULT_SERVER
 
 SCHEMA_REF = "#/components/schemas/"
@@ -49,7 +52,11 @@ def strict_contract(document: dict[str, Any]) -> dict[str, Any]:
     document.setdefault("servers", SERVERS)
     for path, item in document.get("paths", {}).items():
         for operation in item.values():
-            if "security" not in operation and not path.startswith(GUARDED_PREFIX):
+            if "security" in operation or path.startswith(GUARDED_PREFIX):
+                continue
+            if path == METRICS_PATH:  # a key only where the deployment asks for one (docs/metrics.md)
+                operation["security"] = [{}, {bearer.scheme_name: []}]
+            else:
                 operation["security"] = []  # public: the guard asks no key outside /v1/
     schemas = document.get("components", {}).get("schemas", {})
     for name in sorted(request_schema_names(document)):

@@ -133,10 +133,13 @@ def test_every_operation_declares_its_security() -> None:
             assert "security" in op, (method, path)
             if path.startswith(GUARDED_PREFIX):
                 assert op["security"] == [{"HTTPBearer": []}], (method, path)
+            elif path == "/metrics":  # open unless BC_METRICS_REQUIRE_KEY is on: no key, or the bearer key
+                assert op["security"] == [{}, {"HTTPBearer": []}]
+                assert {"401", "403"} <= set(op["responses"])
             else:
                 assert op["security"] == [], (method, path)
                 public.add(path)
-    assert public == {"/healthz", "/readyz", "/metrics"}
+    assert public == {"/healthz", "/readyz"}
 
 
 def test_request_schemas_state_defaults_in_words_not_as_a_default_keyword() -> None:
