@@ -1,6 +1,7 @@
 """Benchmark: what observability costs (issue 10 metrics, issue 9 access log), as ratios in one run.
 
-1. The fleet gauges' census (``app/capacity/census.py``, run when ``/metrics`` is served): on a database
+1. The fleet gauges' census (``app/capacity/controllers/census.py``, run when ``/metrics`` is served): on a
+database
    with a pool of 10,000 nodes x 8 GPUs (80,000 atoms, half of them booked now) and 100,000
    reservations, the two aggregate statements are timed beside ``SELECT count(*) FROM devices`` (the
    floor of any count over the atoms) in the same run.

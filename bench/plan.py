@@ -115,7 +115,7 @@ def timed(req: PlacementRequest, snapshot: PoolSnapshot, repeat: int) -> tuple[f
 def preview_plan(req: PlacementRequest, snapshot: PoolSnapshot, repeat: int) -> tuple[float, float, str]:
     """(p50 ms, p99 ms, path) of the preview's plan: shortlist rows on the cached inventory, then the
     pipeline on the shortlisted nodes (falling back to the whole pool when not provably complete)."""
-    from app.capacity.shortlist import (
+    from app.capacity.planning.shortlist import (
         Exceptions,
         _pick_ceiling,
         _provably_complete,
@@ -123,7 +123,7 @@ def preview_plan(req: PlacementRequest, snapshot: PoolSnapshot, repeat: int) -> 
         shortlist_rows,
         shortlist_size,
     )
-    from app.capacity.snapshot import PoolInventory
+    from app.capacity.planning.snapshot import PoolInventory
 
     options = SchedulerOptions(seed=7)
     inventory = PoolInventory(

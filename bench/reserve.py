@@ -10,7 +10,7 @@ In one run and one database:
    one tenant per client (quota rows are per tenant; a final row shows 16 clients of one tenant), and
    prints placements per second with p50 / p99 reserve latency. Between cells every booking is released
    with SQL (untimed), so the pool never fills;
-3. runs the ceiling: the same guarded-commit SQL as ``app/capacity/commit.py`` plus the reservation row
+3. runs the ceiling: the same guarded-commit SQL as ``app/capacity/commit/single.py`` plus the reservation row
    and the quota charge (reservation insert ``ON CONFLICT DO NOTHING``, quota rows, guarded quota UPDATE,
    pool ``FOR SHARE``, node ``FOR SHARE OF n`` with the schedulable predicate, devices ``FOR SHARE``,
    ``SAVEPOINT``, allocation insert, bookings ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, the

@@ -1,4 +1,4 @@
-"""``POST /v1/reservations/batch``: bulk create (docs/api.md; :mod:`app.capacity.bulk`)."""
+"""``POST /v1/reservations/batch``: bulk create (docs/api.md; :mod:`app.capacity.reservations.bulk`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import json_path, plain_message, responses
 from app.api.models.reservations import ReservationBatch, ReservationBatchRequest
 from app.api.text_guard import unstorable_item
-from app.capacity import bulk
+from app.capacity.reservations import bulk
 from app.errors import AppError, InvalidInput
 from app.iam.authorize import authorize
 from app.placement.request import ReservationRequest

@@ -10,9 +10,9 @@ from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses
 from app.api.models.reservations import Preview, Reservation, ReservationList, ReservationStatus
 from app.api.paging import CURSOR_QUERY, cursor_key, envelope, time_then_id
-from app.capacity import queue as svc_queue
-from app.capacity import reservations as svc_reservations
-from app.capacity.access import authorized_reservation_tenant
+from app.capacity.queue import worker as svc_queue
+from app.capacity.reservations import service as svc_reservations
+from app.capacity.reservations.access import authorized_reservation_tenant
 from app.iam.authorize import authorize
 from app.placement.request import ReservationRequest
 

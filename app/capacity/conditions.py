@@ -2,13 +2,13 @@
 lifecycle"): ``{type, status: "True", reason, message}``. ``Unschedulable`` (its reasons, and how a newer
 one replaces the one before), ``Ended`` (``WindowEnded``, ``WindowPassed``) and ``Released``
 (``ReleaseRequested``) are made here;
-``Scheduled`` by the wake (:mod:`app.capacity.wake`) and ``Repaired`` by BookingRepair
-(:mod:`app.capacity.repair`) carry fields of their own.
+``Scheduled`` by the wake (:mod:`app.capacity.controllers.wake`) and ``Repaired`` by BookingRepair
+(:mod:`app.capacity.controllers.repair`) carry fields of their own.
 
 ``{type: Unschedulable, status: "True", reason, message}``, ``reason`` being ``NoFit`` (nothing fits: the
 message is the pending summary of :mod:`app.placement.summary`, or the lost races of the placer) or
 ``QuotaExceeded`` (it fits, but the tenant's quota does not hold now). A reservation carries at most one;
-a newer one replaces it, and a placement turns it ``False`` (:mod:`app.capacity.wake`).
+a newer one replaces it, and a placement turns it ``False`` (:mod:`app.capacity.controllers.wake`).
 """
 
 from __future__ import annotations

@@ -2,12 +2,13 @@
 :mod:`app.placement.schedulable`. Who reads them, by module:
 
 - :func:`schedulable_sql_tolerating` (its body :func:`schedulable_sql_within`, over a bound array of
-  tolerated reasons): the guarded commit (:mod:`app.capacity.commit`, step 1, ``FOR SHARE`` of the
-  node) and the shortlist's eligibility column (:mod:`app.capacity.shortlist`);
+  tolerated reasons): the guarded commit (:mod:`app.capacity.commit.single`, step 1, ``FOR SHARE`` of the
+  node) and the shortlist's eligibility column (:mod:`app.capacity.planning.shortlist`);
 - :func:`leasable_sql_for` (its body :func:`leasable_sql_within`, over a bound own dedication): the
-  guarded commit of a whole-node lease (:mod:`app.capacity.commit`);
-- :func:`may_be_schedulable_sql`: a node's wake edge (:func:`app.capacity.edges.notify_node`) and the
-  ``unschedulable`` atom state of the census gauges (:mod:`app.capacity.census`).
+  guarded commit of a whole-node lease (:mod:`app.capacity.commit.single`);
+- :func:`may_be_schedulable_sql`: a node's wake edge (:func:`app.capacity.controllers.edges.notify_node`)
+and the
+  ``unschedulable`` atom state of the census gauges (:mod:`app.capacity.controllers.census`).
 
 ``tests/placement/test_schedulable_sql.py`` checks, over generated nodes against real PostgreSQL, that
 each predicate selects exactly the nodes its Python twin accepts.

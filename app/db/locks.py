@@ -7,7 +7,7 @@ order, so two transactions never wait on each other in a cycle::
         -> pool_capacity_rollup
 
 - ``reservations``: create (the idempotency index entry), release and the wake edge lock the one
-  reservation row first (:mod:`app.capacity.reservations`, :mod:`app.capacity.wake`).
+  reservation row first (:mod:`app.capacity.reservations.service`, :mod:`app.capacity.controllers.wake`).
 - ``pools``: :func:`lock_pool` (``FOR NO KEY UPDATE`` to change the pool's inventory or archive it,
   ``FOR SHARE`` to place in it or to change one node); a pool's ``inventory_version`` bump takes the
   same row lock. A placement takes its ``FOR SHARE`` only right before its first guarded commit
@@ -17,13 +17,13 @@ order, so two transactions never wait on each other in a cycle::
   through its foreign key from its insert to its transaction's end; ``FOR UPDATE`` would wait for those
   too, so a node add would wait behind every create's plan again.
 - ``nodes``: :func:`lock_node`; several nodes in id order (:mod:`app.inventory.liveness`).
-- ``devices`` then ``node_resources``: the guarded commit (:mod:`app.capacity.commit`) and an agent's
+- ``devices`` then ``node_resources``: the guarded commit (:mod:`app.capacity.commit.single`) and an agent's
   Hello (:mod:`app.inventory.hello`), devices in id order.
 - ``quota_usage``: the quota charge rides on the guarded commit's last statement and locks the
-  tenant's rows in sorted resource order (:mod:`app.capacity.commit`, :mod:`app.quota.service`), so a
+  tenant's rows in sorted resource order (:mod:`app.capacity.commit.single`, :mod:`app.quota.service`), so a
   tenant's reserves are serialized for that statement only, not for the plan (issue 15). Refunds
   (release, repair, preemption, end) take no ``quota_usage`` lock: they only shrink what is held. A batch
-  (:mod:`app.capacity.batch`) charges its entries last too, after their bookings.
+  (:mod:`app.capacity.placing.batch`) charges its entries last too, after their bookings.
 - ``pool_capacity_rollup``: last, when a node's capacity is added (:mod:`app.inventory.service`); no
   commit writes it.
 

@@ -141,7 +141,7 @@ node_resources = sa.Table(
 
 # What allocations hold of a node's scalar resources, over their windows: the amount held at an instant
 # is the sum of the rows whose window contains it. The guarded commit inserts a row under the
-# node_resources row lock only when the peak over the window leaves room (app/capacity/commit.py). A
+# node_resources row lock only when the peak over the window leaves room (app/capacity/commit/single.py). A
 # release cuts ``ends_at`` at the release instant (or deletes a row that had not started); rows stay as
 # history otherwise, and reads skip the past by ``ends_at``.
 scalar_holdings = sa.Table(
@@ -184,13 +184,13 @@ reservations = sa.Table(
     sa.Index("ix_reservations_tenant_status", "tenant_id", "status"),
     # the lifecycle controller's sweep reads only placed reservations, by their end
     sa.Index("ix_reservations_placed_ends_at", "ends_at", postgresql_where=sa.text("status = 'placed'")),
-    # spot preemption reads the placed spot work of a pool (app/capacity/preemption.py)
+    # spot preemption reads the placed spot work of a pool (app/capacity/placing/preemption.py)
     sa.Index(
         "ix_reservations_placed_spot",
         "pool_id",
         postgresql_where=sa.text("status = 'placed' AND ((spec ->> 'spot'))::boolean"),
     ),
-    # the pool-lease worker claims a pool's queued reservations oldest first (app/capacity/queue.py)
+    # the pool-lease worker claims a pool's queued reservations oldest first (app/capacity/queue/worker.py)
     sa.Index(
         "ix_reservations_queued",
         "pool_id",

@@ -1,7 +1,7 @@
 """Rows bound as arrays: ``unnest(:a, :b, ...) AS name(a, b, ...)``, one row per index, so one statement
 (compiled once) writes or locks many rows (:func:`bound_rows`). Amounts per resource are one such pair,
 ``unnest(:names, :amounts) AS wanted(resource, amount)``, so a statement charges or holds several
-resources at once (the guarded commit's scalar holdings, :mod:`app.capacity.commit`, and the quota
+resources at once (the guarded commit's scalar holdings, :mod:`app.capacity.commit.single`, and the quota
 charge, :mod:`app.quota.service`)."""
 
 from __future__ import annotations

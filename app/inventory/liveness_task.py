@@ -1,4 +1,4 @@
-"""The liveness sweep as a lifecycle task (app/capacity/lifecycle.py runs it every
+"""The liveness sweep as a lifecycle task (app/capacity/controllers/lifecycle.py runs it every
 ``BC_NODE_LIVENESS_SWEEP_SECONDS`` in every service process; safe with several replicas): one pass is
 one transaction per batch of :func:`app.inventory.liveness.sweep_heartbeats`, repeated while a batch
 came back full.

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.edges import notify_node, notify_repair
+from app.capacity.controllers.edges import notify_node, notify_repair
 from app.db.locks import lock_node, lock_node_in_order, lock_pool, node_not_found, pool_not_found
 from app.db.tables import (
     capacity_device_links,
@@ -693,6 +693,8 @@ async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> d
             await conn.execute(sa.update(devices).where(devices.c.id == d.id).values(**change))
     await _refresh_reasons(conn, node_id)
     await notify_node(conn, node_id)  # wake edge: health restored (sent only if now schedulable)
-    if unavailable:  # BookingRepair runs on this edge, ahead of any wake (app.capacity.repair_first)
+    if (
+        unavailable
+    ):  # BookingRepair runs on this edge, ahead of any wake (app.capacity.controllers.repair_first)
         await notify_repair(conn, node.pool_id)
     return await get_node(conn, node_id)

@@ -9,7 +9,7 @@ first event; the ``_created`` series (timestamps that look like counts) are swit
 metric exists.
 
 ``bc_reservations`` and ``bc_atoms`` describe the fleet now, not this process: they are counted in
-PostgreSQL (:mod:`app.capacity.census`) when ``/metrics`` is served, at most once per
+PostgreSQL (:mod:`app.capacity.controllers.census`) when ``/metrics`` is served, at most once per
 ``BC_METRICS_GAUGE_TTL_SECONDS``, and every replica reports the same values.
 """
 
@@ -29,8 +29,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity import census
-from app.capacity.races import LOST_RACE_KINDS
+from app.capacity.commit.lost_races import LOST_RACE_KINDS
+from app.capacity.controllers import census
 from app.errors import AppError
 
 prometheus_client.disable_created_metrics()  # before the first metric: no ``*_created`` series at all

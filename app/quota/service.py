@@ -4,7 +4,7 @@
 A reservation holds its amounts over its window (``quota_holdings``); the tenant's usage at an instant is
 the sum of the holdings whose window contains it, and a charge is accepted only if the limit holds at
 every instant of the window (a guarded INSERT, :data:`HOLD_QUOTA`, run by the guarded commit of the
-placement itself, app/capacity/commit.py). A reservation that ends stops counting
+placement itself, app/capacity/commit/single.py). A reservation that ends stops counting
 by itself; a release cuts its holdings at the release instant.
 
 A resource without a limit row is not limited (its usage is still counted), as a Kubernetes namespace
@@ -26,7 +26,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.edges import notify_pool
+from app.capacity.controllers.edges import notify_pool
 from app.db.locks import pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import (
@@ -398,7 +398,8 @@ _ROW_LIMIT = (
     )
     .scalar_subquery()
 )
-# The charges of many reservations of one pool in one statement (a batch, app/capacity/batch.py), one row
+# The charges of many reservations of one pool in one statement (a batch, app/capacity/placing/batch.py),
+# one row
 # per (reservation, resource), each guarded with the total of its (tenant, resource) group (the
 # statement does not see its own rows; the caller groups only charges of one window per tenant and
 # resource, and holds their quota_usage rows locked):

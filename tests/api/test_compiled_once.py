@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 from sqlalchemy import event
 
-from app.capacity.commit import lock_statement, write_statement
-from app.capacity.reservations import INSERT_RESERVATION
+from app.capacity.commit.single import lock_statement, write_statement
+from app.capacity.reservations.service import INSERT_RESERVATION
 from tests.factories import add_node, gpu_node, make_pool, reservation
 
 

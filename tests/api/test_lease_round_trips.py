@@ -4,7 +4,7 @@ line carries (no read after the first), and a long-poll is not woken by other re
 
 The app's batch worker and wake controller are stopped (their ``run`` does nothing) and its periodic
 tasks slowed down, so that only the request's round trips are counted: the tests decide the queued
-reservations themselves, with :func:`app.capacity.queue.work_batch` on the test engine (not counted).
+reservations themselves, with :func:`app.capacity.queue.worker.work_batch` on the test engine (not counted).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity import queue
-from app.capacity.snapshot import PoolCache
-from app.capacity.wake import WakeController
+from app.capacity.controllers.wake import WakeController
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.queue import worker as queue
 from tests.api.test_authorization import build_world
 from tests.conftest import ADMIN_KEY, settings_for
 from tests.factories import add_node, gpu_node, make_pool, reservation

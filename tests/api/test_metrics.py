@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.commit import LOST_RACE_KINDS
-from app.capacity.placer import Placed, place_inline
-from app.capacity.snapshot import PoolCache
+from app.capacity.commit.single import LOST_RACE_KINDS
+from app.capacity.placing.inline import Placed, place_inline
+from app.capacity.planning.snapshot import PoolCache
 from app.db.engine import create_engine
 from app.main import create_app
 from app.observability.metrics import FleetGauges, exposition, package_version

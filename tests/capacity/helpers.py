@@ -9,7 +9,7 @@ from decimal import Decimal
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.snapshot import window
+from app.capacity.planning.snapshot import window
 from app.db.tables import allocations, device_bookings, devices, reservations, scalar_holdings
 from app.ids import new_id
 from app.inventory import service as inventory

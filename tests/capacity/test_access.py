@@ -1,4 +1,5 @@
-"""The reservations' one authorization and not-found rule (app/capacity/access.py) on real PostgreSQL,
+"""The reservations' one authorization and not-found rule (app/capacity/reservations/access.py) on real
+PostgreSQL,
 and the unit of work of a service entry point (app/db/tx.py): given the engine it commits or rolls back
 by itself, given a connection it joins the caller's transaction."""
 
@@ -8,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.access import authorized_reservation_tenant
+from app.capacity.reservations.access import authorized_reservation_tenant
 from app.db.tables import pools
 from app.errors import Conflict, Forbidden, NotFound
 from app.iam.authorize import Grant, Principal

@@ -1,4 +1,5 @@
-"""The batch placer (issue 15; app/capacity/batch.py and app/capacity/queue.py) on real PostgreSQL:
+"""The batch placer (issue 15; app/capacity/placing/batch.py and app/capacity/queue/worker.py) on real
+PostgreSQL:
 each plan of a batch sees the earlier ones, the multi-row guarded commit loses each of seed 000's races
 per entry and replans the loser alone, maxAttempts, quota refusals per entry, and a queued reservation
 is never placed into a pool archived after it was queued."""
@@ -13,11 +14,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity import queue
-from app.capacity.batch import BatchEntry, BatchOptions, place_batch
-from app.capacity.placer import Pending, Placed
-from app.capacity.reservations import CapacityConfig
-from app.capacity.snapshot import PoolCache
+from app.capacity.placing.batch import BatchEntry, BatchOptions, place_batch
+from app.capacity.placing.inline import Pending, Placed
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.queue import worker as queue
+from app.capacity.reservations.service import CapacityConfig
 from app.db.tables import device_bookings, quota_holdings, reservations, scalar_holdings
 from app.inventory import service as inventory
 from app.placement.model import DeviceRequest, PlacementRequest

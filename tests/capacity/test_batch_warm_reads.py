@@ -1,4 +1,4 @@
-"""A worker's consecutive batches of one pool share their reads (issue 15; app/capacity/shortlist.py
+"""A worker's consecutive batches of one pool share their reads (issue 15; app/capacity/planning/shortlist.py
 ``WarmReads``): the next batch of an unchanged pool sends no exceptions read and counts the earlier
 batches' committed plans; a booking made elsewhere between batches is caught by the guarded commit and
 the entry replanned on fresh reads, never double-booked; a release elsewhere never makes a pending
@@ -15,13 +15,14 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity import queue, shortlist
-from app.capacity.batch import BatchEntry, BatchOptions, place_batch
-from app.capacity.commit import NOT_SCHEDULABLE
-from app.capacity.placer import Pending, Placed
-from app.capacity.reservations import CapacityConfig
-from app.capacity.shortlist import WarmSlot
-from app.capacity.snapshot import PoolCache, read_pool_head
+from app.capacity.commit.single import NOT_SCHEDULABLE
+from app.capacity.placing.batch import BatchEntry, BatchOptions, place_batch
+from app.capacity.placing.inline import Pending, Placed
+from app.capacity.planning import shortlist
+from app.capacity.planning.shortlist import WarmSlot
+from app.capacity.planning.snapshot import PoolCache, read_pool_head
+from app.capacity.queue import worker as queue
+from app.capacity.reservations.service import CapacityConfig
 from app.db.tables import device_bookings, nodes, pools, quota_holdings, scalar_holdings
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest

@@ -8,8 +8,8 @@ import asyncio
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.reservations import CapacityConfig, create_reservation
-from app.capacity.snapshot import PoolCache
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.reservations.service import CapacityConfig, create_reservation
 from app.errors import IdempotencyKeyReused
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest

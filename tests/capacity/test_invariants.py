@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.snapshot import window
+from app.capacity.planning.snapshot import window
 from app.db.tables import allocations, device_bookings, devices, quota_holdings, reservations, scalar_holdings
 from app.ids import new_id
 from app.quota.service import set_limits

@@ -17,10 +17,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity import repair
-from app.capacity.placer import Pending, place_inline
-from app.capacity.reservations import CapacityConfig, create_reservation
-from app.capacity.snapshot import PoolCache
+from app.capacity.controllers import repair
+from app.capacity.placing.inline import Pending, place_inline
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.reservations.service import CapacityConfig, create_reservation
 from app.inventory.schemas import NodeCreate
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions

@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.placer import Pending, Placed, place_inline
-from app.capacity.snapshot import PoolCache
+from app.capacity.placing.inline import Pending, Placed, place_inline
+from app.capacity.planning.snapshot import PoolCache
 from app.db.tables import device_bookings, node_labels, scalar_holdings
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody

@@ -19,10 +19,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.batch import BatchEntry, BatchOptions, place_batch
-from app.capacity.placer import Pending, Placed
-from app.capacity.reservations import CapacityConfig, create_reservation
-from app.capacity.snapshot import PoolCache
+from app.capacity.placing.batch import BatchEntry, BatchOptions, place_batch
+from app.capacity.placing.inline import Pending, Placed
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.reservations.service import CapacityConfig, create_reservation
 from app.db.tables import allocations, device_bookings, nodes, quota_holdings, scalar_holdings
 from app.inventory import service as inventory
 from app.placement.model import Candidate, DeviceRequest, PlacementRequest

@@ -1,5 +1,5 @@
 """Spot preemption on real PostgreSQL (issue 13, "Done when" 1, 2, 3, 5, 6 and the races): through the
-reservations service, and the guarded statements of app/capacity/preemption.py raced on purpose."""
+reservations service, and the guarded statements of app/capacity/placing/preemption.py raced on purpose."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity import preemption
-from app.capacity.commit import ATOM_BOOKED, LostRace
-from app.capacity.reservations import (
+from app.capacity.commit.single import ATOM_BOOKED, LostRace
+from app.capacity.placing import preemption
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.reservations.service import (
     CapacityConfig,
     create_reservation,
     get_reservation,
@@ -18,7 +19,6 @@ from app.capacity.reservations import (
     preview,
     release_reservation,
 )
-from app.capacity.snapshot import PoolCache
 from app.inventory import service as inventory
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest

@@ -1,4 +1,4 @@
-"""The pool-lease worker's claims (app/capacity/queue.py) on real PostgreSQL: a run claims again only
+"""The pool-lease worker's claims (app/capacity/queue/worker.py) on real PostgreSQL: a run claims again only
 after a full batch, a batch's own statements are its claim and one decide-and-notify, a claim counts
 what another worker holds (so the run looks again), and the enqueue is one statement that answers
 retries and unknown pools as the inline create does."""
@@ -11,9 +11,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity import queue
-from app.capacity.reservations import CapacityConfig, _view, create_reservation, read_view
-from app.capacity.snapshot import PoolCache
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.queue import worker as queue
+from app.capacity.reservations.service import CapacityConfig, _view, create_reservation, read_view
 from app.db import locks
 from app.db.tables import reservations
 from app.errors import IdempotencyKeyReused, NotFound

@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.commit import CommitExtras, QuotaCharge, sqlstate
-from app.capacity.placer import Placed, place_inline
-from app.capacity.snapshot import PoolCache
+from app.capacity.commit.single import CommitExtras, QuotaCharge, sqlstate
+from app.capacity.placing.inline import Placed, place_inline
+from app.capacity.planning.snapshot import PoolCache
 from app.db.tables import quota_holdings, quota_usage
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions

@@ -17,9 +17,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.repair_first import RepairController
-from app.capacity.snapshot import PoolCache
-from app.capacity.wake import wake_pool
+from app.capacity.controllers.repair_first import RepairController
+from app.capacity.controllers.wake import wake_pool
+from app.capacity.planning.snapshot import PoolCache
 from app.main import capacity_config
 from tests.capacity.helpers import overlapping_bookings
 from tests.conftest import settings_for

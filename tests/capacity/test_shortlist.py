@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.shortlist import plan_request, read_exceptions, shortlist_applies, shortlist_rows
-from app.capacity.snapshot import PoolCache, read_pool_head, read_snapshot
+from app.capacity.planning.shortlist import plan_request, read_exceptions, shortlist_applies, shortlist_rows
+from app.capacity.planning.snapshot import PoolCache, read_pool_head, read_snapshot
 from app.db.tables import devices
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, TaintBody

@@ -10,8 +10,8 @@ from decimal import Decimal
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.shortlist import plan_request, selector_matches
-from app.capacity.snapshot import PoolCache, read_pool_head, read_snapshot
+from app.capacity.planning.shortlist import plan_request, selector_matches
+from app.capacity.planning.snapshot import PoolCache, read_pool_head, read_snapshot
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, NodeCreate
 from app.placement.model import DeviceRequest, MatchExpression, PlacementRequest, Selector

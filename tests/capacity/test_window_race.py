@@ -11,8 +11,8 @@ from decimal import Decimal
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.reservations import CapacityConfig, create_reservation, release_reservation
-from app.capacity.snapshot import PoolCache
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.reservations.service import CapacityConfig, create_reservation, release_reservation
 from app.errors import QuotaExceeded
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest

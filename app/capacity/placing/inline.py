@@ -36,7 +36,7 @@ from datetime import datetime
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.commit import (
+from app.capacity.commit.single import (
     ATOM_UNHEALTHY,
     LOST_RACE_SQLSTATES,
     NO_EXTRAS,
@@ -47,8 +47,8 @@ from app.capacity.commit import (
     commit_placements,
     sqlstate,
 )
-from app.capacity.shortlist import plan_request
-from app.capacity.snapshot import PoolCache, PoolHead
+from app.capacity.planning.shortlist import plan_request
+from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.db.locks import PoolShare, lock_node
 from app.errors import NotFound
 from app.observability.metrics import LOST_RACES, record_placement

@@ -4,7 +4,8 @@ docs/scaling.md), with either placer.
 Each item is independent: its own idempotency key, authorization (checked by the route before this is
 called) and quota; one item's error does not fail the others, and nothing is changed for an item that
 fails. The plain items are written, planned and committed like a pool-lease batch, in one transaction
-per call (pools in id order, :func:`app.capacity.batch.place_batch`), after the whole body was read and
+per call (pools in id order, :func:`app.capacity.placing.batch.place_batch`), after the whole body was read
+and
 before any answer is written: no lock is held while waiting for HTTP. Gangs and whole-node leases are
 created inline, one transaction each, after the batch.
 
@@ -22,13 +23,14 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.batch import BatchEntry, batch_options, place_batch
-from app.capacity.commit import LOST_RACE_SQLSTATES, sqlstate
-from app.capacity.intake import Decision, Written, delete_unwritten, insert_reservations, mark_decided
-from app.capacity.placer import Pending, Placed, db_now
-from app.capacity.placers import must_place_inline
-from app.capacity.races import ATOM_BOOKED
-from app.capacity.reservations import (
+from app.capacity.commit.lost_races import ATOM_BOOKED
+from app.capacity.commit.single import LOST_RACE_SQLSTATES, sqlstate
+from app.capacity.placing.batch import BatchEntry, batch_options, place_batch
+from app.capacity.placing.inline import Pending, Placed, db_now
+from app.capacity.placing.registry import must_place_inline
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.queue.intake import Decision, Written, delete_unwritten, insert_reservations, mark_decided
+from app.capacity.reservations.service import (
     CapacityConfig,
     _committed_view,
     _condition,
@@ -39,7 +41,6 @@ from app.capacity.reservations import (
     placement_request,
     quota_amounts,
 )
-from app.capacity.snapshot import PoolCache
 from app.db.locks import wait_for_pool_lease
 from app.errors import AppError, InvalidInput
 from app.observability.metrics import LOST_RACES, PLACEMENT_BATCH_SIZE, count_batch_attempts

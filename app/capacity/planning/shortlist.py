@@ -29,7 +29,7 @@ the shortlist orders equal count scores by id. Otherwise, and whenever the short
 pending reason must describe the whole pool), the whole pool is planned. ``needed`` is topN for a
 reservation and max(topN, 10) for a preview.
 
-A batch (:mod:`app.capacity.batch`) plans its entries on reads they share (:class:`SharedReads`): one
+A batch (:mod:`app.capacity.placing.batch`) plans its entries on reads they share (:class:`SharedReads`): one
 exceptions read per (window, resource names, tenant) group, the batch's earlier plans counted in, the
 touched nodes' scores, the inside nodes' states and the pipeline's per-node outcomes memoized until a
 plan or an assumption changes the node (the outcomes under keys the pipeline derives from what its
@@ -51,8 +51,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
-from app.capacity.snapshot import (
+from app.capacity.planning.snapshot import (
     PoolCache,
     PoolHead,
     PoolInventory,
@@ -61,6 +60,7 @@ from app.capacity.snapshot import (
     scalar_peaks,
     window,
 )
+from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
 from app.db.prepared import Prepared
 from app.db.tables import TS, device_bookings, devices, node_resources, nodes, pools, scalar_holdings
 from app.db.windows import overlapping
@@ -593,7 +593,7 @@ class WarmReads:
 @dataclass
 class WarmSlot:
     """Where a worker keeps a pool's :class:`WarmReads` between its batches (``reads`` None: read
-    afresh). :func:`app.capacity.batch.place_batch` takes them and leaves the next ones; the caller
+    afresh). :func:`app.capacity.placing.batch.place_batch` takes them and leaves the next ones; the caller
     clears ``reads`` when the batch's transaction did not commit. ``usage``: the ``(tenant, pool,
     resource)`` of the ``quota_usage`` rows known to exist (never deleted; one missing all the same is
     found by the count and inserted), so a batch locks every tenant's rows in one statement."""

@@ -1,7 +1,8 @@
 """The wake-edge controller (DESIGN.md, "Reservation lifecycle"; seed 000, ``mayBeSchedulableSql``).
 
 A pending reservation holds nothing and waits. It is planned again when an edge may make it fit
-(:mod:`app.capacity.edges` lists them and sends them with ``NOTIFY`` in the transaction that caused
+(:mod:`app.capacity.controllers.edges` lists them and sends them with ``NOTIFY`` in the transaction that
+caused
 them). Every service process LISTENs on a connection it holds (:meth:`WakeController.listen`, a lifecycle
 task) and pokes the ``wake-pending`` task, which plans the pending reservations of the pools (and
 tenants) it heard about; a periodic sweep of every pool with pending work (``BC_LIFECYCLE_SWEEP``,
@@ -22,7 +23,8 @@ that fits but whose tenant's quota does not hold now stays pending (condition re
 until a quota edge of its tenant. A placed one gets the condition ``Scheduled`` with the time it waited.
 
 Repair first (docs/lifecycle.md): BookingRepair is not part of a wake. It runs on its own task
-(:mod:`app.capacity.repair_first`), and the wake loop yields to it: before each pending reservation it
+(:mod:`app.capacity.controllers.repair_first`), and the wake loop yields to it: before each pending
+reservation it
 claims, :func:`wake_pool` awaits ``yield_to`` (:meth:`RepairController.wait_for_repairs`), so a repair
 asked for during a wake or a sweep of hundreds of pending reservations waits for one of them at most.
 
@@ -41,15 +43,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.commit import QuotaCharge
+from app.capacity.commit.single import QuotaCharge
 from app.capacity.conditions import NO_FIT, QUOTA_EXCEEDED, UNSCHEDULABLE, with_unschedulable
-from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
-from app.capacity.listener import ListeningController
-from app.capacity.placer import Placed, db_now
-from app.capacity.placers import INLINE, WAKE, Admission, PlacementContext, placer
-from app.capacity.repair import REPAIR_PREFIX
-from app.capacity.reservations import CapacityConfig, placement_request, quota_amounts
-from app.capacity.snapshot import PoolCache
+from app.capacity.controllers.edges import WAKE_CHANNEL, parse_wake_payload
+from app.capacity.controllers.listener import ListeningController
+from app.capacity.controllers.repair import REPAIR_PREFIX
+from app.capacity.placing.inline import Placed, db_now
+from app.capacity.placing.registry import INLINE, WAKE, Admission, PlacementContext, placer
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.reservations.service import CapacityConfig, placement_request, quota_amounts
 from app.db.tables import reservations
 from app.errors import QuotaExceeded
 from app.observability.metrics import WAKE_EDGES_HEARD, WAKE_WAIT, WAKES
@@ -193,7 +195,8 @@ async def wake_pool(
     """Plan the pending reservations of ``pool_id`` (of ``tenant_id`` only, when given) again, oldest
     first, one transaction each; one that still does not fit is skipped and the next one tried. Before
     each claim it awaits ``yield_to()`` when given (the repair controller's
-    :meth:`~app.capacity.repair_first.RepairController.wait_for_repairs`: repair first, docs/lifecycle.md).
+    :meth:`~app.capacity.controllers.repair_first.RepairController.wait_for_repairs`: repair first,
+    docs/lifecycle.md).
     Returns what happened to each reservation tried (at most ``limit``), in the order tried."""
     woken: list[Woken] = []
     after: tuple[datetime, str] | None = None

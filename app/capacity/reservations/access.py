@@ -5,7 +5,8 @@ it (:func:`app.iam.authorize.exists_for`); otherwise the answer is 404 ``reserva
 never 403, so its existence is not revealed. A visible reservation still needs ``action`` granted on
 ``tenant:<owner>`` (403). Routes call :func:`authorized_reservation_tenant` before the service call and
 the service re-applies :func:`visible` to the row it reads under its lock; the long-poll
-(:meth:`app.capacity.queue.QueueWorker.wait`) reads the view first and authorizes on the owner it names,
+(:meth:`app.capacity.queue.worker.QueueWorker.wait`) reads the view first and authorizes on the owner it
+names,
 with the same rule (:func:`~app.iam.authorize.authorize_owned`), so it needs one read, not two.
 """
 

@@ -2,7 +2,8 @@
 turned unhealthy or unbookable is moved for the rest of its window.
 
 The health route and the node agents' edges (:func:`app.inventory.agent_hooks.on_atoms_unavailable`)
-send the pool's repair edge; :mod:`app.capacity.repair_first` runs :func:`repair_broken` on it, on its
+send the pool's repair edge; :mod:`app.capacity.controllers.repair_first` runs :func:`repair_broken` on it,
+on its
 own task and ahead of any wake (docs/lifecycle.md, "Repair first"), and periodically as a safety net.
 It finds every live allocation with a booking on an
 unavailable atom whose window is not over (the partial index of unavailable atoms keeps that cheap) and
@@ -32,11 +33,11 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.conditions import NO_FIT, with_unschedulable
-from app.capacity.edges import notify_pool
-from app.capacity.placer import Placed, db_now
-from app.capacity.placers import INLINE, PlacementContext, placer
-from app.capacity.reservations import CapacityConfig, free_allocations, placement_request
-from app.capacity.snapshot import PoolCache
+from app.capacity.controllers.edges import notify_pool
+from app.capacity.placing.inline import Placed, db_now
+from app.capacity.placing.registry import INLINE, PlacementContext, placer
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.reservations.service import CapacityConfig, free_allocations, placement_request
 from app.db.tables import allocations, device_bookings, devices, nodes, reservations
 from app.observability.metrics import REPAIRS
 from app.placement.request import ReservationRequest

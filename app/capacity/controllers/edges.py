@@ -6,7 +6,7 @@ Payload: ``{"pool": <pool id>, "tenant": <tenant id> | null}``. ``tenant`` is nu
 help any tenant of the pool (a release, an end, freed atoms, a node that is schedulable for everyone)
 and names one tenant for an edge that helps only that tenant (its quota raised, a node that is
 schedulable only for the tenant it is dedicated to). Every replica LISTENs on the channel
-(:mod:`app.capacity.wake`); PostgreSQL folds identical notifications of one transaction into one.
+(:mod:`app.capacity.controllers.wake`); PostgreSQL folds identical notifications of one transaction into one.
 
 Which edges can clear which rejection (STYLE.md habit 13), as the callers send them:
 
@@ -27,7 +27,7 @@ only the dedicated tenant.
 Repair edges go on their own channel (``bc_repair``, payload: the pool id): an atom that turned
 unhealthy or unbookable (the health route, an agent's heartbeat or Hello) fits no pending work, it asks
 for BookingRepair, which every replica runs on its own task ahead of any wake
-(:mod:`app.capacity.repair_first`, docs/lifecycle.md "Repair first").
+(:mod:`app.capacity.controllers.repair_first`, docs/lifecycle.md "Repair first").
 """
 
 from __future__ import annotations

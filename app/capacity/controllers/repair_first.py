@@ -6,19 +6,22 @@ a run was waking hundreds of pending reservations (one transaction each) stayed 
 ended: seconds with a backlog. Now:
 
 - **its own edge and listener.** An atom that turns unhealthy or unbookable sends the repair edge
-  (``NOTIFY bc_repair, <pool id>``, :func:`app.capacity.edges.notify_repair`) in the transaction that
+  (``NOTIFY bc_repair, <pool id>``, :func:`app.capacity.controllers.edges.notify_repair`) in the
+  transaction that
   made it so. :class:`RepairController` LISTENs on ``bc_repair`` on its own connection and pokes its
-  own task (``booking-repair``), which runs :func:`app.capacity.repair.repair_broken` at once, whatever
+  own task (``booking-repair``), which runs :func:`app.capacity.controllers.repair.repair_broken` at once,
+  whatever
   the wake task is doing. The task also runs every ``interval`` seconds (``BC_LIFECYCLE_INTERVAL``) and
   after each (re)connection of the listener: the safety net for an edge nobody heard.
 - **the wakes yield.** From the moment an edge is heard until the repair run it asked for is over, the
-  controller is *busy*; the wake loop (:func:`app.capacity.wake.wake_pool`, for an edge as for a sweep)
+  controller is *busy*; the wake loop (:func:`app.capacity.controllers.wake.wake_pool`, for an edge as for
+  a sweep)
   awaits :meth:`RepairController.wait_for_repairs` before it claims each pending reservation. So a
   wake finishes at most the one reservation it is placing (one short transaction) and then waits: the
   repair is planned and committed with no wake competing for the event loop, the database connections
   or the freed atoms.
 - **replicas.** Every replica hears the edge and runs the repair; each reservation is claimed
-  ``FOR UPDATE SKIP LOCKED`` (:func:`app.capacity.repair.repair_reservation`), so a reservation is
+  ``FOR UPDATE SKIP LOCKED`` (:func:`app.capacity.controllers.repair.repair_reservation`), so a reservation is
   repaired once and the other replica skips it. A broken reservation skipped because another
   transaction held its row is looked at again after ``REPAIR_RETRY`` seconds until it is repaired
   (gangs, which are not repaired yet, excepted).
@@ -34,11 +37,11 @@ from collections.abc import Callable, Mapping
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.edges import REPAIR_CHANNEL
-from app.capacity.listener import ListeningController
-from app.capacity.repair import Repair, broken_reservations, repair_broken
-from app.capacity.reservations import CapacityConfig
-from app.capacity.snapshot import PoolCache
+from app.capacity.controllers.edges import REPAIR_CHANNEL
+from app.capacity.controllers.listener import ListeningController
+from app.capacity.controllers.repair import Repair, broken_reservations, repair_broken
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.reservations.service import CapacityConfig
 from app.db.tables import reservations
 
 log = logging.getLogger("better_compute.repair")
@@ -109,7 +112,8 @@ class RepairController(ListeningController[str]):
 
     async def run(self, engine: AsyncEngine) -> list[Repair]:
         """One repair run: every placed reservation with a live booking on an unhealthy or unbookable
-        atom (:func:`app.capacity.repair.repair_broken`, one transaction each, ``SKIP LOCKED``); those a
+        atom (:func:`app.capacity.controllers.repair.repair_broken`, one transaction each, ``SKIP
+        LOCKED``); those a
         concurrent transaction held are tried again ``REPAIR_RETRY`` seconds later. Returns the repairs
         committed here."""
         self._asked = False

@@ -1,6 +1,6 @@
 """Reservation rows in and out for the batch paths (pool-lease queue, bulk create): the multi-row
 insert with idempotency, and the multi-row status update of decided reservations (seed 000; the inline
-create of :mod:`app.capacity.reservations` writes its single row itself)."""
+create of :mod:`app.capacity.reservations.service` writes its single row itself)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.reservations import spec_hash
+from app.capacity.reservations.service import spec_hash
 from app.db.prepared import Prepared
 from app.db.tables import TS, pools, reservations
 from app.db.unnest import bound_rows

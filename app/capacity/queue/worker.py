@@ -3,7 +3,7 @@ replica runs, and the long-poll of ``GET /v1/reservations/{id}?waitSeconds=N``.
 
 - **enqueue** (:func:`create`): with ``BC_CAPACITY_PLACER=pool-lease`` a plain reservation is written
   ``queued`` and the pool's queue edge is sent (``NOTIFY bc_queue, <pool id>``) by one statement, what
-  an insert and :class:`app.capacity.placers.PoolLeasePlacer` do in two; nothing is charged or booked
+  an insert and :class:`app.capacity.placing.registry.PoolLeasePlacer` do in two; nothing is charged or booked
   yet. Gangs and whole-node leases are created inline whatever the setting.
 - **the worker** (:class:`QueueWorker`, two lifecycle tasks): a LISTEN connection on ``bc_queue`` and
   ``bc_decided`` pokes the worker task, which takes the pools it heard about (and, every
@@ -11,9 +11,9 @@ replica runs, and the long-poll of ``GET /v1/reservations/{id}?waitSeconds=N``.
   pool, leases the pool for one transaction (:func:`pool_lease`: one replica at a time plans a pool, so
   replicas' batches never race each other for atoms), claims up to ``maxBatch`` queued reservations
   oldest first with ``FOR UPDATE SKIP LOCKED`` and decides them in that transaction
-  (:func:`app.capacity.batch.place_batch`); a batch that took ``maxBatch`` is followed by another at
-  once. The worker keeps each pool's batch reads warm (:class:`app.capacity.shortlist.WarmReads`,
-  one :class:`~app.capacity.shortlist.WarmSlot` per pool): its next batch of an unchanged pool plans
+  (:func:`app.capacity.placing.batch.place_batch`); a batch that took ``maxBatch`` is followed by another at
+  once. The worker keeps each pool's batch reads warm (:class:`app.capacity.planning.shortlist.WarmReads`,
+  one :class:`~app.capacity.planning.shortlist.WarmSlot` per pool): its next batch of an unchanged pool plans
   on the last committed batch's exceptions read and locks known quota rows in one statement.
   No debounce: the edges that arrive during a batch make the next run, which claims everything
   queued by then. The claim also counts the pool's queued rows it could not take: while another worker
@@ -44,13 +44,21 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.access import reservation_named, reservation_not_found
-from app.capacity.batch import BatchEntry, batch_options, place_batch
-from app.capacity.intake import Decision, decided_params, decided_update
-from app.capacity.listener import ListeningController
-from app.capacity.placer import Pending, Placed
-from app.capacity.placers import DECIDED_CHANNEL, POOL_LEASE, QUEUE_CHANNEL, placer_for_request, queue_edge
-from app.capacity.reservations import (
+from app.capacity.controllers.listener import ListeningController
+from app.capacity.placing.batch import BatchEntry, batch_options, place_batch
+from app.capacity.placing.inline import Pending, Placed
+from app.capacity.placing.registry import (
+    DECIDED_CHANNEL,
+    POOL_LEASE,
+    QUEUE_CHANNEL,
+    placer_for_request,
+    queue_edge,
+)
+from app.capacity.planning.shortlist import WarmSlot
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.queue.intake import Decision, decided_params, decided_update
+from app.capacity.reservations.access import reservation_named, reservation_not_found
+from app.capacity.reservations.service import (
     CapacityConfig,
     _committed_view,
     _condition,
@@ -63,8 +71,6 @@ from app.capacity.reservations import (
     read_view,
     spec_hash,
 )
-from app.capacity.shortlist import WarmSlot
-from app.capacity.snapshot import PoolCache
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
@@ -96,7 +102,8 @@ QUOTA_EXCEEDED_REASON = "QuotaExceeded"  # as the wake-edge controller's
 
 def queues(config: CapacityConfig, body: ReservationRequest) -> bool:
     """Does this create go to the queue? The placer the registry picks for it is the pool-lease one
-    (configured, and not a gang or whole-node lease: :func:`~app.capacity.placers.placer_for_request`)."""
+    (configured, and not a gang or whole-node lease:
+    :func:`~app.capacity.placing.registry.placer_for_request`)."""
     return placer_for_request(config.placer, body).id == POOL_LEASE
 
 
@@ -108,7 +115,7 @@ async def create(
     inline placer also QuotaExceeded. On any error nothing is written.
 
     Queued: BEGIN, one statement (:func:`_enqueue`: the row written ``queued`` with the queue edge, what
-    an insert and :class:`~app.capacity.placers.PoolLeasePlacer` do in two), COMMIT; an idempotent
+    an insert and :class:`~app.capacity.placing.registry.PoolLeasePlacer` do in two), COMMIT; an idempotent
     retry or an unknown pool reads more."""
     if not queues(config, body):
         return await create_reservation(engine, cache, config, body)
@@ -259,7 +266,8 @@ async def work_batch(
 ) -> int:
     """Claim and decide up to ``config.max_batch`` queued reservations of ``pool_id`` in one
     transaction; returns how many were claimed (0: none claimable). ``warm``: the pool's reads kept
-    from the caller's previous batch (:class:`~app.capacity.shortlist.WarmReads`), left for the next."""
+    from the caller's previous batch (:class:`~app.capacity.planning.shortlist.WarmReads`), left for the
+    next."""
     return (await _work_batch(engine, cache, config, pool_id, warm))[0]
 
 
@@ -268,7 +276,7 @@ async def _work_batch(
 ) -> tuple[int, int]:
     """:func:`work_batch`: ``(claimed, left)``, ``left`` the pool's queued rows the claim saw and did
     not take. One transaction: BEGIN, the claim (:func:`_claim`), the batch's plans and commits
-    (:func:`app.capacity.batch.place_batch`, on ``warm``'s reads where usable), the decisions written
+    (:func:`app.capacity.placing.batch.place_batch`, on ``warm``'s reads where usable), the decisions written
     with the ``bc_decided`` that carries their views in one statement (:func:`decide`), COMMIT; the
     warm reads are dropped when the transaction does not commit."""
     tokens: list[int] = []
@@ -466,7 +474,7 @@ class QueueWorker(ListeningController[str]):
         """``GET /v1/reservations/{id}?waitSeconds=N``: the reservation view once it is no longer
         ``queued``, or after ``seconds`` (0..30) as it is then. Raises NotFound (absent, or another
         tenant's than a tenant-scoped principal's) and Forbidden (``action`` not granted on
-        ``tenant:<owner>``), as :func:`~app.capacity.access.authorized_reservation_tenant`.
+        ``tenant:<owner>``), as :func:`~app.capacity.reservations.access.authorized_reservation_tenant`.
 
         Round trips: one statement on an autocommit connection (the view, authorized on the owner it
         names); woken by the ``bc_decided`` line of this reservation alone, it answers the view the
@@ -504,7 +512,7 @@ class QueueWorker(ListeningController[str]):
 
 
 async def _read_view(engine: AsyncEngine, reservation_id: str) -> dict[str, Any] | None:
-    """:func:`~app.capacity.reservations.read_view` as one round trip: autocommit spares BEGIN and
+    """:func:`~app.capacity.reservations.service.read_view` as one round trip: autocommit spares BEGIN and
     ROLLBACK."""
     async with engine.connect() as conn:
         conn = await conn.execution_options(isolation_level="AUTOCOMMIT")

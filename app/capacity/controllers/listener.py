@@ -1,5 +1,6 @@
-"""The one LISTEN loop of the background controllers (the wake controller, :mod:`app.capacity.wake`, and
-the queue worker, :mod:`app.capacity.queue`): hold a connection that LISTENs on some channels until it
+"""The one LISTEN loop of the background controllers (the wake controller,
+:mod:`app.capacity.controllers.wake`, and
+the queue worker, :mod:`app.capacity.queue.worker`): hold a connection that LISTENs on some channels until it
 fails, pinging it every ``LISTENER_PING`` seconds so a dead connection is noticed. The caller runs it
 again after its retry delay; edges sent while nobody listened were not heard, so each (re)connection
 calls ``on_listening`` (the controllers make their next run a full sweep).
@@ -19,8 +20,8 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.reservations import CapacityConfig
-from app.capacity.snapshot import PoolCache
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.reservations.service import CapacityConfig
 
 H = TypeVar("H")  # what a controller remembers of an edge it heard
 

@@ -45,9 +45,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity import preemption
-from app.capacity.access import reservation_not_found, visible
-from app.capacity.commit import CommitExtras, Committed, MarkPlaced, QuotaCharge, sqlstate
+from app.capacity.commit.cuts import cut_allocations
+from app.capacity.commit.single import CommitExtras, Committed, MarkPlaced, QuotaCharge, sqlstate
 from app.capacity.conditions import (
     NO_FIT,
     ended_condition,
@@ -55,11 +54,12 @@ from app.capacity.conditions import (
     unschedulable_condition,
     window_passed_condition,
 )
-from app.capacity.cuts import cut_allocations
-from app.capacity.edges import notify_pool
-from app.capacity.placer import Pending, Placed, db_now, place_inline
-from app.capacity.shortlist import plan_request
-from app.capacity.snapshot import PoolCache, PoolHead
+from app.capacity.controllers.edges import notify_pool
+from app.capacity.placing import preemption
+from app.capacity.placing.inline import Pending, Placed, db_now, place_inline
+from app.capacity.planning.shortlist import plan_request
+from app.capacity.planning.snapshot import PoolCache, PoolHead
+from app.capacity.reservations.access import reservation_not_found, visible
 from app.db.locks import PoolShare, lock_pool, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import TS, allocations, pools, reservations
@@ -93,7 +93,7 @@ class CapacityConfig:
     max_lead: timedelta = MAX_LEAD
     # BC_CAPACITY_PREEMPTION: a regular request that does not fit may preempt spot work
     preemption: bool = True
-    # BC_CAPACITY_PLACER / BC_CAPACITY_MAX_BATCH (seed 000, "Two placers"; app/capacity/placers.py)
+    # BC_CAPACITY_PLACER / BC_CAPACITY_MAX_BATCH (seed 000, "Two placers"; app/capacity/placing/registry.py)
     placer: str = "inline"
     max_batch: int = 64
 
@@ -162,7 +162,7 @@ async def create_reservation(
 
     Raises NotFound (pool), QuotaExceeded, IdempotencyKeyReused; on any error nothing is written.
     ``before_commit(attempt, candidate)``: runs between an inline plan and its commit, before the pool
-    lock (tests hold a plan open there, :func:`app.capacity.placer.place_inline`).
+    lock (tests hold a plan open there, :func:`app.capacity.placing.inline.place_inline`).
     """
     spec = body.spec()
     digest = spec_hash(spec)
@@ -588,7 +588,7 @@ async def free_allocations(conn: AsyncConnection, live: list[Any], pool_id: str,
     if not live:
         return
     await lock_pool(conn, pool_id, for_update=False)
-    await cut_allocations(conn, [a.id for a in live], at)  # app.capacity.cuts
+    await cut_allocations(conn, [a.id for a in live], at)  # app.capacity.commit.cuts
 
 
 async def end_reservations(

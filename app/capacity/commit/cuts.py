@@ -1,6 +1,6 @@
 """The one cut of allocations at an instant, shared by a release and a repair
-(:func:`app.capacity.reservations.free_allocations`) and a preemption's eviction
-(:func:`app.capacity.preemption.evict_victims`): bookings and scalar holdings that had not started by
+(:func:`app.capacity.reservations.service.free_allocations`) and a preemption's eviction
+(:func:`app.capacity.placing.preemption.evict_victims`): bookings and scalar holdings that had not started by
 ``at`` are removed, those that had end there, and the allocations get ``released_at = at``.
 
 Cutting only shrinks what is held, so it takes no ``node_resources`` or ``quota_usage`` lock (the lock

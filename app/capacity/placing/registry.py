@@ -4,11 +4,11 @@ A placer has an ``id`` and ``place(conn, request, context) -> Placed | Pending |
 the caller's open transaction with the reservation row already written:
 
 - ``inline`` (:class:`InlinePlacer`) plans and commits now with the guarded statements
-  (:func:`app.capacity.placer.place_inline`): :class:`Placed` or :class:`Pending`;
+  (:func:`app.capacity.placing.inline.place_inline`): :class:`Placed` or :class:`Pending`;
 - ``pool-lease`` (:class:`PoolLeasePlacer`) marks the reservation ``queued`` and sends the pool's queue
   edge (``NOTIFY bc_queue``): :class:`Queued`. A batch worker of some replica
-  (:mod:`app.capacity.queue`) then plans queued reservations oldest first and commits them together
-  (:mod:`app.capacity.batch`).
+  (:mod:`app.capacity.queue.worker`) then plans queued reservations oldest first and commits them together
+  (:mod:`app.capacity.placing.batch`).
 
 Gangs, whole-node leases, BookingRepair, wakes and preemption need an answer at once: they ask for the
 inline placer by id (:func:`placer_for_request` answers it for those requests whatever the setting).
@@ -26,9 +26,9 @@ from typing import Protocol
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.commit import NO_EXTRAS, CommitExtras, MarkPlaced, QuotaCharge
-from app.capacity.placer import Pending, Placed, place_inline, place_woken
-from app.capacity.snapshot import PoolCache, PoolHead
+from app.capacity.commit.single import NO_EXTRAS, CommitExtras, MarkPlaced, QuotaCharge
+from app.capacity.placing.inline import Pending, Placed, place_inline, place_woken
+from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.db.tables import reservations
 from app.placement.model import Candidate, PlacementRequest
 from app.placement.options import SchedulerOptions
@@ -128,7 +128,7 @@ class Placer(Protocol):
 
 
 class InlinePlacer:
-    """Plan now and commit with the guarded statements (:func:`app.capacity.placer.place_inline`)."""
+    """Plan now and commit with the guarded statements (:func:`app.capacity.placing.inline.place_inline`)."""
 
     id = INLINE
 
@@ -155,7 +155,7 @@ class PoolLeasePlacer:
     """Queue the reservation for its pool's batch worker: status ``queued``, the queue edge sent when
     ``conn``'s transaction commits. Nothing is charged or booked until a batch decides it. The
     pool-lease create does both steps (the row written, then queued) in one statement,
-    :data:`app.capacity.queue.ENQUEUE`, with the same edge (:func:`queue_edge`)."""
+    :data:`app.capacity.queue.worker.ENQUEUE`, with the same edge (:func:`queue_edge`)."""
 
     id = POOL_LEASE
 

@@ -63,20 +63,20 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.predicates import (
-    leasable_sql_within,
-    own_dedication,
-    schedulable_sql_within,
-    tolerated_reasons,
-)
-from app.capacity.races import (  # noqa: F401  (LOST_RACE_KINDS: re-exported)
+from app.capacity.commit.lost_races import (  # noqa: F401  (LOST_RACE_KINDS: re-exported)
     ATOM_BOOKED,
     ATOM_UNHEALTHY,
     LOST_RACE_KINDS,
     NOT_SCHEDULABLE,
     SCALAR_RAN_OUT,
 )
-from app.capacity.snapshot import window
+from app.capacity.planning.snapshot import window
+from app.capacity.predicates import (
+    leasable_sql_within,
+    own_dedication,
+    schedulable_sql_within,
+    tolerated_reasons,
+)
 from app.db.prepared import Prepared
 from app.db.tables import (
     TS,

@@ -17,7 +17,7 @@ transaction, inside ``SAVEPOINT capacity_preempt_<attempt>``, in the lock order:
    (refunding the remainder), their device bookings and scalar holdings are cut there (removed when
    their window had not started), their allocations get ``releasedAt``, and they become ``preempted``
    with a ``Preempted`` condition and the instant;
-4. the preemptor's guarded commit (:func:`app.capacity.commit.commit_placements`: nodes -> devices ->
+4. the preemptor's guarded commit (:func:`app.capacity.commit.single.commit_placements`: nodes -> devices ->
    node_resources -> quota_usage, the preemptor's charge riding on its last statement; the victims' refund
    takes no quota lock, it only shrinks what is held). Work booked on the node meanwhile (a spot reservation
    created while the preemption commits, another preemptor) makes the booking or scalar guard answer short: a
@@ -41,7 +41,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.commit import (
+from app.capacity.commit.cuts import cut_allocations
+from app.capacity.commit.single import (
     ATOM_UNHEALTHY,
     NOT_SCHEDULABLE,
     CommitExtras,
@@ -51,10 +52,9 @@ from app.capacity.commit import (
     booked_concurrently,
     commit_placements,
 )
-from app.capacity.cuts import cut_allocations
-from app.capacity.edges import notify_pool
-from app.capacity.placer import Placed, plan_seed
-from app.capacity.snapshot import PoolCache, read_snapshot
+from app.capacity.controllers.edges import notify_pool
+from app.capacity.placing.inline import Placed, plan_seed
+from app.capacity.planning.snapshot import PoolCache, read_snapshot
 from app.db.locks import PoolShare
 from app.db.tables import TS, allocations, reservations, scalar_holdings
 from app.observability.metrics import PREEMPTION_ATTEMPTS, PREEMPTION_VICTIMS
@@ -264,7 +264,7 @@ def preemptor_condition(at: datetime, victims: tuple[SpotWork, ...], tenant_id: 
 async def evict_victims(conn: AsyncConnection, plan: PreemptionPlan, at: datetime) -> None:
     """Cut the claimed victims at ``at`` and mark them preempted (their rows are locked by
     :func:`claim_victims`, so nothing here can race): quota first, then bookings and scalar holdings
-    (the cut of a release, :func:`app.capacity.cuts.cut_allocations`), then the rows."""
+    (the cut of a release, :func:`app.capacity.commit.cuts.cut_allocations`), then the rows."""
     ids = [v.reservation_id for v in plan.victims]
     for rid in ids:
         await quota.cut_holdings(conn, rid, at)  # the refund of the remainder

@@ -1,6 +1,6 @@
 """Plan and commit a batch of one pool's reservations in one transaction (seed 000, "Two placers";
-docs/scaling.md): the pool-lease queue worker (:mod:`app.capacity.queue`) and the bulk create
-(:mod:`app.capacity.bulk`) both come here.
+docs/scaling.md): the pool-lease queue worker (:mod:`app.capacity.queue.worker`) and the bulk create
+(:mod:`app.capacity.reservations.bulk`) both come here.
 
 Steps, in the lock order pools -> nodes -> devices -> node_resources -> quota_usage (the inline
 commit's, :mod:`app.db.locks`):
@@ -8,13 +8,14 @@ commit's, :mod:`app.db.locks`):
 1. **read the pool row** (a plain read: the head the plans share): an archived pool (archived after the
    reservation was queued, or before) leaves every entry pending with ``the pool is archived``;
 2. **plan** the entries one after another, oldest first, on reads they share
-   (:class:`~app.capacity.shortlist.SharedReads`, issue 15): the pool row read as their head, one
+   (:class:`~app.capacity.planning.shortlist.SharedReads`, issue 15): the pool row read as their head, one
    exceptions read per group of window, resource names and tenant, each plan seeing the earlier plans
    of the attempt (their atoms booked and their scalar amounts held where the windows overlap) and
    what other plans of this process assumed meanwhile (their atoms are assumed booked in the
-   :class:`~app.capacity.snapshot.PoolCache`, which memoizes rankings per label set); what earlier
+   :class:`~app.capacity.planning.snapshot.PoolCache`, which memoizes rankings per label set); what earlier
    attempts wrote is read back in this transaction. A queue worker's first attempt also plans on the
-   pool's warm reads from its previous batch (``WarmSlot``, :class:`~app.capacity.shortlist.WarmReads`);
+   pool's warm reads from its previous batch (``WarmSlot``,
+   :class:`~app.capacity.planning.shortlist.WarmReads`);
 3. **lock the pool row** ``FOR SHARE`` right before the first commit (:class:`~app.db.locks.PoolShare`,
    docs/placement-rules.md, "The pipeline": the critical section is the commit alone, so inventory
    changes never wait for the plans):
@@ -27,10 +28,11 @@ commit's, :mod:`app.db.locks`):
    resource) guarded with their total (those that do not fit whole go one at a time,
    :func:`_hold_scalars`). A losing entry's rows are deleted; the others stay;
 4. **replan** the losers without the lost node (or with it re-read, seed 000's rule in
-   :mod:`app.capacity.placer`), up to ``max_attempts``; then pending with ``Unschedulable after <n>
+   :mod:`app.capacity.placing.inline`), up to ``max_attempts``; then pending with ``Unschedulable after <n>
    conflicting attempts: ...``;
 5. **preempt** (``BatchOptions.preemption``): a regular entry left pending because nothing fit is placed
-   inline by preempting spot work (:func:`app.capacity.preemption.place_preempting`), as a create would;
+   inline by preempting spot work (:func:`app.capacity.placing.preemption.place_preempting`), as a create
+   would;
 6. **charge** quota, last: every placed entry's tenant rows locked once in sorted order, then all the
    entries in one guarded statement when they all fit (:func:`_charge_together`), else each entry
    in a SAVEPOINT; a refusal (:class:`~app.errors.QuotaExceeded`) refuses that entry alone and removes
@@ -40,7 +42,7 @@ commit's, :mod:`app.db.locks`):
 
 A deadlock or exclusion violation inside a multi-row statement (40P01, 23P01: the same lost race) rolls
 that attempt's commit back to its savepoint and commits the attempt's plans one by one with the
-single-placement guarded commit (:func:`app.capacity.commit.commit_placements`).
+single-placement guarded commit (:func:`app.capacity.commit.single.commit_placements`).
 """
 
 from __future__ import annotations
@@ -59,8 +61,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity import preemption
-from app.capacity.commit import (
+from app.capacity.commit.single import (
     ATOM_BOOKED,
     ATOM_UNHEALTHY,
     LOST_RACE_SQLSTATES,
@@ -73,17 +74,25 @@ from app.capacity.commit import (
     labels_hold,
     sqlstate,
 )
-from app.capacity.placer import (
+from app.capacity.placing import preemption
+from app.capacity.placing.inline import (
     EXCLUDING_KINDS,
     Pending,
     Placed,
     db_now,
     plan_seed,
 )
+from app.capacity.planning.shortlist import (
+    WARM_SLACK,
+    BatchPlanned,
+    SharedReads,
+    WarmReads,
+    WarmSlot,
+    plan_request,
+)
+from app.capacity.planning.snapshot import PoolCache, PoolHead, read_pool_head, window
 from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
-from app.capacity.reservations import CapacityConfig
-from app.capacity.shortlist import WARM_SLACK, BatchPlanned, SharedReads, WarmReads, WarmSlot, plan_request
-from app.capacity.snapshot import PoolCache, PoolHead, read_pool_head, window
+from app.capacity.reservations.service import CapacityConfig
 from app.db.locks import PoolShare
 from app.db.prepared import Prepared
 from app.db.tables import (
@@ -384,7 +393,7 @@ async def place_batch(
     """Decide every entry of ``pool_id`` in ``conn``'s transaction (steps 1-5 above); returns the cache
     assumption tokens of the committed atoms: forget them once the transaction has ended.
 
-    ``warm``: the pool's :class:`~app.capacity.shortlist.WarmReads` from the caller's previous batch
+    ``warm``: the pool's :class:`~app.capacity.planning.shortlist.WarmReads` from the caller's previous batch
     (the first attempt plans on them where still usable) and, on return, this batch's for the next
     one, left only when every entry was decided on the first attempt's plans (none lost a race, was
     refused quota or preempted); the caller clears it when the transaction does not commit."""
@@ -732,7 +741,8 @@ async def _plan_all(
     attempt: int,
     shared: SharedReads,
 ) -> list[_Planned] | None:
-    """Plan ``todo`` one after another on reads they share (:class:`~app.capacity.shortlist.SharedReads`:
+    """Plan ``todo`` one after another on reads they share
+    (:class:`~app.capacity.planning.shortlist.SharedReads`:
     one exceptions read per group of window, resource names and tenant, this attempt's earlier plans
     counted as booked and held where the windows overlap; earlier attempts' winners are read back from
     this transaction); each plan's atoms are also assumed booked in the cache for the other plans of
@@ -964,7 +974,7 @@ async def _hold_scalars(
     lost: dict[str, LostRace],
     skip_locked: bool = False,
 ) -> None:
-    """Each scalar of the surviving entries with the guarded hold of :mod:`app.capacity.commit`
+    """Each scalar of the surviving entries with the guarded hold of :mod:`app.capacity.commit.single`
     (``node_resources`` row lock, then the peak guard), in (node, resource) order:
 
     1. one statement locks every ``node_resources`` row (:func:`lock_scalars_statement`); an entry whose

@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.reservations import end_passed_windows, end_reservations
+from app.capacity.reservations.service import end_passed_windows, end_reservations
 
 log = logging.getLogger("better_compute.lifecycle")
 

@@ -1,0 +1,1 @@
+"""Background controllers: the LISTEN loop, wake, BookingRepair, lifecycle, census, wake edges."""

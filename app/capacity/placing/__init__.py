@@ -1,0 +1,1 @@
+"""Placers: the inline placer, the placer registry, the batch planner and preemption."""

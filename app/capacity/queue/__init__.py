@@ -1,0 +1,1 @@
+"""The pool-lease queue: intake of queued reservations and the batch worker."""

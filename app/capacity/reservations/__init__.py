@@ -1,0 +1,1 @@
+"""The reservation service: create, read, release, preview, bulk, and who may act on one."""
