@@ -91,7 +91,7 @@ def test_the_lock_order_is_written_once_and_documented() -> None:
 def test_a_lower_service_uses_capacity_only_for_its_wake_edges(package: str) -> None:
     for path in sorted((ROOT / "app" / package).glob("*.py")):
         capacity = {m for m in _imports(path) if m == "app.capacity" or m.startswith("app.capacity.")}
-        assert capacity <= {"app.capacity.controllers.edges"}, path
+        assert capacity <= {"app.capacity.edges"}, path
 
 
 def test_nothing_imports_the_api() -> None:
@@ -99,3 +99,36 @@ def test_nothing_imports_the_api() -> None:
         if API in path.parents or path.name in ("main.py", "cli.py", "openapi.py"):
             continue
         assert not {m for m in _imports(path) if m.startswith("app.api")}, path
+
+
+CAPACITY = ROOT / "app" / "capacity"
+# app/capacity's rooms (docs/architecture.md): what each may not import. Planning and the guarded commit
+# never see each other; the commit knows neither the reservation service nor the placers above it.
+ROOM_RULES = {
+    "planning": (
+        "app.capacity.commit",
+        "app.capacity.placing",
+        "app.capacity.reservations",
+        "app.capacity.queue",
+        "app.capacity.controllers",
+    ),
+    "commit": (
+        "app.capacity.planning",
+        "app.capacity.placing",
+        "app.capacity.reservations",
+        "app.capacity.queue",
+        "app.capacity.controllers",
+    ),
+}
+
+
+def test_capacity_is_in_rooms() -> None:
+    rooms = {p.name for p in CAPACITY.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert {"planning", "commit", "placing", "reservations", "queue", "controllers"} <= rooms
+
+
+@pytest.mark.parametrize("room", sorted(ROOM_RULES))
+def test_a_capacity_room_imports_only_what_it_may(room: str) -> None:
+    for path in sorted((CAPACITY / room).rglob("*.py")):
+        forbidden = {m for m in _imports(path) if m.startswith(ROOM_RULES[room])}
+        assert not forbidden, f"{path.relative_to(ROOT)} imports {sorted(forbidden)}"

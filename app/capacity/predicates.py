@@ -6,7 +6,7 @@
   node) and the shortlist's eligibility column (:mod:`app.capacity.planning.shortlist`);
 - :func:`leasable_sql_for` (its body :func:`leasable_sql_within`, over a bound own dedication): the
   guarded commit of a whole-node lease (:mod:`app.capacity.commit.single`);
-- :func:`may_be_schedulable_sql`: a node's wake edge (:func:`app.capacity.controllers.edges.notify_node`)
+- :func:`may_be_schedulable_sql`: a node's wake edge (:func:`app.capacity.edges.notify_node`)
 and the
   ``unschedulable`` atom state of the census gauges (:mod:`app.capacity.controllers.census`).
 

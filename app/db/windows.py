@@ -30,7 +30,13 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import Range
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+
+def window(start: datetime, end: datetime) -> Range[datetime]:
+    """The half-open booking window ``[start, end)``."""
+    return Range(start, end, bounds="[)")
 
 
 def overlapping(table: sa.Table, start: datetime, end: datetime) -> list[Any]:

@@ -3,7 +3,7 @@
 Hello, heartbeat and the liveness sweep call these in the SAME transaction as the change they report, after
 the change is written and the node's NoSchedule reasons are refreshed, with the locks of the lock order
 already held (pools -> nodes -> devices). Both count the edge (``bc_agent_edges_total{edge}``), log it and
-send an edge (NOTIFY, :mod:`app.capacity.controllers.edges`) on ``conn``, so the edge commits or rolls back
+send an edge (NOTIFY, :mod:`app.capacity.edges`) on ``conn``, so the edge commits or rolls back
 with its
 cause: :func:`on_atoms_unavailable` sends the repair edge, on which BookingRepair moves the allocations
 that book those atoms (ahead of any wake), :func:`on_node_may_fit` wakes the pool's pending reservations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.controllers.edges import notify_node, notify_repair
+from app.capacity.edges import notify_node, notify_repair
 from app.inventory.service import node_pool_id
 from app.observability.metrics import AGENT_EDGES
 

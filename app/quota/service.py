@@ -26,7 +26,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.controllers.edges import notify_pool
+from app.capacity.edges import notify_pool
 from app.db.locks import pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import (

@@ -9,8 +9,8 @@ from decimal import Decimal
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.planning.snapshot import window
 from app.db.tables import allocations, device_bookings, devices, reservations, scalar_holdings
+from app.db.windows import window
 from app.ids import new_id
 from app.inventory import service as inventory
 from app.inventory.schemas import NodeCreate

@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.planning.snapshot import window
 from app.db.tables import allocations, device_bookings, devices, quota_holdings, reservations, scalar_holdings
+from app.db.windows import window
 from app.ids import new_id
 from app.quota.service import set_limits
 from tests.capacity.helpers import book, db_time, make_pool_with_nodes, reservation_row

@@ -70,7 +70,6 @@ from app.capacity.commit.lost_races import (  # noqa: F401  (LOST_RACE_KINDS: re
     NOT_SCHEDULABLE,
     SCALAR_RAN_OUT,
 )
-from app.capacity.planning.snapshot import window
 from app.capacity.predicates import (
     leasable_sql_within,
     own_dedication,
@@ -92,7 +91,7 @@ from app.db.tables import (
 )
 from app.db.tx import sqlstate
 from app.db.unnest import wanted_amounts
-from app.db.windows import room_for
+from app.db.windows import room_for, window
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
 from app.placement.system_labels import unmet_label

@@ -33,7 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.conditions import NO_FIT, with_unschedulable
-from app.capacity.controllers.edges import notify_pool
+from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import Placed, db_now
 from app.capacity.placing.registry import INLINE, PlacementContext, placer
 from app.capacity.planning.snapshot import PoolCache

@@ -6,7 +6,7 @@ a run was waking hundreds of pending reservations (one transaction each) stayed 
 ended: seconds with a backlog. Now:
 
 - **its own edge and listener.** An atom that turns unhealthy or unbookable sends the repair edge
-  (``NOTIFY bc_repair, <pool id>``, :func:`app.capacity.controllers.edges.notify_repair`) in the
+  (``NOTIFY bc_repair, <pool id>``, :func:`app.capacity.edges.notify_repair`) in the
   transaction that
   made it so. :class:`RepairController` LISTENs on ``bc_repair`` on its own connection and pokes its
   own task (``booking-repair``), which runs :func:`app.capacity.controllers.repair.repair_broken` at once,
@@ -37,9 +37,9 @@ from collections.abc import Callable, Mapping
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.controllers.edges import REPAIR_CHANNEL
 from app.capacity.controllers.listener import ListeningController
 from app.capacity.controllers.repair import Repair, broken_reservations, repair_broken
+from app.capacity.edges import REPAIR_CHANNEL
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.reservations.service import CapacityConfig
 from app.db.tables import reservations

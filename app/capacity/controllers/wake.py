@@ -1,7 +1,7 @@
 """The wake-edge controller (DESIGN.md, "Reservation lifecycle"; seed 000, ``mayBeSchedulableSql``).
 
 A pending reservation holds nothing and waits. It is planned again when an edge may make it fit
-(:mod:`app.capacity.controllers.edges` lists them and sends them with ``NOTIFY`` in the transaction that
+(:mod:`app.capacity.edges` lists them and sends them with ``NOTIFY`` in the transaction that
 caused
 them). Every service process LISTENs on a connection it holds (:meth:`WakeController.listen`, a lifecycle
 task) and pokes the ``wake-pending`` task, which plans the pending reservations of the pools (and
@@ -45,9 +45,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit.single import QuotaCharge
 from app.capacity.conditions import NO_FIT, QUOTA_EXCEEDED, UNSCHEDULABLE, with_unschedulable
-from app.capacity.controllers.edges import WAKE_CHANNEL, parse_wake_payload
 from app.capacity.controllers.listener import ListeningController
 from app.capacity.controllers.repair import REPAIR_PREFIX
+from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
 from app.capacity.placing.inline import Placed, db_now
 from app.capacity.placing.registry import INLINE, WAKE, Admission, PlacementContext, placer
 from app.capacity.planning.snapshot import PoolCache

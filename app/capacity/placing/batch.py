@@ -90,7 +90,7 @@ from app.capacity.planning.shortlist import (
     WarmSlot,
     plan_request,
 )
-from app.capacity.planning.snapshot import PoolCache, PoolHead, read_pool_head, window
+from app.capacity.planning.snapshot import PoolCache, PoolHead, read_pool_head
 from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
 from app.capacity.reservations.service import CapacityConfig
 from app.db.locks import PoolShare
@@ -108,7 +108,7 @@ from app.db.tables import (
     scalar_holdings,
 )
 from app.db.unnest import bound_rows
-from app.db.windows import hold_if, holding_params, room_for
+from app.db.windows import hold_if, holding_params, room_for, window
 from app.errors import QuotaExceeded
 from app.ids import new_id
 from app.observability.metrics import LOST_RACES

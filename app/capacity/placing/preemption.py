@@ -52,7 +52,7 @@ from app.capacity.commit.single import (
     booked_concurrently,
     commit_placements,
 )
-from app.capacity.controllers.edges import notify_pool
+from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import Placed, plan_seed
 from app.capacity.planning.snapshot import PoolCache, read_snapshot
 from app.db.locks import PoolShare

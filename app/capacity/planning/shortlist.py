@@ -58,12 +58,11 @@ from app.capacity.planning.snapshot import (
     read_pool_head,
     read_snapshot,
     scalar_peaks,
-    window,
 )
 from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
 from app.db.prepared import Prepared
 from app.db.tables import TS, device_bookings, devices, node_resources, nodes, pools, scalar_holdings
-from app.db.windows import overlapping
+from app.db.windows import overlapping, window
 from app.observability.metrics import PLAN_DURATION, PLANS
 from app.placement.bounds import pick_score_ceiling
 from app.placement.context import selector_token

@@ -20,7 +20,6 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import Range
 from sqlalchemy.dialects.postgresql import aggregate_order_by as pg_aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -35,7 +34,7 @@ from app.db.tables import (
     pools,
     scalar_holdings,
 )
-from app.db.windows import peaks_by
+from app.db.windows import peaks_by, window
 from app.placement.model import (
     Atom,
     NodeInventory,
@@ -292,11 +291,6 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
         order=tuple(r.id for r in node_rows),
         resource_names={r.id: frozenset(names.get(r.id, ())) for r in node_rows},
     )
-
-
-def window(start: datetime, end: datetime) -> Range[datetime]:
-    """The half-open booking window ``[start, end)``."""
-    return Range(start, end, bounds="[)")
 
 
 async def read_node_states(

@@ -54,7 +54,7 @@ from app.capacity.conditions import (
     unschedulable_condition,
     window_passed_condition,
 )
-from app.capacity.controllers.edges import notify_pool
+from app.capacity.edges import notify_pool
 from app.capacity.placing import preemption
 from app.capacity.placing.inline import Pending, Placed, db_now, place_inline
 from app.capacity.planning.shortlist import plan_request
