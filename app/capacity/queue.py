@@ -45,6 +45,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.access import reservation_named, reservation_not_found
+from app.capacity.admission import admit
 from app.capacity.batch import BatchEntry, batch_options, place_batch
 from app.capacity.intake import Decision, decided_params, decided_update
 from app.capacity.listener import ListeningController
@@ -62,9 +63,10 @@ from app.capacity.reservations import (
     quota_amounts,
     read_view,
     spec_hash,
+    with_warnings,
 )
 from app.capacity.shortlist import WarmSlot
-from app.capacity.snapshot import PoolCache
+from app.capacity.snapshot import PoolCache, read_pool_head
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
@@ -119,7 +121,10 @@ async def create(
         if row is None:
             return await _not_enqueued(conn, body, digest), False
         check_start(body, row.created_at, config.max_lead)  # raising rolls the row back
-        return _shape(row, []), True
+        request = placement_request(config, body, row.created_at)
+        head = await read_pool_head(conn, body.poolId)  # one indexed read; the inventory is cached
+        warnings = await admit(conn, cache, head, request)  # raising rolls the row back
+        return with_warnings(_shape(row, []), warnings), True
 
 
 # INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key)
