@@ -29,7 +29,7 @@ def shapes_of(inventory: PoolInventory) -> PoolShapes:
 
 def verdict(inventory: PoolInventory, request: PlacementRequest) -> IntakeVerdict:
     """The :class:`IntakeVerdict` of ``request`` on ``inventory`` (pure, on the cached inventory)."""
-    return judge(request.pool_id, shapes_of(inventory), request, inventory.memo)
+    return judge(inventory.name or request.pool_id, shapes_of(inventory), request, inventory.memo)
 
 
 async def read_verdict(

@@ -66,7 +66,7 @@ from app.capacity.reservations import (
     with_warnings,
 )
 from app.capacity.shortlist import WarmSlot
-from app.capacity.snapshot import PoolCache, read_pool_head
+from app.capacity.snapshot import PoolCache, PoolHead
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
@@ -122,7 +122,7 @@ async def create(
             return await _not_enqueued(conn, body, digest), False
         check_start(body, row.created_at, config.max_lead)  # raising rolls the row back
         request = placement_request(config, body, row.created_at)
-        head = await read_pool_head(conn, body.poolId)  # one indexed read; the inventory is cached
+        head = PoolHead(row.pool_id, row.pool_archived, row.inventory_version)  # read by the enqueue
         warnings = await admit(conn, cache, head, request)  # raising rolls the row back
         return with_warnings(_shape(row, []), warnings), True
 
@@ -131,7 +131,12 @@ async def create(
 #   SELECT :id, :tenant_id, p.id, 'queued', :spec, :spec_hash, :idempotency_key FROM pools p
 #    WHERE p.id = :pool_id
 #   ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-#   RETURNING reservations.*, pg_notify('bc_queue', reservations.pool_id)
+#   RETURNING reservations.*, pg_notify('bc_queue', reservations.pool_id),
+#     (SELECT head.archived_at IS NOT NULL FROM pools head WHERE head.id = reservations.pool_id)
+#       AS pool_archived,
+#     (SELECT head.inventory_version FROM pools head WHERE head.id = reservations.pool_id)
+#       AS inventory_version
+#   (the pool head for the intake check, without a round trip of its own)
 ENQUEUE = Prepared(
     pg_insert(reservations)
     .from_select(
@@ -147,7 +152,19 @@ ENQUEUE = Prepared(
         ).where(pools.c.id == sa.bindparam("pool_id", type_=sa.Text)),
     )
     .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-    .returning(*reservations.c, queue_edge(reservations.c.pool_id))
+    .returning(
+        *reservations.c,
+        queue_edge(reservations.c.pool_id),
+        # written as text: SQLAlchemy does not correlate a subquery of RETURNING to the inserted row
+        sa.literal_column(
+            "(SELECT head.archived_at IS NOT NULL FROM pools head WHERE head.id = reservations.pool_id)",
+            sa.Boolean,
+        ).label("pool_archived"),
+        sa.literal_column(
+            "(SELECT head.inventory_version FROM pools head WHERE head.id = reservations.pool_id)",
+            sa.BigInteger,
+        ).label("inventory_version"),
+    )
 )
 
 

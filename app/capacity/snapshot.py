@@ -64,6 +64,7 @@ class PoolInventory:
     resource_names: dict[str, frozenset[str]] = field(default_factory=dict)
     # node id -> resource -> floor(allocatable x ratio): both columns change only with inventory changes
     capacities: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+    name: str = ""  # the pool's name (names never change), for messages
     # derived values that depend only on this static inventory (e.g. the shortlist's score ceilings)
     memo: dict[Any, Any] = field(default_factory=dict)
 
@@ -188,9 +189,9 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
 
     The version is read first, so a change committed during the load makes the next request reload.
     """
-    version = (
-        await conn.execute(sa.select(pools.c.inventory_version).where(pools.c.id == pool_id))
-    ).scalar_one()
+    version, pool_name = (
+        await conn.execute(sa.select(pools.c.inventory_version, pools.c.name).where(pools.c.id == pool_id))
+    ).one()
     node_rows = (
         await conn.execute(
             sa.select(nodes.c.id, nodes.c.name).where(nodes.c.pool_id == pool_id).order_by(nodes.c.id)
@@ -293,6 +294,7 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
         order=tuple(r.id for r in node_rows),
         resource_names={r.id: frozenset(names.get(r.id, ())) for r in node_rows},
         capacities={r.id: dict(capacities.get(r.id, {})) for r in node_rows},
+        name=pool_name,
     )
 
 

@@ -30,6 +30,7 @@ with a ``topologyKey`` also counts the domains of the shapes that fit, memoized 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -83,17 +84,25 @@ class PoolShapes:
     selector_keys: frozenset[str]
 
 
-def _shape_key(node: NodeInventory, capacities: Mapping[str, Decimal]) -> tuple[Any, ...]:
-    # Attribute mappings are shared between atoms whose stored attributes are the same text (the I/O
-    # half parses each distinct text once), so their identity stands for their content here; two nodes
-    # of one model then share a key. The class topology signature covers links and NUMA nodes.
+def _shape_key(
+    node: NodeInventory, capacities: Mapping[str, Decimal], texts: dict[int, str]
+) -> tuple[Any, ...]:
+    # Each distinct attributes mapping is written out once (``texts``, by identity: the I/O half shares
+    # one mapping between atoms whose stored attributes are the same text), so two nodes of one model
+    # share a key. The class topology signature covers links and NUMA nodes.
     topo = node_topology(node)
     by_id = {a.id: a for a in node.atoms}
-    classes = tuple(
-        (name, ct.signature, tuple(id(by_id[i].attributes) for i in ct.atom_ids))
-        for name, ct in sorted(topo.classes.items())
-    )
-    return classes, tuple(sorted(capacities.items()))
+    classes = []
+    for name, ct in sorted(topo.classes.items()):
+        attributes = []
+        for atom_id in ct.atom_ids:
+            mapping = by_id[atom_id].attributes
+            text = texts.get(id(mapping))
+            if text is None:
+                text = texts[id(mapping)] = json.dumps(mapping, sort_keys=True, default=str)
+            attributes.append(text)
+        classes.append((name, ct.signature, tuple(attributes)))
+    return tuple(classes), tuple(sorted(capacities.items()))
 
 
 def pool_shapes(
@@ -105,9 +114,10 @@ def pool_shapes(
     classes: set[str] = set()
     resources: set[str] = set()
     keys: set[str] = set()
+    texts: dict[int, str] = {}  # kept while ``nodes`` live: an id is not reused meanwhile
     for node in nodes:
         caps = capacities.get(node.id, {})
-        groups.setdefault(_shape_key(node, caps), []).append(node)
+        groups.setdefault(_shape_key(node, caps, texts), []).append(node)
         resources.update(caps)
         keys.update(node.labels)
         for atom in node.atoms:
@@ -187,7 +197,7 @@ def _device_text(device: DeviceRequest) -> str:
     return text
 
 
-def _shape_holds(shape: PoolShapes, node: NodeShape, request: PlacementRequest, memo: dict[Any, Any]) -> bool:
+def _shape_holds(node: NodeShape, request: PlacementRequest, memo: dict[Any, Any]) -> bool:
     """Whether one node of ``node``'s shape could hold one copy of ``request`` on its own."""
     wanted: Counter[str] = Counter()
     for device in request.devices:
@@ -214,8 +224,9 @@ def _room(node: NodeShape, device: DeviceRequest, memo: dict[Any, Any]) -> int:
 def judge(
     pool_id: str, shapes: PoolShapes, request: PlacementRequest, memo: dict[Any, Any] | None = None
 ) -> IntakeVerdict:
-    """The :class:`IntakeVerdict` of ``request`` against the pool ``pool_id`` of ``shapes``. ``memo``:
-    a dictionary kept with this inventory version (derived values only)."""
+    """The :class:`IntakeVerdict` of ``request`` against the pool of ``shapes``, named ``pool_id`` in
+    messages (the caller passes the pool's name). ``memo``: a dictionary kept with this inventory
+    version (derived values only)."""
     memo = {} if memo is None else memo
     if not shapes.shapes:
         return IntakeVerdict()  # an empty pool: pending, "the pool has no nodes"
@@ -238,7 +249,7 @@ def judge(
             )
     warnings = tuple(
         f"selector key {expr.key} (devices.{i}) is carried by no device attribute or node label of "
-        f"pool {pool_id}; no device matches it now"
+        f"pool {pool_id}"
         for i, device in enumerate(request.devices)
         if device.selector is not None
         for expr in device.selector.match_expressions
@@ -267,7 +278,7 @@ def _unsatisfiable(
                 f"no node of pool {pool_id} can hold {format_amount(amount)} {name}: "
                 f"the largest has {format_amount(largest_cap)}"
             )
-    holding = [node for node in shapes.shapes if _shape_holds(shapes, node, request, memo)]
+    holding = [node for node in shapes.shapes if _shape_holds(node, request, memo)]
     if not holding:
         parts = [_device_text(d) for d in request.devices]
         parts += [f"{format_amount(a)} {n}" for n, a in request.resources.items()]
