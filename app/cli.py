@@ -48,14 +48,14 @@ def serve(
     demo: Annotated[bool, typer.Option("--demo", help="Load the demo pool and print an admin key.")] = False,
     workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
 ) -> None:
-    """Run the HTTP service (on the embedded PostgreSQL when DATABASE_URL is unset)."""
+    """Run the HTTP service (on the embedded PostgreSQL when DATABASE_URL is unset). A bad setting or
+    an unreachable database: one line on stderr and exit 2 (docs/operating.md, "Settings")."""
     import uvicorn
 
-    from app.db.engine import default_data_dir, migrate, resolve_database_url
+    from app.db.engine import default_data_dir, migrate
     from app.settings import get_settings
 
-    settings = get_settings()
-    url = resolve_database_url(settings.database_url, settings.data_dir)
+    settings, url = _checked_settings()
     migrate(url)
     # the app (and any worker process) uses this same database; re-read settings so the lifespan does
     # not start a second handle on the embedded server (it would outlive the process)
@@ -108,12 +108,30 @@ def serve(
 def migrate() -> None:
     """Migrate the database (DATABASE_URL, or the embedded PostgreSQL) to the latest schema."""
     from app.db.engine import migrate as run_migrate
-    from app.db.engine import resolve_database_url
-    from app.settings import get_settings
 
-    settings = get_settings()
-    run_migrate(resolve_database_url(settings.database_url, settings.data_dir))
+    _, url = _checked_settings()
+    run_migrate(url)
     console.print("migrated to head")
+
+
+def _checked_settings() -> tuple[Any, str]:
+    """The settings, every one checked (plugins imported, weights matched with scorers), and the
+    database's URL once it answers; else one line on stderr naming the setting and exit 2."""
+    from app.db.engine import probe_database, resolve_database_url, where
+    from app.main import capacity_config
+    from app.settings import SettingsError, get_settings
+
+    try:
+        settings = get_settings()
+        capacity_config(settings)
+    except SettingsError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    url = resolve_database_url(settings.database_url, settings.data_dir)
+    problem = probe_database(url)
+    if problem is not None:
+        source = "DATABASE_URL" if settings.database_url else "the embedded PostgreSQL"
+        raise _fail(f"{source}: cannot connect to {where(url)}: {problem}", EXIT_USAGE)
+    return settings, url
 
 
 # -- client commands ---------------------------------------------------------------------------------

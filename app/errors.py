@@ -40,6 +40,18 @@ class InvalidInput(AppError):
         super().__init__(message, merged)
         self.path = path
 
+    def to_body(self) -> dict[str, Any]:
+        """The JSON error body, with ``details.errors`` as every 422 has it (docs/api.md): the list of
+        ``{path, message, type}`` that request validation gives, here the one problem this error names
+        (``type`` ``value_error``, pydantic's for a rule checked in code). A list already in ``details``
+        (from request validation) is kept."""
+        body = super().to_body()
+        details = body["error"]["details"]
+        if "errors" not in details:
+            problem = {"path": details.get("path", ""), "message": self.message, "type": "value_error"}
+            body["error"]["details"] = {**details, "errors": [problem]}
+        return body
+
     def under(
         self, prefix: str, *, label: str | None = None, as_type: type[InvalidInput] | None = None
     ) -> InvalidInput:

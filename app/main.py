@@ -19,6 +19,7 @@ from app.api.guard import RequestGuard
 from app.api.text_guard import check_json_body
 from app.capacity.lifecycle import Lifecycle, LifecycleTask, default_tasks
 from app.capacity.queue import QUEUE_LISTENER, QUEUE_WORKER, QueueWorker
+from app.capacity.repair_first import BOOKING_REPAIR, REPAIR_LISTENER, RepairController
 from app.capacity.reservations import CapacityConfig
 from app.capacity.snapshot import PoolCache
 from app.capacity.wake import LISTENER_RETRY, WAKE_LISTENER, WAKE_PENDING, WakeController
@@ -28,18 +29,39 @@ from app.inventory.liveness_task import HEARTBEAT_LIVENESS, sweep_once
 from app.observability.logs import configure_logging
 from app.observability.middleware import AccessLogMiddleware
 from app.placement.options import SchedulerOptions
-from app.placement.plugins import load_plugins
-from app.settings import Settings, get_settings
+from app.placement.plugins import SchedulerPlugin, load_plugins
+from app.placement.scorers import SCORER_NAMES
+from app.settings import Settings, SettingsError, get_settings
 
 API_VERSION = "0.1.0"
 
 
+def scheduler_plugins(settings: Settings) -> tuple[SchedulerPlugin, ...]:
+    """The plugins of ``BC_SCHEDULER_PLUGINS``, imported, and ``BC_SCHEDULER_WEIGHTS`` checked against
+    the scorers they and the built-ins declare. Raises :class:`~app.settings.SettingsError` (one line)
+    for a path that does not import a plugin or a weight of no scorer (docs/operating.md, "Settings")."""
+    try:
+        plugins = load_plugins(settings.scheduler_plugins)
+    except ValueError as exc:
+        raise SettingsError("BC_SCHEDULER_PLUGINS", str(exc)) from None
+    known = [*SCORER_NAMES, *(scorer.id for plugin in plugins for scorer in plugin.scorers)]
+    unknown = sorted(set(settings.scheduler_weights) - set(known))
+    if unknown:
+        raise SettingsError(
+            "BC_SCHEDULER_WEIGHTS",
+            f"no scorer is named {', '.join(repr(name) for name in unknown)}",
+            f"weights >= 0 of the scorers {', '.join(known)}",
+        )
+    return plugins
+
+
 def capacity_config(settings: Settings) -> CapacityConfig:
-    """Scheduler options and max attempts from settings (plugins loaded by import path)."""
+    """Scheduler options and max attempts from settings (plugins loaded by import path). Raises
+    :class:`~app.settings.SettingsError` for a bad plugin path or a weight of no scorer."""
     options = SchedulerOptions(
         weights=dict(settings.scheduler_weights),
         top_n=settings.scheduler_top_n,
-        plugins=tuple(load_plugins(settings.scheduler_plugins)),
+        plugins=scheduler_plugins(settings),
     )
     return CapacityConfig(
         options=options,
@@ -54,11 +76,14 @@ def capacity_config(settings: Settings) -> CapacityConfig:
 
 
 def lifecycle_tasks(
-    settings: Settings, wake: WakeController | None = None, queue: QueueWorker | None = None
+    settings: Settings,
+    wake: WakeController | None = None,
+    queue: QueueWorker | None = None,
+    repair: RepairController | None = None,
 ) -> list[LifecycleTask]:
-    """The lifecycle controller's tasks (DESIGN.md, "Reservation lifecycle"): the built-in ones, the
-    liveness sweep of agents' nodes (issue 14) and, given ``wake``, the wake-edge controller's listener
-    and wake task (issue 12), each safe with several replicas."""
+    """The lifecycle controller's tasks (docs/lifecycle.md): the built-in ones, the liveness sweep of
+    agents' nodes and, when given, the wake-edge controller's listener and wake task, the pool-lease
+    worker's, and BookingRepair's listener and task (repair first), each safe with several replicas."""
     liveness = LifecycleTask(
         HEARTBEAT_LIVENESS,
         settings.node_liveness_sweep_seconds,
@@ -69,6 +94,11 @@ def lifecycle_tasks(
         tasks += [
             LifecycleTask(WAKE_PENDING, wake.sweep_seconds, wake.run),
             LifecycleTask(WAKE_LISTENER, LISTENER_RETRY, wake.listen),
+        ]
+    if repair is not None:  # BookingRepair on its own task, ahead of the wakes (docs/lifecycle.md)
+        tasks += [
+            LifecycleTask(BOOKING_REPAIR, repair.sweep_seconds, repair.run),
+            LifecycleTask(REPAIR_LISTENER, LISTENER_RETRY, repair.listen),
         ]
     if queue is not None:  # the pool-lease batch worker (issue 15): idle until a queue edge
         tasks += [
@@ -98,12 +128,16 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         )
         wake = WakeController(cache, config, settings.lifecycle_sweep)
         queue = QueueWorker(cache, config, settings.lifecycle_sweep)
-        lifecycle = Lifecycle(engine, lifecycle_tasks(settings, wake, queue))
+        repair = RepairController(cache, config, settings.lifecycle_interval)
+        lifecycle = Lifecycle(engine, lifecycle_tasks(settings, wake, queue, repair))
         wake.poke = partial(lifecycle.poke, WAKE_PENDING)
+        wake.yield_to = repair.wait_for_repairs  # repair first: a wake waits while a repair is asked for
+        repair.poke = partial(lifecycle.poke, BOOKING_REPAIR)
         queue.poke = partial(lifecycle.poke, QUEUE_WORKER)
         app.state.queue = queue
         app.state.lifecycle = lifecycle
         app.state.wake = wake
+        app.state.repair = repair
         lifecycle.start()
         demo = None
         if settings.demo_agents:  # `serve --demo`: the service heartbeats the demo pool's nodes itself

@@ -16,18 +16,52 @@ notation: ``100/second``, ``5/minute``); serving ``BC_LIMIT_CONCURRENCY`` and ``
 ``P366D``), ``BC_LIFECYCLE_INTERVAL`` (seconds between the lifecycle controller's sweeps),
 ``BC_LIFECYCLE_SWEEP`` (seconds between two full sweeps of the pending reservations, the safety net of
 the wake edges; docs/lifecycle.md),
-``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection).
+``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection), ``BC_METRICS_REQUIRE_KEY`` (``/metrics``
+asks for an API key with ``compute:capacity:read`` on ``*``; docs/metrics.md).
+
+Every setting is checked when it is read: :func:`load_settings` raises :class:`SettingsError`, one line
+naming the environment variable and what it accepts, and ``better-compute serve`` prints that line and
+exits 2 (docs/operating.md, "Settings").
 """
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as SourceError
+
+# what each setting whose check is not self-explanatory accepts (the second half of SettingsError's line)
+ACCEPTED: dict[str, str] = {
+    "DATABASE_URL": "postgresql://user[:password]@host[:port]/database",
+    "BC_SCHEDULER_WEIGHTS": 'a JSON object of scorer id -> weight >= 0, e.g. {"spread": 0.5}',
+    "BC_SCHEDULER_PLUGINS": "a JSON list of 'module:attribute' import paths of scheduler plugins",
+    "BC_CAPACITY_MAX_LEAD": "seconds (86400) or an ISO 8601 duration (P366D), above 0",
+    "BC_CORS_ORIGINS": 'a JSON list of origins, e.g. ["https://dash.example.com"]',
+    "BC_RATE_LIMIT": "a rate such as 100/second or 6000/minute",
+    "BC_AUTH_FAILURE_RATE_LIMIT": "a rate such as 10/second",
+    "BC_AGENT_RATE_LIMIT": "a rate such as 5000/second",
+}
+# settings whose value is never repeated in an error line (it may hold a password or a key)
+SECRET_SETTINGS = frozenset({"DATABASE_URL", "BC_BOOTSTRAP_ADMIN_KEY"})
+_SECONDS = re.compile(r"\s*[0-9]+(\.[0-9]*)?\s*")
+
+
+class SettingsError(ValueError):
+    """A setting the service cannot start with: ``setting`` is the environment variable's name and the
+    message one line, ``BC_X: <what is wrong>; accepted: <what is>`` (docs/operating.md, "Settings")."""
+
+    def __init__(self, setting: str, problem: str, accepted: str | None = None) -> None:
+        accepted = accepted if accepted is not None else ACCEPTED.get(setting)
+        line = f"{setting}: {problem}" + (f"; accepted: {accepted}" if accepted else "")
+        super().__init__(" ".join(line.split()))  # one line, whatever the parts held
+        self.setting = setting
 
 
 class Settings(BaseSettings):
@@ -93,6 +127,34 @@ class Settings(BaseSettings):
         parse(value)  # ValueError for anything but e.g. "100/second", "5 per minute"
         return value
 
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme.split("+")[0] not in ("postgresql", "postgres"):  # no host: a Unix socket
+            raise ValueError("not a PostgreSQL URL")
+        parts.port  # noqa: B018 - ValueError for a port that is not a number in 0..65535
+        return value
+
+    @field_validator("scheduler_weights")
+    @classmethod
+    def _weights_not_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        negative = sorted(name for name, weight in value.items() if not weight >= 0)  # NaN too
+        if negative:
+            raise ValueError(f"weight of {', '.join(negative)} is below 0")
+        return value
+
+    @field_validator("capacity_max_lead", mode="before")
+    @classmethod
+    def _lead_in_seconds(cls, value: Any) -> Any:
+        # the environment gives a string: plain seconds ("86400") become a number, which pydantic reads
+        # as seconds; anything else must be an ISO 8601 duration ("P366D") and is left to pydantic
+        if isinstance(value, str) and _SECONDS.fullmatch(value):
+            return float(value)
+        return value
+
     # requiredCapabilities: host resources ask for bc.dev/cap.devices.limits (off: nodes registered without
     # an agent have no daemon to enforce limits; see docs/agent.md)
     capacity_enforce_device_limits: bool = False
@@ -104,9 +166,50 @@ class Settings(BaseSettings):
     node_liveness_sweep_seconds: float = Field(default=5.0, gt=0, le=3600)
     # set by `serve --demo`: the service heartbeats the demo pool's nodes in process
     demo_agents: bool = False
+    # /metrics asks for an API key holding compute:capacity:read on * (off: open, as before; docs/metrics.md)
+    metrics_require_key: bool = False
+
+
+def setting_name(field: str) -> str:
+    """The environment variable of a :class:`Settings` field: ``scheduler_top_n`` ->
+    ``BC_SCHEDULER_TOP_N``; ``database_url`` -> ``DATABASE_URL`` (its alias)."""
+    info = Settings.model_fields.get(field)
+    if info is not None and isinstance(info.validation_alias, str):
+        return info.validation_alias
+    return "BC_" + field.upper()
+
+
+def _problem(error: Any, setting: str) -> str:
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "time_delta_parsing":
+        message = "not a duration"
+    nested = ".".join(str(part) for part in error["loc"][1:])
+    where = f" at {nested}" if nested else ""
+    if setting in SECRET_SETTINGS or error["type"] == "missing":
+        return f"{message}{where}"
+    shown = repr(error["input"]) if isinstance(error["input"], str) else str(error["input"])
+    return f"{shown[:80]}{where}: {message}"
+
+
+def load_settings(**values: Any) -> Settings:
+    """:class:`Settings` from the environment (and ``values``, by field name). Raises
+    :class:`SettingsError` for the first setting that is malformed or out of range, one line naming
+    its environment variable and what it accepts."""
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = error["loc"]
+        field = str(loc[0]) if loc else ""
+        setting = field if field in SECRET_SETTINGS else setting_name(field)
+        raise SettingsError(setting, _problem(error, setting)) from None
+    except SourceError as exc:  # the environment held text the field's type cannot be read from (JSON)
+        field = str(exc).split('"')[1] if '"' in str(exc) else ""
+        setting = setting_name(field)
+        raise SettingsError(setting, f"cannot be read: {exc.__cause__ or exc}") from None
 
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process's settings, read once."""
-    return Settings()
+    """The process's settings, read once. Raises :class:`SettingsError` (one line) for a bad one."""
+    return load_settings()

@@ -7,9 +7,12 @@ In one run and one database (``bc_bench_<random>`` on ``DATABASE_URL``'s server,
 3. under attack: the same preview client while 4 other clients post a 50 MB JSON array of small objects
    in a loop (2 without a key: 401, 2 with a valid key: 413), sampling the process's RSS every 10 ms;
 4. prints preview p50 / p99 for both phases and their ratio, attack requests answered and their
-   latency, and the RSS growth over idle (the issue's bounds: RSS within 100 MB, preview p99 < 200 ms).
+   latency, and the RSS growth over idle (the issue's bounds: RSS within 100 MB, preview p99 < 200 ms);
+5. without the grant (issue 22): 10 clients at once post a 23 MB node import with a key that holds only
+   ``compute:inventory:read`` on the pool, sampling the RSS every 10 ms: the guard refuses them (403)
+   before reading the bodies, so the process grows by less than 50 MB (before: 108 -> 445 MB).
 
-    python bench/hostile.py [--seconds 5]
+    python bench/hostile.py [--seconds 5] [--only-ungranted]
 """
 
 from __future__ import annotations
@@ -74,9 +77,75 @@ def attack(url: str, pool: str, headers: dict[str, str], halt: Any, results: Any
     results.put(answered)
 
 
+TWENTY_THREE_MB = b'{"name": "x", "topo": "' + b"x" * (23 * 1000 * 1000) + b'"}'
+UNGRANTED_CLIENTS = 10
+UNGRANTED_BOUND_MB = 50
+
+
+def ungranted_import(url: str, pool: str, key: str, answers: list[str]) -> None:
+    """Post the 23 MB import once with ``key``; append the status (or the transport error) to
+    ``answers``."""
+    try:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client:
+            r = client.post(
+                f"/v1/pools/{pool}/nodes/import",
+                content=TWENTY_THREE_MB,
+                headers={"content-type": "application/json"},
+            )
+            answers.append(str(r.status_code))
+    except httpx.HTTPError as exc:  # the service answered and closed before the whole body was sent
+        answers.append(type(exc).__name__)
+
+
+def ungranted_phase(url: str, pool: str, admin_headers: dict[str, str], pid: int) -> None:
+    """Step 5 of the module docstring: prints the statuses and the RSS growth against its bound."""
+    minted = httpx.post(
+        f"{url}/v1/api-keys",
+        json={
+            "principal": "reader",
+            "grants": [{"action": "compute:inventory:read", "resource": f"pool:{pool}"}],
+        },
+        headers=admin_headers,
+    )
+    assert minted.status_code == 201, minted.text
+    key = minted.json()["key"]
+    answers: list[str] = []
+    ungranted_import(url, pool, key, answers)  # warm up the path once
+    idle = rss(pid)
+    peak = idle
+    stop = threading.Event()
+
+    def sampler() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, rss(pid))
+            time.sleep(0.01)
+
+    watch = threading.Thread(target=sampler)
+    watch.start()
+    answers.clear()
+    clients = [
+        threading.Thread(target=ungranted_import, args=(url, pool, key, answers))
+        for _ in range(UNGRANTED_CLIENTS)
+    ]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+    stop.set()
+    watch.join()
+    growth = (peak - idle) / 2**20
+    counts = {a: answers.count(a) for a in sorted(set(answers))}
+    print(f"{UNGRANTED_CLIENTS} x 23 MB imports without the grant: answers {counts}")
+    print(f"RSS idle {idle / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB, growth {growth:.1f} MiB", end=" ")
+    verdict = "within" if growth < UNGRANTED_BOUND_MB else "OVER"
+    print(f"({verdict} the {UNGRANTED_BOUND_MB} MB bound)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--only-ungranted", action="store_true", help="run step 5 only")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     args = parser.parse_args()
     if not args.database_url:
@@ -99,6 +168,9 @@ def main() -> None:
             assert httpx.post(f"{service.url}/v1/pools/{pool}/nodes", json=node, headers=headers).is_success
         body = {"tenantId": "acme", "poolId": pool, "devices": [{"class": "gpu", "count": 1}]}
         body |= {"duration": "1h", "idempotencyKey": "bench"}
+        if args.only_ungranted:
+            ungranted_phase(service.url, pool, headers, service.process.pid)
+            return
         preview_for(service.url, headers, body, 1.0)  # warm up
         idle = rss(service.process.pid)
         baseline = preview_for(service.url, headers, body, args.seconds)
@@ -134,6 +206,7 @@ def main() -> None:
             a.join()
         stop.set()
         watch.join()
+        ungranted_phase(service.url, pool, headers, service.process.pid)
     finally:
         if service is not None:
             service.stop()

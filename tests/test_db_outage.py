@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from app.db.engine import create_engine, is_outage, migrate
-from tests.capacity.test_stress import _violations
+from tests.capacity.invariants import violations as _violations
 from tests.conftest import ADMIN_KEY
 from tests.factories import gpu_node, reservation
 from tests.pg_instance import PgInstance, create_instance

@@ -20,7 +20,13 @@ For every ``/v1/...`` request, in this order (DESIGN.md, "Security rules"):
    storage), so with N worker processes a key may make up to N times the limit.
 3. **Refuse unstorable path and query text.** A NUL in the path names nothing: 404 ``NOT_FOUND``. A NUL
    (or a lone surrogate) in a query parameter is 422 ``INVALID_INPUT`` naming the parameter.
-4. **Bound the body before it is parsed.** ``Content-Length`` over the route's limit answers 413
+4. **Refuse a key without the route's grant, before the body.** A route that takes a body declares the
+   action it needs (:mod:`app.api.route_grants`): on a resource from its path, checked as the route checks
+   it, or on some resource when the resource is in the body or a row. A key that cannot hold it is 403
+   ``FORBIDDEN`` without a byte of the body read (uvicorn then closes the connection instead of reading
+   the rest), so a key without the grant cannot make the process buffer and parse a 24 MiB body. The
+   route still authorizes itself: this is a necessary condition of its check, never a wider one.
+5. **Bound the body before it is parsed.** ``Content-Length`` over the route's limit answers 413
    ``PAYLOAD_TOO_LARGE`` at once; a chunked body is read only up to the limit, then 413. The limit is
    ``BC_MAX_BODY_BYTES`` (1 MiB), except node import (``BC_MAX_IMPORT_BODY_BYTES``, 24 MiB: the
    ``nvidia-smi -q -x`` XML) and placement documents (``BC_MAX_PLACEMENT_BODY_BYTES``, 16 MiB: vq.*
@@ -43,7 +49,9 @@ from limits import parse as parse_rate
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 from starlette.responses import JSONResponse
+from starlette.routing import compile_path
 
+from app.api.route_grants import ROUTE_GRANTS, RouteGrant
 from app.api.text_guard import find_unstorable
 from app.db.engine import is_outage
 from app.errors import (
@@ -56,7 +64,7 @@ from app.errors import (
     Unavailable,
     clip_input,
 )
-from app.iam.authorize import Principal
+from app.iam.authorize import Principal, authorize, holds_action, refusal_everywhere
 from app.iam.keys import hash_key
 from app.iam.service import principal_for_key
 from app.observability.metrics import GUARD_REFUSALS
@@ -70,11 +78,30 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 GUARDED_PREFIX = "/v1/"
+METRICS_PATH = "/metrics"
 IMPORT_PATH = re.compile(r"^/v1/pools/[^/]+/nodes/import/?$")
 PLACEMENT_PREFIX = "/v1/placement/"
 # a JSON string, unrolled so a multi-megabyte string is one linear scan: "[^"\\]*(?:\\.[^"\\]*)*"
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+# method -> [(path regex, grant)], from the route templates of app.api.route_grants
+_DECLARED: dict[str, list[tuple[re.Pattern[str], RouteGrant]]] = {}
+for (_method, _template), _grant in ROUTE_GRANTS.items():
+    _DECLARED.setdefault(_method, []).append((compile_path(_template)[0], _grant))
+
+
+def route_grant(method: str, path: str) -> tuple[RouteGrant, dict[str, str]] | None:
+    """The grant the route of ``method`` and ``path`` declares, with the path parameters, or ``None``.
+    A trailing ``/`` is ignored: the router would redirect such a path, after the body was read."""
+    if len(path) > 1 and path.endswith("/"):
+        path = path[:-1]
+    for pattern, grant in _DECLARED.get(method, ()):
+        matched = pattern.match(path)
+        if matched is not None:
+            return grant, matched.groupdict()
+    return None
 
 
 def body_limit(path: str, settings: Settings) -> int:
@@ -211,12 +238,13 @@ class RequestGuard:
         self.recent = RecentKeys()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(GUARDED_PREFIX):
+        if scope["type"] != "http" or not self._guarded(scope["path"]):
             await self.app(scope, receive, send)
             return
         try:
             await self._authenticate(scope)
             self._check_path_and_query(scope)
+            self._authorize_route(scope)
             body = await self._read_bounded_body(scope, receive)
         except AppError as refused:
             GUARD_REFUSALS.labels(refused.code).inc()
@@ -236,6 +264,10 @@ class RequestGuard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    def _guarded(self, path: str) -> bool:
+        """Every ``/v1/`` path, and ``/metrics`` when ``BC_METRICS_REQUIRE_KEY`` is on (docs/metrics.md)."""
+        return path.startswith(GUARDED_PREFIX) or (self.settings.metrics_require_key and path == METRICS_PATH)
 
     async def _authenticate(self, scope: Scope) -> None:
         client = scope.get("client")
@@ -274,6 +306,20 @@ class RequestGuard:
             if is_outage(exc):
                 raise Unavailable() from exc
             raise
+
+    @staticmethod
+    def _authorize_route(scope: Scope) -> None:
+        """Step 4 of the module docstring: raise Forbidden when the key cannot hold the route's grant."""
+        found = route_grant(scope["method"], scope["path"])
+        if found is None:
+            return
+        grant, params = found
+        principal: Principal = scope["state"]["principal"]
+        if grant.resource is None:
+            if not holds_action(principal, grant.action):
+                raise refusal_everywhere(grant.action)
+        else:
+            authorize(principal, grant.action, grant.resource.format(**params))
 
     @staticmethod
     def _check_path_and_query(scope: Scope) -> None:

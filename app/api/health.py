@@ -1,18 +1,20 @@
-"""Health and metrics (no key needed)."""
+"""Health and metrics (no key needed; ``/metrics`` asks for one when ``BC_METRICS_REQUIRE_KEY`` is on)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app.api.deps import Services, services
+from app.api.deps import Services, current_principal, services
 from app.api.errors import responses
 from app.api.models.health import Health, Readiness
 from app.db.engine import ping
 from app.errors import AppError
+from app.iam.authorize import authorize
 from app.observability.metrics import exposition
 
 router = APIRouter(tags=["health"])
+METRICS_ACTION = "compute:capacity:read"  # with BC_METRICS_REQUIRE_KEY: held on "*"
 
 
 class NotReady(AppError):
@@ -46,10 +48,15 @@ async def readyz(svc: Services = Depends(services)) -> dict[str, str]:
     operation_id="getMetrics",
     response_class=Response,
     responses={
-        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"}
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"},
+        **responses(401, 403),
     },
 )
-async def metrics(svc: Services = Depends(services)) -> Response:
-    """Prometheus metrics (docs/metrics.md)."""
+async def metrics(request: Request, svc: Services = Depends(services)) -> Response:
+    """Prometheus metrics (docs/metrics.md). Open by default; with `BC_METRICS_REQUIRE_KEY` on, an API
+    key holding `compute:capacity:read` on `*` (the labels name every pool): 401 without a key, 403
+    with another."""
+    if svc.settings.metrics_require_key:
+        authorize(await current_principal(request), METRICS_ACTION, "*")
     body = await exposition(svc.engine, svc.settings.metrics_gauge_ttl_seconds)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

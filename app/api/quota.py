@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
-from app.api.models.quota import Quota
+from app.api.models.quota import Quota, QuotaWritten
 from app.iam.authorize import authorize
 from app.ids import TenantId
 from app.quota import service as quota
@@ -30,7 +30,7 @@ class QuotaBody(BaseModel):
 
 @router.put(
     "/v1/tenants/{tenant_id}/quotas/{pool_id}",
-    response_model=Quota,
+    response_model=QuotaWritten,
     responses=responses(401, 403, 404, 422),
     operation_id="setQuota",
 )
@@ -41,6 +41,8 @@ async def set_quota(
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
+    """Replace the tenant's limits in the pool (docs/quota.md, "Writing limits"): 422 at
+    ``limits.<name>`` for a name no node of the pool has or a fractional device-class limit."""
     authorize(principal, "compute:quota:write", f"pool:{pool_id}", tenant=tenant_id)
     return await quota.replace_limits(svc.engine, tenant_id, pool_id, dict(body.limits))
 

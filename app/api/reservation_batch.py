@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import json_path, plain_message, responses
@@ -76,3 +77,12 @@ async def create_reservation_batch(
     items = [_checked(principal, i, item) for i, item in enumerate(body.items)]
     results = await bulk.create_batch(svc.engine, svc.cache, svc.capacity, items)
     return {"items": [_answer(r) for r in results]}
+
+
+@router.api_route(
+    "/v1/reservations/batch", methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False
+)
+async def reservation_batch_other_methods() -> None:
+    """405 ``METHOD_NOT_ALLOWED`` with ``Allow: POST``: ``batch`` is not a reservation id, so without
+    this route ``GET /v1/reservations/batch`` reached ``GET /v1/reservations/{id}`` and answered 404."""
+    raise StarletteHTTPException(405, "Method Not Allowed", headers={"Allow": "POST"})

@@ -5,17 +5,22 @@ docs/scaling.md): the pool-lease queue worker (:mod:`app.capacity.queue`) and th
 Steps, in the lock order pools -> nodes -> devices -> node_resources -> quota_usage (the inline
 commit's, :mod:`app.db.locks`):
 
-1. **lock the pool row** ``FOR SHARE``: an archived pool (archived after the reservation was queued, or
-   before) leaves every entry pending with ``the pool is archived``;
+1. **read the pool row** (a plain read: the head the plans share): an archived pool (archived after the
+   reservation was queued, or before) leaves every entry pending with ``the pool is archived``;
 2. **plan** the entries one after another, oldest first, on reads they share
-   (:class:`~app.capacity.shortlist.SharedReads`, issue 15): the locked pool row as their head, one
+   (:class:`~app.capacity.shortlist.SharedReads`, issue 15): the pool row read as their head, one
    exceptions read per group of window, resource names and tenant, each plan seeing the earlier plans
    of the attempt (their atoms booked and their scalar amounts held where the windows overlap) and
    what other plans of this process assumed meanwhile (their atoms are assumed booked in the
    :class:`~app.capacity.snapshot.PoolCache`, which memoizes rankings per label set); what earlier
    attempts wrote is read back in this transaction. A queue worker's first attempt also plans on the
    pool's warm reads from its previous batch (``WarmSlot``, :class:`~app.capacity.shortlist.WarmReads`);
-3. **commit** the plans with guarded multi-row statements (:func:`_commit_plans`), compiled once: one
+3. **lock the pool row** ``FOR SHARE`` right before the first commit (:class:`~app.db.locks.PoolShare`,
+   docs/placement-rules.md, "The pipeline": the critical section is the commit alone, so inventory
+   changes never wait for the plans):
+   a pool archived since the read leaves every undecided entry pending with ``the pool is archived``
+   and nothing written, exactly as one archived before;
+   **commit** the plans with guarded multi-row statements (:func:`_commit_plans`), compiled once: one
    statement locks the planned nodes per tenant, one the atoms, one writes the allocations, one the
    bookings (``ON CONFLICT DO NOTHING RETURNING``: fewer rows for an entry = it lost the race), one
    locks the ``node_resources`` rows and one holds the scalars, each window's holds on a (node,
@@ -78,8 +83,8 @@ from app.capacity.placer import (
 from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
 from app.capacity.reservations import CapacityConfig
 from app.capacity.shortlist import WARM_SLACK, BatchPlanned, SharedReads, WarmReads, WarmSlot, plan_request
-from app.capacity.snapshot import PoolCache, PoolHead, window
-from app.db.locks import lock_pool
+from app.capacity.snapshot import PoolCache, PoolHead, read_pool_head, window
+from app.db.locks import PoolShare
 from app.db.prepared import Prepared
 from app.db.tables import (
     TS,
@@ -386,21 +391,21 @@ async def place_batch(
     carried = warm.reads if warm is not None else None
     if warm is not None:
         warm.reads = None  # mutated by this batch's plans: valid again only once it commits
-    pool = await lock_pool(conn, pool_id, for_update=False)
-    # the plans' head: the row locked FOR SHARE holds for the transaction (no archive, no inventory change)
-    head = PoolHead(pool.id, pool.archived_at is not None, pool.inventory_version)
-    if pool.archived_at is not None:
+    # the plans' head, a plain read: the pool row is locked FOR SHARE only right before the first commit
+    head = await read_pool_head(conn, pool_id)
+    if head.archived:
         for e in entries:
             if e.undecided:
                 e.outcome = Pending(ARCHIVED_POOL)
+    share = PoolShare(pool_id)
     tokens: list[int] = []
     usage = _Usage(warm.usage if warm is not None else set())
     first = await _plan_and_commit(
-        conn, cache, opts, head, entries, tokens, first_attempt=1, warm=carried, keep=warm is not None
+        conn, cache, opts, head, share, entries, tokens, first_attempt=1, warm=carried, keep=warm is not None
     )
     clean = first is not None and not any(e.lost for e in entries)
     if opts.preemption is not None:
-        clean = await _preempt_pending(conn, cache, opts, entries) == 0 and clean
+        clean = await _preempt_pending(conn, cache, opts, share, entries) == 0 and clean
     # every tenant's rows at once, in (tenant, resource) order, before the placed entries are charged and
     # the pending ones checked: locking the pending tenants' rows only after the placed ones' would take
     # tenants out of order (a pending tenant sorting first) against another batch taking them in order
@@ -413,7 +418,7 @@ async def place_batch(
         for e in again:
             e.outcome, e.lost = None, []
         if again:
-            await _plan_and_commit(conn, cache, opts, head, again, tokens, opts.max_attempts + 1)
+            await _plan_and_commit(conn, cache, opts, head, share, again, tokens, opts.max_attempts + 1)
             await _charge_placed(conn, cache, pool_id, again, tokens, usage)
     await _check_pending(conn, entries, usage)
     if warm is not None and clean and first is not None:
@@ -426,6 +431,7 @@ async def _plan_and_commit(
     cache: PoolCache,
     opts: BatchOptions,
     head: PoolHead,
+    share: PoolShare,
     entries: list[BatchEntry],
     tokens: list[int],
     first_attempt: int,
@@ -436,7 +442,8 @@ async def _plan_and_commit(
     ``max_attempts`` (numbered from ``first_attempt``: the savepoints and the seeds); the committed
     atoms' assumption tokens are appended to ``tokens``. The first attempt plans on ``warm`` where
     usable, and with ``keep`` reads windows ``WARM_SLACK`` longer (for the batches after it); returns
-    the first attempt's reads (None: nothing planned, or the pool archived)."""
+    the first attempt's reads (None: nothing planned, or the pool archived). ``share``: the batch's
+    pool lock, taken before the first commit (an archived pool there decides every undecided entry)."""
     pool_id = head.id
     first: SharedReads | None = None
     for attempt in range(first_attempt, first_attempt + opts.max_attempts):
@@ -457,6 +464,13 @@ async def _plan_and_commit(
             return None
         if opts.before_commit is not None and planned:
             await opts.before_commit(attempt, [p.candidate for p in planned])
+        # SELECT * FROM pools WHERE id = :pool FOR SHARE  -- once, right before the first commit
+        if planned and not await share.take(conn):
+            for p in planned:
+                cache.forget(pool_id, p.token)
+            for e in todo:
+                e.outcome = Pending(ARCHIVED_POOL)
+            return None
         results = await _commit_plans(conn, pool_id, planned, attempt)
         for p in planned:
             result = results[p.entry.reservation_id]
@@ -477,11 +491,13 @@ async def _plan_and_commit(
 
 
 async def _preempt_pending(
-    conn: AsyncConnection, cache: PoolCache, opts: BatchOptions, entries: list[BatchEntry]
+    conn: AsyncConnection, cache: PoolCache, opts: BatchOptions, share: PoolShare, entries: list[BatchEntry]
 ) -> int:
     """Each regular entry that nothing fit, placed by preempting spot work as an inline create would
     (issue 13: preemption always places inline), its charge riding on its guarded commit; returns how
-    many entries tried."""
+    many entries tried. The pool lock (``share``) is taken first, outside the entries' savepoints (a
+    rolled-back savepoint would drop a lock taken inside it); an archived pool leaves them pending with
+    ``the pool is archived``."""
     candidates = [
         e
         for e in entries
@@ -491,6 +507,11 @@ async def _preempt_pending(
     ]
     if not candidates:
         return 0
+    # SELECT * FROM pools WHERE id = :pool FOR SHARE  -- once; held already when something was committed
+    if not await share.take(conn):
+        for e in candidates:
+            e.outcome = Pending(ARCHIVED_POOL)
+        return len(candidates)
     now = await db_now(conn)
     for e in candidates:
         r = e.request
@@ -499,7 +520,7 @@ async def _preempt_pending(
         how = replace(opts.preemption, charge=charge)
         savepoint = await conn.begin_nested()
         try:
-            placed = await preemption.place_preempting(conn, cache, r, e.reservation_id, how, now)
+            placed = await preemption.place_preempting(conn, cache, r, e.reservation_id, how, now, share)
         except QuotaExceeded as exc:
             await savepoint.rollback()
             e.outcome, e.refused = None, exc
@@ -738,7 +759,7 @@ async def _plan_all(
             continue
         assert isinstance(plan, Plan) and len(plan.placements) == 1  # gangs place inline
         chosen = plan.chosen
-        token = cache.assume(request.pool_id, chosen.node_id, chosen.atoms, request.start, request.end)
+        token = cache.assume(request.pool_id, chosen.node_id, chosen.booked_atoms, request.start, request.end)
         atoms = frozenset(chosen.atoms)
         shared.add(BatchPlanned(chosen.node_id, atoms, chosen.resources, request.start, request.end))
         planned.append(_Planned(e, chosen, token))
@@ -913,12 +934,13 @@ async def _insert_bookings(
     ids: dict[str, str],
     lost: dict[str, LostRace],
 ) -> None:
-    """One multi-row INSERT of every atom's booking; an entry with fewer rows back lost the race."""
+    """One multi-row INSERT of every atom's booking (a whole-node lease's held atoms too,
+    ``Candidate.booked_atoms``); an entry with fewer rows back lost the race."""
     rows = [
         (atom, ids[p.entry.reservation_id], p.entry.request.start, p.entry.request.end)
         for p in alive
         if p.entry.reservation_id not in lost
-        for atom in p.candidate.atoms
+        for atom in p.candidate.booked_atoms
     ]
     if not rows:
         return
@@ -930,7 +952,7 @@ async def _insert_bookings(
         booked[allocation_id] += 1
     for p in alive:
         rid = p.entry.reservation_id
-        if rid not in lost and booked[ids[rid]] != len(p.candidate.atoms):
+        if rid not in lost and booked[ids[rid]] != len(p.candidate.booked_atoms):
             lost[rid] = _lost(p, ATOM_BOOKED)
 
 

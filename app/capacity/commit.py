@@ -22,7 +22,10 @@ subquery's rows):
 
 5. the allocation row (the bookings and holdings refer to it);
 6. the bookings insert with ``ON CONFLICT DO NOTHING RETURNING``: fewer rows = booked meanwhile
-   (:func:`bookings_lost`);
+   (:func:`bookings_lost`). A whole-node lease books its held atoms too (those unhealthy or unbookable
+   when it was planned, ``Candidate.held_atoms``), so the bookings' exclusion constraint keeps every
+   other booking off the leased node for the window whatever its atoms' health (docs/lifecycle.md,
+   "Whole-node leases");
 7. each scalar is held per instant over the window: ``INSERT INTO scalar_holdings ... SELECT ... WHERE
    peak + n <= floor(allocatable * ratio) RETURNING``, the peak being the most the node's holdings of
    that resource hold at any instant of ``[start, end)`` (:mod:`app.db.windows`): a resource missing =
@@ -260,6 +263,8 @@ async def _commit_node(
 _NODE = sa.bindparam("node_id", type_=sa.Text)
 _POOL = sa.bindparam("pool_id", type_=sa.Text)
 _ATOMS = sa.bindparam("atoms", type_=pg.ARRAY(sa.Text))
+# the atoms booked: the picked ones and a whole-node lease's held ones (Candidate.booked_atoms)
+_BOOKED = sa.bindparam("booked_atoms", type_=pg.ARRAY(sa.Text))
 _SCALARS = sa.bindparam("scalars", type_=pg.ARRAY(sa.Text))
 _KEYS = sa.bindparam("label_keys", type_=pg.ARRAY(sa.Text))
 
@@ -425,7 +430,8 @@ def write_statement(with_quota: bool, with_mark: bool) -> Prepared:
                    during) VALUES (:allocation_id, :reservation_id, :pool_id, :node_id, :atoms,
                    :resources, :during) RETURNING id),
          booked AS (INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
-                    SELECT pk, id, :pool_id, :allocation_id, :during FROM devices WHERE id = ANY(:atoms)
+                    SELECT pk, id, :pool_id, :allocation_id, :during FROM devices
+                     WHERE id = ANY(:booked_atoms) AND node_id = :node_id
                     ON CONFLICT DO NOTHING RETURNING device_id),     -- fewer rows: booked meanwhile
          held AS (INSERT INTO scalar_holdings (allocation_id, resource, node_id, pool_id, amount,
                   starts_at, ends_at)
@@ -461,7 +467,7 @@ def write_statement(with_quota: bool, with_mark: bool) -> Prepared:
         .from_select(
             ["device_pk", "device_id", "pool_id", "allocation_id", "during"],
             sa.select(devices.c.pk, devices.c.id, _POOL, _ALLOC, _DURING).where(
-                devices.c.id == sa.any_(_ATOMS)
+                devices.c.id == sa.any_(_BOOKED), devices.c.node_id == _NODE
             ),
         )
         .on_conflict_do_nothing()
@@ -539,6 +545,7 @@ async def run_write_statement(
         "pool_id": request.pool_id,
         "node_id": candidate.node_id,
         "atoms": list(candidate.atoms),
+        "booked_atoms": list(candidate.booked_atoms),
         "resources_json": {k: str(v) for k, v in candidate.resources.items()},
         "during": window(start, end),
         "starts_at": start,
@@ -563,8 +570,9 @@ async def run_write_statement(
 
 def bookings_lost(written: Any, candidate: Candidate) -> LostRace | None:
     """Write 6: ``INSERT INTO device_bookings ... ON CONFLICT DO NOTHING RETURNING device_id`` returned
-    fewer rows than atoms: ``an atom on <node> was booked concurrently``."""
-    if written.booked == len(candidate.atoms):
+    fewer rows than atoms booked (the picked ones and a lease's held ones): ``an atom on <node> was
+    booked concurrently``."""
+    if written.booked == len(candidate.booked_atoms):
         return None
     return atom_booked(candidate.node_id, candidate.node_name)
 

@@ -1,6 +1,7 @@
 """The one home of a reservation's conditions made by the capacity service (DESIGN.md, "Reservation
 lifecycle"): ``{type, status: "True", reason, message}``. ``Unschedulable`` (its reasons, and how a newer
-one replaces the one before) and ``Ended`` (``WindowEnded``, ``WindowPassed``) are made here;
+one replaces the one before), ``Ended`` (``WindowEnded``, ``WindowPassed``) and ``Released``
+(``ReleaseRequested``) are made here;
 ``Scheduled`` by the wake (:mod:`app.capacity.wake`) and ``Repaired`` by BookingRepair
 (:mod:`app.capacity.repair`) carry fields of their own.
 
@@ -22,6 +23,8 @@ QUOTA_EXCEEDED = "QuotaExceeded"
 ENDED = "Ended"
 WINDOW_ENDED = "WindowEnded"
 WINDOW_PASSED = "WindowPassed"
+RELEASED = "Released"
+RELEASE_REQUESTED = "ReleaseRequested"
 
 
 def condition(kind: str, reason: str, message: str) -> dict[str, Any]:
@@ -44,6 +47,15 @@ def window_passed_condition(start: datetime) -> dict[str, Any]:
     return condition(
         ENDED, WINDOW_PASSED, f"the start {start.isoformat()} passed while the reservation was pending"
     )
+
+
+def released_condition(at: datetime, status_before: str) -> dict[str, Any]:
+    """The condition of a reservation released by ``POST /v1/reservations/{id}/release`` at ``at`` (the
+    database clock), while it was ``status_before`` (placed, pending or queued); docs/lifecycle.md."""
+    return {
+        **condition(RELEASED, RELEASE_REQUESTED, f"released at {at.isoformat()} while {status_before}"),
+        "at": at.isoformat(),
+    }
 
 
 def with_unschedulable(

@@ -23,6 +23,11 @@ quota raised (one tenant)              a wake that stopped on ``QuotaExceeded``
 A node edge is sent only when the node is now schedulable for someone (``mayBeSchedulableSql``): a
 cordon or a new taint on an unschedulable node wakes nobody, and a node left with one dedication wakes
 only the dedicated tenant.
+
+Repair edges go on their own channel (``bc_repair``, payload: the pool id): an atom that turned
+unhealthy or unbookable (the health route, an agent's heartbeat or Hello) fits no pending work, it asks
+for BookingRepair, which every replica runs on its own task ahead of any wake
+(:mod:`app.capacity.repair_first`, docs/lifecycle.md "Repair first").
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from app.db.tables import nodes, pools
 from app.placement.schedulable import DEDICATION_PREFIX
 
 WAKE_CHANNEL = "bc_wake"
+REPAIR_CHANNEL = "bc_repair"
 
 
 def wake_payload(pool_id: str, tenant_id: str | None = None) -> str:
@@ -83,3 +89,10 @@ async def notify_node(conn: AsyncConnection, node_id: str) -> None:
         .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
         .where(nodes.c.id == node_id, may_be_schedulable_sql())
     )
+
+
+async def notify_repair(conn: AsyncConnection, pool_id: str) -> None:
+    """Send the edge "atoms of ``pool_id`` turned unhealthy or unbookable": BookingRepair runs on it
+    (ahead of any wake, docs/lifecycle.md "Repair first"); delivered when ``conn``'s transaction commits."""
+    # SELECT pg_notify('bc_repair', :pool)
+    await conn.execute(sa.select(sa.func.pg_notify(REPAIR_CHANNEL, pool_id)))

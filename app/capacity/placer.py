@@ -1,7 +1,8 @@
 """The inline placer (seed 000, "Two placers", "Commit and lock order").
 
-Plan on plain reads, take the pool row lock (``FOR SHARE``) right before the first commit, commit the
-chosen candidate with guarded statements inside ``SAVEPOINT capacity_place_<attempt>``; a lost race
+Plan on plain reads, take the pool row lock (``FOR SHARE``, :class:`~app.db.locks.PoolShare`) right
+before the first commit, commit the chosen candidate with guarded statements inside
+``SAVEPOINT capacity_place_<attempt>``; a lost race
 replans on fresh reads, at most ``max_attempts`` times (DESIGN.md, "Reservation lifecycle": a lost race
 re-reads the node it lost on). After ``an atom on <node> was booked concurrently`` or ``<resource> on
 <node> ran out`` the node stays a candidate: the replan reads its bookings and holdings again and may
@@ -18,8 +19,11 @@ race (contention), in the lock order pools -> nodes; a deadlock on it (40P01) is
 The critical section is
 the commit alone. Quota is charged by the commit itself, last (``extras``: lock order pools -> nodes
 -> devices -> node_resources -> quota_usage), so a tenant's quota row is held from the commit's lock
-statement to COMMIT only, not over the plan. A caller that inserted the reservation may have read and
-locked the pool already (``head``): the first plan then reads neither the pool row nor its lock again.
+statement to COMMIT only, not over the plan. A caller that inserted the reservation may have read the
+pool row already (``head``, a plain read): the first plan then does not read it again. Until the lock,
+nothing of this transaction holds the pool row but the foreign keys' ``FOR KEY SHARE``, so node adds,
+label changes and archives do not wait for plans; a pool archived between the plan and the lock answers
+``the pool is archived``, as a pool archived before the create does, and nothing is written.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from app.capacity.commit import (
 )
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache, PoolHead
-from app.db.locks import lock_node, lock_pool
+from app.db.locks import PoolShare, lock_node
 from app.errors import NotFound
 from app.observability.metrics import LOST_RACES, record_placement
 from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
@@ -109,20 +113,22 @@ async def _place_inline(
     before_commit: Callable[[int, Candidate], Awaitable[None]] | None = None,
     extras: CommitExtras = NO_EXTRAS,
     head: PoolHead | None = None,
+    pool_share: PoolShare | None = None,
 ) -> Placed | Pending:
     """Place ``request`` now, inside the caller's open transaction.
 
     Returns :class:`Placed` with the allocation written, or :class:`Pending` with the reason: the
     pending summary of the last plan, ``the pool is archived``, or ``Unschedulable after <n>
     conflicting attempts: <reason>; ...`` when every attempt lost a race. ``before_commit(attempt,
-    candidate)`` runs between the plan and its commit (tests use it to lose races on purpose).
-    ``extras`` ride with the commit: the quota charge (a refusal raises QuotaExceeded) and the placed
-    mark. ``head``: the pool row the caller read under ``FOR SHARE`` in this transaction (the first
-    plan uses it; the pool lock is then held already).
+    candidate)`` runs between the plan and its commit, before the pool lock (tests use it to lose races
+    on purpose, or to change the inventory while a plan is open). ``extras`` ride with the commit: the
+    quota charge (a refusal raises QuotaExceeded) and the placed mark. ``head``: the pool row the caller
+    read in this transaction (the first plan uses it). ``pool_share``: the transaction's pool lock, when
+    the caller shares it with a later step (preemption); else one of this call's own.
     """
     assert request.start is not None and request.end is not None
     lost: list[LostRace] = []
-    pool_locked = head is not None
+    pool_share = pool_share or PoolShare(request.pool_id)
     for attempt in range(1, max_attempts + 1):
         excluded = [r for r in lost if r.kind in EXCLUDING_KINDS]
         attempt_options = replace(
@@ -141,19 +147,19 @@ async def _place_inline(
         if isinstance(plan, Rejections):
             return Pending(plan.summary)
         assert isinstance(plan, Plan)
-        if not pool_locked:
-            # SELECT ... FROM pools WHERE id = :pool FOR SHARE  -- archive (FOR UPDATE) waits for us
-            pool = await lock_pool(conn, request.pool_id, for_update=False)
-            pool_locked = True
-            if pool.archived_at is not None:
-                return Pending(ARCHIVED_POOL)
         placements = plan.placements  # the chosen candidate, or a gang's members
         tokens = [
-            cache.assume(request.pool_id, c.node_id, c.atoms, request.start, request.end) for c in placements
+            cache.assume(request.pool_id, c.node_id, c.booked_atoms, request.start, request.end)
+            for c in placements
         ]
         try:
             if before_commit is not None:
                 await before_commit(attempt, plan.chosen)
+            # SELECT * FROM pools WHERE id = :pool FOR SHARE  -- once: an archive waits for our commit
+            if not await pool_share.take(conn):
+                for token in tokens:
+                    cache.forget(request.pool_id, token)
+                return Pending(ARCHIVED_POOL)
             outcome = await commit_placements(
                 conn, request, placements, reservation_id, attempt, request.start, request.end, extras
             )

@@ -76,7 +76,8 @@ class PlacementContext:
     attempt from ``reservation_id``, so a placement replays). ``admission``: set when the call comes
     from an admitted request. ``before_commit(attempt, candidate)``: tests lose races on purpose there.
     ``mark``: mark the reservation ``placed`` with the commit's statements. ``head``: the pool head the
-    caller read under ``FOR SHARE`` (the pool is then not read or locked again).
+    caller read in this transaction (the first plan does not read it again; the pool is still locked
+    ``FOR SHARE`` right before the first commit).
     """
 
     now: datetime

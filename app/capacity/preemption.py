@@ -5,8 +5,9 @@ placed spot work overlapping its window counted as free (the pure choice is
 :mod:`app.placement.preemption`). If that fits, the victims and the preemptor are committed in ONE
 transaction, inside ``SAVEPOINT capacity_preempt_<attempt>``, in the lock order:
 
-1. the preemptor's own row and pools ``FOR SHARE``: both taken by the create before any plan (archive
-   waits for us);
+1. the preemptor's own row (written by the create or the batch) and pools ``FOR SHARE``, taken right
+   before the first commit (:class:`~app.db.locks.PoolShare`, shared with the caller's inline attempt);
+   a pool archived by then is not placed into (archive waits for us once we hold it);
 2. the victims' reservation rows, ``FOR UPDATE`` in id order and only while ``status = 'placed'``
    (:func:`claim_victims`, guarded): a victim released, ended, repaired away or preempted by another
    preemptor meanwhile is missing from the answer, which is a lost race: roll back to the savepoint and
@@ -54,6 +55,7 @@ from app.capacity.cuts import cut_allocations
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Placed, plan_seed
 from app.capacity.snapshot import PoolCache, read_snapshot
+from app.db.locks import PoolShare
 from app.db.tables import TS, allocations, reservations, scalar_holdings
 from app.observability.metrics import PREEMPTION_ATTEMPTS, PREEMPTION_VICTIMS
 from app.placement.model import PlacementRequest
@@ -358,14 +360,17 @@ async def place_preempting(
     reservation_id: str,
     how: PreemptOptions,
     now: datetime,
+    pool_share: PoolShare | None = None,
 ) -> PlacedByPreemption | None:
     """Place regular ``request`` by preempting spot work, inside the caller's open transaction (the
-    reservation row already written, the pool row held ``FOR SHARE``: the create and the batch take it
-    first, so an archived pool shows in the plan's head read); ``now`` is the database clock. None when
-    preemption would not make it fit, the pool is archived, or every attempt lost a race (the caller
-    keeps its pending reason)."""
+    reservation row already written); ``now`` is the database clock. The pool row is locked ``FOR
+    SHARE`` right before the first commit (``pool_share``: the caller's, when its inline attempt may have
+    taken it already; else one of this call's own). None when preemption would not make it fit, the pool
+    is archived (``pool_share.archived`` says so when the lock found it), or every attempt lost a race
+    (the caller keeps its pending reason)."""
     assert request.start is not None and request.end is not None
     at = min(now, request.start)  # a start a little in the past (clock skew) is the preemption instant
+    pool_share = pool_share or PoolShare(request.pool_id)
     spot: list[SpotWork] | None = await read_spot_work(conn, request.pool_id, request.start, request.end)
     if not spot:
         return None  # no spot work overlaps: not an attempt (nothing to preempt)
@@ -381,6 +386,9 @@ async def place_preempting(
         spot = None  # a replan reads the spot work again
         if plan is None:
             PREEMPTION_ATTEMPTS.labels("no_fit").inc()
+            return None
+        # SELECT * FROM pools WHERE id = :pool FOR SHARE  -- once, before the victims' rows (lock order)
+        if not await pool_share.take(conn):
             return None
         outcome = await commit_preemption(conn, request, plan, reservation_id, 100 + attempt, at, how.charge)
         if isinstance(outcome, LostRace):

@@ -2,8 +2,9 @@
 turned unhealthy or unbookable is moved for the rest of its window.
 
 The health route and the node agents' edges (:func:`app.inventory.agent_hooks.on_atoms_unavailable`)
-send a wake edge for the pool; the wake-edge controller runs :func:`repair_broken` before it wakes
-pending work, and the periodic sweep runs it too. It finds every live allocation with a booking on an
+send the pool's repair edge; :mod:`app.capacity.repair_first` runs :func:`repair_broken` on it, on its
+own task and ahead of any wake (docs/lifecycle.md, "Repair first"), and periodically as a safety net.
+It finds every live allocation with a booking on an
 unavailable atom whose window is not over (the partial index of unavailable atoms keeps that cheap) and
 repairs each reservation in one transaction, its row claimed ``FOR UPDATE SKIP LOCKED`` (replica-safe):
 
@@ -80,12 +81,15 @@ def repaired_condition(at: datetime, repair: Repair, names: dict[str, str]) -> d
 
 
 async def broken_reservations(conn: AsyncConnection, limit: int = REPAIR_BATCH) -> list[str]:
-    """Placed reservations with a live booking on an unhealthy or unbookable atom whose window is not
-    over, oldest first."""
+    """Placed reservations with a live booking on an unhealthy or unbookable atom it uses (one of its
+    allocation's ``atoms``) whose window is not over, oldest first. A whole-node lease's held atoms
+    (booked, not used: unavailable when it was placed) need no repair: the lease keeps them so that
+    nothing else lands on its node (docs/lifecycle.md, "Whole-node leases")."""
     # SELECT DISTINCT a.reservation_id, r.created_at FROM device_bookings b
     #   JOIN devices d ON d.id = b.device_id JOIN allocations a ON a.id = b.allocation_id
     #   JOIN reservations r ON r.id = a.reservation_id
-    #  WHERE (NOT d.healthy OR NOT d.bookable) AND upper(b.during) > now() AND a.released_at IS NULL
+    #  WHERE (NOT d.healthy OR NOT d.bookable) AND b.device_id = ANY(a.atoms)
+    #    AND upper(b.during) > now() AND a.released_at IS NULL
     #    AND r.status = 'placed' ORDER BY r.created_at LIMIT :limit
     stmt = (
         sa.select(allocations.c.reservation_id, reservations.c.created_at)
@@ -96,6 +100,7 @@ async def broken_reservations(conn: AsyncConnection, limit: int = REPAIR_BATCH) 
         )
         .where(
             sa.or_(devices.c.healthy.is_(False), devices.c.bookable.is_(False)),
+            device_bookings.c.device_id == sa.any_(allocations.c.atoms),
             sa.func.upper(device_bookings.c.during) > sa.func.now(),
             allocations.c.released_at.is_(None),
             reservations.c.status == "placed",

@@ -2,11 +2,15 @@
 
 create: one transaction; the whole POST takes at most 10 round trips to PostgreSQL, pool pre-pings
 included (issue 15, tests/api/test_round_trips.py). The reservation row is inserted first with ``ON
-CONFLICT (tenant_id, idempotency_key) DO NOTHING``, in the statement that reads the pool head under
-``FOR SHARE``:
-concurrent creates with one key queue on that index entry, and the losers read the winner's row (same
-body -> the same reservation; another body -> 409 IDEMPOTENCY_KEY_REUSED). Then the inline placer plans
-on plain reads and commits the plan with the guarded statements, which also charge quota (409
+CONFLICT (tenant_id, idempotency_key) DO NOTHING``, in the statement that reads the pool head (a plain
+read: the row's foreign key holds the pool row only ``FOR KEY SHARE``, which no inventory change waits
+for): concurrent creates with one key queue on that index entry, and the losers read the winner's row
+(same body -> the same reservation; another body -> 409 IDEMPOTENCY_KEY_REUSED). Then the inline placer
+plans on plain reads, locks the pool row ``FOR SHARE`` right before its first commit
+(docs/placement-rules.md, "The pipeline": the critical section is the commit alone;
+:class:`~app.db.locks.PoolShare`, shared with preemption, so a pool archived meanwhile answers ``the
+pool is archived`` as one archived before the create does) and
+commits the plan with the guarded statements, which also charge quota (409
 QUOTA_EXCEEDED rolls everything back) and mark the row placed: the tenant's quota row is locked last,
 by the commit's lock statement, and held to COMMIT only, not over the plan. A request that cannot be
 placed is stored ``pending`` with its Unschedulable condition (reason ``NoFit``); its charge is checked
@@ -30,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -45,13 +49,19 @@ from app.capacity import preemption
 from app.capacity.access import reservation_not_found, visible
 from app.capacity.admission import admit, read_verdict, refusal
 from app.capacity.commit import CommitExtras, Committed, MarkPlaced, QuotaCharge, sqlstate
-from app.capacity.conditions import NO_FIT, ended_condition, unschedulable_condition, window_passed_condition
+from app.capacity.conditions import (
+    NO_FIT,
+    ended_condition,
+    released_condition,
+    unschedulable_condition,
+    window_passed_condition,
+)
 from app.capacity.cuts import cut_allocations
 from app.capacity.edges import notify_pool
 from app.capacity.placer import Pending, Placed, db_now, place_inline
 from app.capacity.shortlist import plan_request
 from app.capacity.snapshot import PoolCache, PoolHead
-from app.db.locks import lock_pool, pool_not_found
+from app.db.locks import PoolShare, lock_pool, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import TS, allocations, pools, reservations
 from app.db.tx import reads, run_again_on_deadlock
@@ -59,7 +69,7 @@ from app.errors import IdempotencyKeyReused, InvalidInput
 from app.iam.authorize import exists_for
 from app.ids import new_id
 from app.jsonnum import num
-from app.placement.model import PlacementRequest, Plan
+from app.placement.model import Candidate, PlacementRequest, Plan
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest, to_placement_request
 from app.placement.summary import ARCHIVED_POOL
@@ -149,17 +159,24 @@ def _condition(reason: str) -> list[dict[str, Any]]:
 
 @run_again_on_deadlock
 async def create_reservation(
-    engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
+    engine: AsyncEngine,
+    cache: PoolCache,
+    config: CapacityConfig,
+    body: ReservationRequest,
+    *,
+    before_commit: Callable[[int, Candidate], Awaitable[None]] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Create (or find, for an idempotent retry) a reservation; returns ``(view, created)``.
 
     Raises NotFound (pool), QuotaExceeded, IdempotencyKeyReused; on any error nothing is written.
+    ``before_commit(attempt, candidate)``: runs between an inline plan and its commit, before the pool
+    lock (tests hold a plan open there, :func:`app.capacity.placer.place_inline`).
     """
     spec = body.spec()
     digest = spec_hash(spec)
     assumptions: list[int] = []
     try:
-        return await _create(engine, cache, config, body, spec, digest, assumptions)
+        return await _create(engine, cache, config, body, spec, digest, assumptions, before_commit)
     finally:  # committed or rolled back: the bookings (or their absence) are visible to every plan now
         for token in assumptions:
             cache.forget(body.poolId, token)
@@ -173,12 +190,14 @@ async def _create(
     spec: dict[str, Any],
     digest: str,
     assumptions: list[int],
+    before_commit: Callable[[int, Candidate], Awaitable[None]] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """The create transaction in named steps: insert the row (and lock the pool), answer a retry, place
     inline with the quota charge and the placed mark riding on the guarded commit, or store pending."""
     async with engine.begin() as conn:
         reservation_id = new_id("res")
         created_at, head = await _insert_reservation(conn, body, reservation_id, spec, digest)
+        pool_share = PoolShare(body.poolId)  # taken right before the first commit, by either placement
         if created_at is None:
             return await idempotent_answer(conn, body, digest), False
         check_start(body, created_at, config.max_lead)  # raising rolls the row back: nothing is written
@@ -196,13 +215,15 @@ async def _create(
             config.options,
             config.max_attempts,
             config.shortlist_min,
+            before_commit,
             extras=CommitExtras(charge, MarkPlaced(reservation_id, request.end)),
             head=head,
+            pool_share=pool_share,
         )
         if isinstance(outcome, Pending) and preemption.applies(config.preemption, request):
             how = preemption.PreemptOptions(config.options, config.max_attempts, charge)
             by_preemption = await preemption.place_preempting(
-                conn, cache, request, reservation_id, how, created_at
+                conn, cache, request, reservation_id, how, created_at, pool_share
             )
             if by_preemption is not None:
                 assumptions.extend(by_preemption.placed.assumptions)
@@ -217,14 +238,16 @@ async def _create(
             allocs = [_committed_view(a, request) for a in outcome.allocations]
             return with_warnings(_placed_view(body, reservation_id, spec, created_at, allocs), warnings), True
         assert isinstance(outcome, Pending)
-        return with_warnings(await _store_pending(conn, charge, outcome.reason), warnings), True
+        # archived while preemption planned: the lock saw it, and the answer is the archived pool's
+        reason = ARCHIVED_POOL if pool_share.archived else outcome.reason
+        return with_warnings(await _store_pending(conn, charge, reason), warnings), True
 
 
 # WITH inserted AS (INSERT INTO reservations (...) VALUES (...) ON CONFLICT (tenant_id, idempotency_key)
 #                   DO NOTHING RETURNING created_at)       -- no row: the key was used (or is being used)
 # SELECT inserted.created_at, p.id, p.archived_at, p.inventory_version
-#   FROM pools p LEFT JOIN inserted ON true WHERE p.id = :pool FOR SHARE OF p
-#                                                    -- lock order: the own row, then pools (FOR SHARE)
+#   FROM pools p LEFT JOIN inserted ON true WHERE p.id = :pool
+#                          -- a plain read: the pool row is locked FOR SHARE only right before the commit
 _POOL_ID = sa.bindparam("pool_id", type_=sa.Text)
 _INSERTED = (
     pg_insert(reservations)
@@ -245,7 +268,6 @@ INSERT_RESERVATION = Prepared(
     sa.select(_INSERTED.c.created_at, pools.c.id, pools.c.archived_at, pools.c.inventory_version)
     .select_from(pools.outerjoin(_INSERTED, sa.true()))
     .where(pools.c.id == _POOL_ID)
-    .with_for_update(read=True, of=pools)
 )
 """The statement above, built and compiled once and run prepared (issue 15: no per-call construct)."""
 
@@ -253,7 +275,7 @@ INSERT_RESERVATION = Prepared(
 async def _insert_reservation(
     conn: AsyncConnection, body: ReservationRequest, reservation_id: str, spec: dict[str, Any], digest: str
 ) -> tuple[datetime | None, PoolHead]:
-    """Insert the ``pending`` row and read the pool head under ``FOR SHARE`` in one round trip
+    """Insert the ``pending`` row and read the pool head (no lock) in one round trip
     (:data:`INSERT_RESERVATION`): the database's ``now()`` (None for a used key) and the head. NotFound
     (nothing written) for no pool."""
     params = {
@@ -546,7 +568,12 @@ async def release_reservation(
         await conn.execute(
             sa.update(reservations)
             .where(reservations.c.id == reservation_id)
-            .values(status="released", released_at=at, updated_at=sa.func.now())
+            .values(
+                status="released",
+                released_at=at,
+                updated_at=sa.func.now(),
+                conditions=[*row.conditions, released_condition(at, row.status)],
+            )
         )
         row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).one()
         return await _view(conn, row)

@@ -32,7 +32,9 @@ reservation and max(topN, 10) for a preview.
 A batch (:mod:`app.capacity.batch`) plans its entries on reads they share (:class:`SharedReads`): one
 exceptions read per (window, resource names, tenant) group, the batch's earlier plans counted in, the
 touched nodes' scores, the inside nodes' states and the pipeline's per-node outcomes memoized until a
-plan or an assumption changes the node. The guarded commit still decides, as for a plan of its own.
+plan or an assumption changes the node (the outcomes under keys the pipeline derives from what its
+filters and scorers declare they read, docs/extending.md, "What a filter reads"). The guarded commit
+still decides, as for a plan of its own.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ from app.placement.model import (
     Selector,
 )
 from app.placement.options import SchedulerOptions
-from app.placement.pipeline import NodeMemo, plan_placement
+from app.placement.pipeline import NodeMemos, plan_placement
 from app.placement.scalar_capacity import scalar_capacity
 from app.placement.scorers import scorers_of
 from app.placement.scorers.contract import NODE
@@ -461,7 +463,8 @@ class _Group:
     memo: dict[Any, tuple[int, dict[str, float | None]]] = field(default_factory=dict)
     states: dict[str, NodeState] = field(default_factory=dict)  # inside states of nodes not changed
     snapshots: dict[str, NodeSnapshot] = field(default_factory=dict)
-    node_memos: dict[Any, NodeMemo] = field(default_factory=dict)
+    # the pipeline's per-node outcomes, under keys it derives from what filters and scorers declare
+    node_memos: NodeMemos = field(default_factory=dict)
 
     def take(self, planned: BatchPlanned) -> None:
         """Count an earlier plan of the batch when its window overlaps this group's."""
@@ -530,17 +533,6 @@ class _Group:
         if found is None or found.state is not state or found.inventory is not node:
             found = self.snapshots[node_id] = NodeSnapshot(node, state)
         return found
-
-    def node_memo(self, request: PlacementRequest, options: SchedulerOptions) -> NodeMemo:
-        """The pipeline's per-node outcomes for requests of this one's shape (``plan_placement``'s
-        ``memo``): what a filter or scorer reads of the request and options, seed and exclusions aside."""
-        key = (
-            _shape_key(request, options),
-            request.tenant_id,
-            request.binding,
-            tuple(sorted((r, Decimal(n)) for r, n in request.resources.items())),
-        )
-        return self.node_memos.setdefault(key, {})
 
     def state(self, node_id: str) -> NodeState:
         """The node's volatile state as a plan of this group sees it (memoized until it changes)."""
@@ -989,7 +981,7 @@ async def _plan_request(
                         for node_id, state in states.items()
                     ),
                 )
-                memo = group.node_memo(request, options) if group is not None else None
+                memo = group.node_memos if group is not None else None
                 plan = plan_placement(request, snapshot, options, memo)
                 ceiling = _pick_ceiling(inventory, request, options)
                 if isinstance(plan, Plan) and _provably_complete(plan, rows, k, needed, ceiling):

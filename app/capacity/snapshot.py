@@ -37,7 +37,15 @@ from app.db.tables import (
     scalar_holdings,
 )
 from app.db.windows import peaks_by
-from app.placement.model import Atom, NodeInventory, NodeSnapshot, NodeState, PoolSnapshot, ScalarResource
+from app.placement.model import (
+    Atom,
+    NodeInventory,
+    NodeSnapshot,
+    NodeState,
+    PoolSnapshot,
+    ScalarResource,
+    selectable_attributes,
+)
 from app.placement.scalar_capacity import scalar_capacity
 from app.placement.topology import node_topology
 
@@ -212,7 +220,7 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
     # and 280,000 link rows, decoded by asyncpg in C. Attribute objects are parsed once per distinct
     # text and shared (nodes of one model carry identical attributes).
     atoms: dict[str, tuple[Atom, ...]] = {}
-    parsed: dict[str, dict[str, Any]] = {}
+    parsed: dict[tuple[str, int | None], Mapping[str, Any]] = {}
     # SELECT d.node_id, array_agg(d.id ORDER BY d.ordinal, d.id), array_agg(d.class ...),
     #        array_agg(d.attributes::text ...), array_agg(d.numa_node ...), array_agg(d.parent_id ...)
     #   FROM devices d JOIN nodes n ON n.id = d.node_id WHERE n.pool_id = :pool GROUP BY d.node_id
@@ -237,9 +245,13 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
         for atom_id, device_class, text, numa_node, parent in zip(
             ids, classes, attribute_texts, numa, parents, strict=True
         ):
-            attributes = parsed.get(text)
+            # what a selector reads: the stored attributes with the NUMA node as ``numaNode``, however the
+            # device was registered (docs/selectors.md); parsed once per (text, NUMA node)
+            attributes = parsed.get((text, numa_node))
             if attributes is None:
-                attributes = parsed[text] = json.loads(text) if text else {}
+                attributes = parsed[(text, numa_node)] = selectable_attributes(
+                    json.loads(text) if text else {}, numa_node
+                )
             node_atoms.append(Atom(atom_id, device_class, attributes, numa_node, parent))
         atoms[node_id] = tuple(node_atoms)
     links: dict[str, dict[tuple[str, str], str]] = {}

@@ -21,6 +21,11 @@ start passed is ended by the lifecycle's end task (``WindowPassed``), never plac
 that fits but whose tenant's quota does not hold now stays pending (condition reason ``QuotaExceeded``)
 until a quota edge of its tenant. A placed one gets the condition ``Scheduled`` with the time it waited.
 
+Repair first (docs/lifecycle.md): BookingRepair is not part of a wake. It runs on its own task
+(:mod:`app.capacity.repair_first`), and the wake loop yields to it: before each pending reservation it
+claims, :func:`wake_pool` awaits ``yield_to`` (:meth:`RepairController.wait_for_repairs`), so a repair
+asked for during a wake or a sweep of hundreds of pending reservations waits for one of them at most.
+
 Lock order: the reservation row first (as create and release), then pools -> nodes -> devices ->
 node_resources -> quota_usage, as every capacity transaction.
 """
@@ -28,7 +33,7 @@ node_resources -> quota_usage, as every capacity transaction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -42,7 +47,7 @@ from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
 from app.capacity.listener import ListeningController
 from app.capacity.placer import Placed, db_now
 from app.capacity.placers import INLINE, WAKE, Admission, PlacementContext, placer
-from app.capacity.repair import REPAIR_PREFIX, repair_broken
+from app.capacity.repair import REPAIR_PREFIX
 from app.capacity.reservations import CapacityConfig, placement_request, quota_amounts
 from app.capacity.snapshot import PoolCache
 from app.db.tables import reservations
@@ -183,13 +188,18 @@ async def wake_pool(
     pool_id: str,
     tenant_id: str | None = None,
     limit: int = WAKE_BATCH,
+    yield_to: Callable[[], Awaitable[None]] | None = None,
 ) -> list[Woken]:
     """Plan the pending reservations of ``pool_id`` (of ``tenant_id`` only, when given) again, oldest
-    first, one transaction each; one that still does not fit is skipped and the next one tried. Returns
-    what happened to each reservation tried (at most ``limit``), in the order tried."""
+    first, one transaction each; one that still does not fit is skipped and the next one tried. Before
+    each claim it awaits ``yield_to()`` when given (the repair controller's
+    :meth:`~app.capacity.repair_first.RepairController.wait_for_repairs`: repair first, docs/lifecycle.md).
+    Returns what happened to each reservation tried (at most ``limit``), in the order tried."""
     woken: list[Woken] = []
     after: tuple[datetime, str] | None = None
     while len(woken) < limit:
+        if yield_to is not None:
+            await yield_to()  # a repair asked for meanwhile commits before the next reservation is claimed
         assumptions: list[int] = []
         try:
             async with engine.begin() as conn:
@@ -223,7 +233,11 @@ async def pools_with_pending(conn: AsyncConnection) -> list[str]:
 class WakeController(ListeningController[tuple[str, str | None]]):
     """The wake-edge controller of one service process: a LISTEN connection that collects the edges
     heard (:meth:`listen`) and the task that wakes the pools they name (:meth:`run`), with a full sweep
-    at most every ``sweep_seconds``. ``poke`` (set once the lifecycle exists) starts :meth:`run` now."""
+    at most every ``sweep_seconds``. ``poke`` (set once the lifecycle exists) starts :meth:`run` now;
+    ``yield_to`` (set with the repair controller) is awaited before each pending reservation is claimed
+    (repair first, docs/lifecycle.md)."""
+
+    yield_to: Callable[[], Awaitable[None]] | None = None
 
     def channels(self) -> Mapping[str, Callable[[str], None]]:
         return {WAKE_CHANNEL: self.heard}
@@ -249,15 +263,16 @@ class WakeController(ListeningController[tuple[str, str | None]]):
         )
 
     async def run(self, engine: AsyncEngine) -> list[Woken]:
-        """One wake: BookingRepair of work booked on unavailable atoms, then the pools heard since the
-        last wake, and every pool with pending work when the sweep is due. Returns what happened to each
-        reservation tried."""
+        """One wake: the pools heard since the last wake, and every pool with pending work when the
+        sweep is due, each reservation claimed after ``yield_to()`` (BookingRepair runs on its own task,
+        ahead of this one). Returns what happened to each reservation tried."""
         swept: list[str] = []
         if self.sweep_due():
             async with engine.connect() as conn:
                 swept = await pools_with_pending(conn)
-        await repair_broken(engine, self.cache, self.config)  # BookingRepair first: it may free atoms
         woken: list[Woken] = []
         for pool_id, tenant_id in self._targets(swept):
-            woken += await wake_pool(engine, self.cache, self.config, pool_id, tenant_id)
+            woken += await wake_pool(
+                engine, self.cache, self.config, pool_id, tenant_id, yield_to=self.yield_to
+            )
         return woken

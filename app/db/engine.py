@@ -161,3 +161,36 @@ async def ping(engine: AsyncEngine) -> None:
     database does not answer."""
     async with engine.connect() as conn:
         await conn.exec_driver_sql("SELECT 1")
+
+
+def where(url: str) -> str:
+    """``url`` without its user and password: ``postgresql://host:port/database`` (for messages)."""
+    u = make_url(url)
+    port = f":{u.port}" if u.port else ""
+    socket_dir = u.query.get("host")  # postgresql://user@/db?host=/run/postgresql: a Unix socket
+    host = u.host or (f"[{socket_dir}]" if isinstance(socket_dir, str) else "localhost")
+    return f"postgresql://{host}{port}/{u.database or ''}"
+
+
+def probe_database(url: str, timeout: float = 10.0) -> str | None:
+    """Connect to ``url`` once (blocking, at most ``timeout`` seconds) and close again: None when the
+    database answers, else why not in one line (``connection refused``, ``database "x" does not
+    exist``, ``password authentication failed for user "u"``). Run before migrating, so a wrong or
+    unreachable ``DATABASE_URL`` is one line on start instead of the migration's traceback."""
+    import asyncpg
+
+    async def attempt() -> None:
+        conn = await asyncpg.connect(
+            make_url(url).set(drivername="postgresql").render_as_string(False), timeout=timeout
+        )
+        await conn.close()
+
+    try:
+        asyncio.run(attempt())
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
+        if isinstance(exc, ConnectionRefusedError) or "Connect call failed" in str(exc):
+            return "connection refused"
+        if isinstance(exc, TimeoutError):
+            return f"no answer within {timeout:g} s"
+        return " ".join(str(exc).split()) or type(exc).__name__
+    return None

@@ -8,8 +8,14 @@ order, so two transactions never wait on each other in a cycle::
 
 - ``reservations``: create (the idempotency index entry), release and the wake edge lock the one
   reservation row first (:mod:`app.capacity.reservations`, :mod:`app.capacity.wake`).
-- ``pools``: :func:`lock_pool` (``FOR UPDATE`` to change the pool's inventory, ``FOR SHARE`` to place in
-  it or to change one node); a pool's ``inventory_version`` bump takes the same row lock.
+- ``pools``: :func:`lock_pool` (``FOR NO KEY UPDATE`` to change the pool's inventory or archive it,
+  ``FOR SHARE`` to place in it or to change one node); a pool's ``inventory_version`` bump takes the
+  same row lock. A placement takes its ``FOR SHARE`` only right before its first guarded commit
+  (:class:`PoolShare`), so the critical section is the commit alone: an inventory change waits for the
+  commits in flight, never for plans (docs/lifecycle.md, "Lock order"). ``NO KEY`` because every
+  row that names its pool (a reservation, an allocation, a booking) holds ``FOR KEY SHARE`` on it
+  through its foreign key from its insert to its transaction's end; ``FOR UPDATE`` would wait for those
+  too, so a node add would wait behind every create's plan again.
 - ``nodes``: :func:`lock_node`; several nodes in id order (:mod:`app.inventory.liveness`).
 - ``devices`` then ``node_resources``: the guarded commit (:mod:`app.capacity.commit`) and an agent's
   Hello (:mod:`app.inventory.hello`), devices in id order.
@@ -90,7 +96,7 @@ def node_not_found(node_id: str) -> NotFound:
 # built once (bind parameters only): SQLAlchemy memoizes a construct's cache key, so a call costs a
 # compiled-cache lookup, not a new construct and its cache key (issue 15)
 _POOL_BY_ID = sa.select(pools).where(pools.c.id == sa.bindparam("pool_id", type_=sa.Text))
-_LOCK_POOL_FOR_UPDATE = _POOL_BY_ID.with_for_update()
+_LOCK_POOL_FOR_UPDATE = _POOL_BY_ID.with_for_update(key_share=True)  # FOR NO KEY UPDATE
 _LOCK_POOL_FOR_SHARE = _POOL_BY_ID.with_for_update(read=True)
 _LOCK_NODE = sa.select(nodes).where(nodes.c.id == sa.bindparam("node_id", type_=sa.Text)).with_for_update()
 
@@ -98,8 +104,10 @@ _LOCK_NODE = sa.select(nodes).where(nodes.c.id == sa.bindparam("node_id", type_=
 async def lock_pool(conn: AsyncConnection, pool_id: str, *, for_update: bool = True) -> Any:
     """Lock the pool row and return it (``for_update=False``: ``FOR SHARE``); NotFound if absent.
 
-    ``SELECT * FROM pools WHERE id = :pool_id FOR UPDATE`` (or ``FOR SHARE``): second in the lock order,
-    after the reservation row."""
+    ``SELECT * FROM pools WHERE id = :pool_id FOR NO KEY UPDATE`` (or ``FOR SHARE``): after the
+    reservation row and the pool lease in the lock order. ``FOR NO KEY UPDATE`` conflicts with every
+    ``FOR SHARE`` (the commits in flight) but not with the foreign keys' ``FOR KEY SHARE`` (the rows
+    that name the pool, e.g. a create's reservation row while it plans)."""
     stmt = _LOCK_POOL_FOR_UPDATE if for_update else _LOCK_POOL_FOR_SHARE
     row = (await conn.execute(stmt, {"pool_id": pool_id})).first()
     if row is None:
@@ -129,3 +137,30 @@ async def lock_node_in_order(conn: AsyncConnection, node_id: str) -> Any:
         raise node_not_found(node_id)
     await lock_pool(conn, pool_id, for_update=False)
     return await lock_node(conn, node_id)
+
+
+class PoolShare:
+    """The pool row's ``FOR SHARE`` of one placing transaction, taken right before its first guarded
+    commit (docs/placement-rules.md, "The pipeline": the critical section is the commit alone) and held
+    to its end.
+
+    :meth:`take` locks once (``SELECT * FROM pools WHERE id = :pool_id FOR SHARE``, :func:`lock_pool`)
+    and answers whether the pool may still be placed into: False when it was archived, however long
+    before (an archive holds ``FOR NO KEY UPDATE``, so it committed before the lock or waits for this
+    transaction). Later calls answer the same without a round trip. The inline create, the batch, a wake
+    and preemption share one per transaction."""
+
+    __slots__ = ("pool_id", "held", "archived")
+
+    def __init__(self, pool_id: str) -> None:
+        self.pool_id = pool_id
+        self.held = False
+        self.archived = False
+
+    async def take(self, conn: AsyncConnection) -> bool:
+        """Lock the pool row ``FOR SHARE`` (the first time only); True while it is not archived."""
+        if not self.held:
+            pool = await lock_pool(conn, self.pool_id, for_update=False)
+            self.held = True
+            self.archived = pool.archived_at is not None
+        return not self.archived

@@ -156,3 +156,17 @@ def authorize_owned(principal: Principal, action: str, owner_tenant: str | None,
         raise not_found(what)
     authorize(principal, action, f"tenant:{owner_tenant}")
     return owner_tenant
+
+
+def holds_action(principal: Principal, action: str) -> bool:
+    """True when some grant covers ``action`` on some resource: without one, :func:`authorize` refuses
+    ``action`` whatever the resource (the request guard's check before a body is read)."""
+    return any(_action_matches(g.action, action) for g in principal.grants)
+
+
+def refusal_everywhere(action: str) -> Forbidden:
+    """The 403 of a key that holds ``action`` on no resource at all: details ``{"action", "resource":
+    "*"}``."""
+    return Forbidden(
+        f"{action} is not granted to this key on any resource", {"action": action, "resource": "*"}
+    )

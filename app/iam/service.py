@@ -51,8 +51,10 @@ def authorize_key_creation(creator: Principal, tenant_id: str | None, key_grants
     creator must name its own tenant, and every requested grant must be covered by one of its own
     (``pool:*`` covers ``pool:p1``; ``*`` only by ``*``). Raises :class:`~app.errors.Forbidden`.
 
-    The grants are checked as input first, for every creator (:func:`validate_grants`, 422 naming
-    ``grants.<i>.action|resource``): an unknown action is bad input, not an escalation."""
+    The grants are checked as input first, for every creator that holds ``compute:iam:admin`` on some
+    resource (:func:`validate_grants`, 422 naming ``grants.<i>.action|resource``): an unknown action is
+    bad input, not an escalation. A key that holds it nowhere was refused before its body was read
+    (app/api/route_grants.py)."""
     validate_grants(key_grants)
     if is_admin(creator):
         return

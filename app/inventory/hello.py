@@ -114,12 +114,16 @@ def _desired(body: HelloBody, imported: ImportedNode | None) -> _Desired:
 async def hello(engine: AsyncEngine, body: HelloBody) -> HelloOutcome:
     """Register or update the node ``(body.poolId, body.name)`` from its agent's Hello (module docstring).
 
-    Raises InvalidInput (422: ``topo`` / ``nvidiaSmiXml`` that do not parse, ``labels.<key>`` for a
-    ``bc.dev/`` key), NotFound (pool), PoolArchived (409), Conflict (409: a device id registered on another
-    node). On any error nothing is written.
+    Raises InvalidInput (422: ``topo`` / ``nvidiaSmiXml`` that do not parse or list more devices or links
+    than a node holds, ``labels.<key>`` for a ``bc.dev/`` key, ``labels`` when the node would hold more
+    than 256 labels, system and operator together, on create as on update: docs/api.md, "Limits"),
+    NotFound (pool), PoolArchived (409), Conflict (409: a device id registered on another node). On any
+    error nothing is written.
     """
     refuse_system_keys(body.labels)
     imported = build_imported_node(body.name, body.topo, body.nvidiaSmiXml) if body.topo is not None else None
+    if imported is not None:
+        inventory.check_device_count(len(imported.devices), len(imported.links))
     desired = _desired(body, imported)
     warnings = imported.warnings if imported is not None else ()
     try:
@@ -167,6 +171,11 @@ async def _hello(
         ).all()
     }
     changes = await _inventory_changes(conn, node_id, current, desired)
+    # the node's labels after this Hello (operator labels kept, the Hello's free and system labels) stay
+    # within the one limit of every path (docs/api.md, "Limits"): refused before anything is written
+    inventory.check_label_count(
+        len(changes.final_labels), sum(src == SYSTEM_SOURCE for _, src in changes.final_labels.values())
+    )
     if changes.any and not exclusive:
         return None
     if changes.any:

@@ -5,7 +5,17 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from app.placement.model import NUMA_NODE_ATTRIBUTE, selectable_attributes
 
 LABEL_KEY = r"^[A-Za-z][A-Za-z0-9._/-]*$"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -14,6 +24,8 @@ NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 # labels (operator and system together) and 64 taints.
 MAX_LABEL_PREFIX, MAX_LABEL_NAME, MAX_LABEL_VALUE = 253, 63, 63
 MAX_LABELS, MAX_TAINTS = 256, 64
+MAX_NUMA_NODE = 1024
+MAX_DEVICES, MAX_LINKS = 1024, 1024 * 64  # per node: atoms, and device-device links
 
 
 def _label_key_sizes(key: str) -> str:
@@ -73,10 +85,37 @@ class DeviceBody(BaseModel):
     attributes: dict[LabelKey, Annotated[str, Field(max_length=1024)] | int | float | bool] = Field(
         default_factory=dict, max_length=MAX_LABELS
     )
-    numaNode: int | None = Field(default=None, ge=0, le=1024)
+    numaNode: int | None = Field(default=None, ge=0, le=MAX_NUMA_NODE, validate_default=True)
     parent: str | None = None
     healthy: bool = True
     bookable: bool = True
+
+    @field_validator("attributes")
+    @classmethod
+    def _numa_attribute_is_a_numa_node(cls, attributes: dict[str, Any]) -> dict[str, Any]:
+        attribute = attributes.get(NUMA_NODE_ATTRIBUTE)
+        whole = isinstance(attribute, int) and not isinstance(attribute, bool)
+        if attribute is not None and (not whole or not 0 <= attribute <= MAX_NUMA_NODE):
+            raise ValueError(f"attributes.numaNode must be an integer from 0 to {MAX_NUMA_NODE}")
+        return attributes
+
+    @field_validator("numaNode")
+    @classmethod
+    def _one_numa_node(cls, numa: int | None, info: ValidationInfo) -> int | None:
+        """``numaNode`` and the attribute ``numaNode`` are one fact (docs/selectors.md): either may be
+        given, both only when equal."""
+        attribute = (info.data.get("attributes") or {}).get(NUMA_NODE_ATTRIBUTE)
+        if attribute is None:
+            return numa
+        if numa is not None and numa != attribute:
+            raise ValueError(f"numaNode {numa} disagrees with attributes.numaNode {attribute}")
+        return int(attribute)
+
+    @model_validator(mode="after")
+    def _numa_attribute(self) -> DeviceBody:
+        # stored as selectors read it: the NUMA node is also the attribute numaNode on every path
+        self.attributes = dict(selectable_attributes(self.attributes, self.numaNode))
+        return self
 
 
 class LinkBody(BaseModel):
@@ -100,8 +139,8 @@ class NodeCreate(BaseModel):
     resources: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceBody] = (
         Field(default_factory=dict)
     )
-    devices: list[DeviceBody] = Field(default_factory=list, max_length=1024)
-    links: list[LinkBody] = Field(default_factory=list, max_length=1024 * 64)
+    devices: list[DeviceBody] = Field(default_factory=list, max_length=MAX_DEVICES)
+    links: list[LinkBody] = Field(default_factory=list, max_length=MAX_LINKS)
 
     @field_validator("devices")
     @classmethod
@@ -210,7 +249,7 @@ class HelloBody(BaseModel):
     nvidiaSmiXml: str | None = Field(default=None, max_length=20_000_000)
     drivers: list[DriverBody] = Field(default_factory=list, max_length=16)
     capabilities: list[AgentToken] = Field(default_factory=list, max_length=64)
-    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
     resources: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceBody] = (
         Field(default_factory=dict)
     )

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.edges import notify_node, notify_pool
+from app.capacity.edges import notify_node, notify_repair
 from app.db.locks import lock_node, lock_node_in_order, lock_pool, node_not_found, pool_not_found
 from app.db.tables import (
     capacity_device_links,
@@ -38,7 +38,9 @@ from app.ids import new_id
 from app.inventory.importer import ImportedNode, build_imported_node
 from app.inventory.reasons import no_schedule_reasons
 from app.inventory.schemas import (
+    MAX_DEVICES,
     MAX_LABELS,
+    MAX_LINKS,
     DeviceBody,
     HealthBody,
     LinkBody,
@@ -50,7 +52,12 @@ from app.inventory.schemas import (
 )
 from app.jsonnum import num
 from app.placement.scalar_capacity import scalar_capacity
-from app.placement.system_labels import OPERATOR_SOURCE, SYSTEM_SOURCE, refuse_system_keys
+from app.placement.system_labels import (
+    OPERATOR_SOURCE,
+    SYSTEM_SOURCE,
+    refuse_system_attributes,
+    refuse_system_keys,
+)
 
 # --------------------------------------------------------------------------------------------- pools
 
@@ -197,10 +204,12 @@ async def add_node(
 
     ``body.labels`` are operator labels: a ``bc.dev/`` key among them is refused with InvalidInput (422,
     path ``labels.<key>``) before anything is written; only ``system_labels`` (from the importer or an
-    agent's Hello) are stored with source ``system``. Raises NotFound (pool), PoolArchived (409, an
-    archived pool: :func:`refuse_archived`), Conflict (duplicate node name or device id).
+    agent's Hello) are stored with source ``system``. A ``bc.dev/`` device attribute is refused alike
+    (422, path ``devices.<i>.attributes.<key>``; docs/selectors.md). Raises NotFound (pool), PoolArchived
+    (409, an archived pool: :func:`refuse_archived`), Conflict (duplicate node name or device id).
     """
     refuse_system_keys(body.labels)
+    refuse_system_attributes(d.attributes for d in body.devices)
     refuse_archived(await lock_pool(conn, pool_id))
     node_id = new_id("node")
     taints = [(t.key, t.value, t.effect) for t in body.taints]
@@ -256,6 +265,20 @@ async def _write_labels(
     check_label_count(len(rows), len(system))
     if rows:
         await conn.execute(sa.insert(node_labels), list(rows.values()))
+
+
+def check_device_count(devices: int, links: int) -> None:
+    """Raise InvalidInput (path ``topo``) when imported text (an import, a Hello) lists more than
+    MAX_DEVICES atoms or MAX_LINKS links on one node: the bounds of ``POST /v1/pools/{id}/nodes``
+    (docs/api.md, "Limits"), checked before anything is built from them."""
+    if devices > MAX_DEVICES:
+        raise InvalidInput(
+            f"a node holds at most {MAX_DEVICES} devices; the topo lists {devices}", path="topo"
+        )
+    if links > MAX_LINKS:
+        raise InvalidInput(
+            f"a node holds at most {MAX_LINKS} device links; the topo lists {links}", path="topo"
+        )
 
 
 def check_label_count(total: int, system: int) -> None:
@@ -359,7 +382,10 @@ async def add_rollup_totals(conn: AsyncConnection, pool_id: str, totals: dict[st
 
 
 def device_bodies(imported: ImportedNode) -> list[DeviceBody]:
-    """The imported node's atoms as the device bodies :func:`add_node` stores (import and Hello)."""
+    """The imported node's atoms as the device bodies :func:`add_node` stores (import and Hello, on
+    create and update). A derived attribute under ``bc.dev/`` is refused (422, path
+    ``nvidiaSmiXml.<i>.attributes.<key>``): the importer names attributes itself, so none should be."""
+    refuse_system_attributes((d.attributes for d in imported.devices), path="nvidiaSmiXml")
     return [
         DeviceBody.model_validate(
             {
@@ -385,6 +411,7 @@ async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> 
     Raises InvalidInput(path ``topo`` / ``nvidiaSmiXml``) for text that does not parse.
     """
     imported = build_imported_node(body.name, body.topo, body.nvidiaSmiXml)
+    check_device_count(len(imported.devices), len(imported.links))
     node = NodeCreate(
         name=body.name,
         labels=body.labels,
@@ -604,28 +631,36 @@ async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody
 async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]) -> dict[str, Any]:
     """Replace the node's operator labels; system labels stay. Bumps the pool's inventory version.
 
-    A ``bc.dev/`` key is refused with InvalidInput (422, path ``labels.<key>``): only Hello writes those."""
+    Refused with InvalidInput (422, path ``labels.<key>``, nothing changed): a ``bc.dev/`` key (only
+    Hello writes those), and a key the node already carries as a system label (written by its import or
+    its agent's Hello, such as ``gpu.count``), which an operator label cannot replace (docs/api.md)."""
     refuse_system_keys(labels)
     pool_id = await node_pool_id(conn, node_id)
     await bump_inventory_version(conn, pool_id)  # locks the pool row first (lock order)
     await lock_node(conn, node_id)
-    await conn.execute(
-        sa.delete(node_labels).where(node_labels.c.node_id == node_id, node_labels.c.source == "operator")
-    )
     system = set(
         (
             await conn.execute(
                 sa.select(node_labels.c.key).where(
-                    node_labels.c.node_id == node_id, node_labels.c.source == "system"
+                    node_labels.c.node_id == node_id, node_labels.c.source == SYSTEM_SOURCE
                 )
             )
         ).scalars()
     )
-    rows = [
-        {"node_id": node_id, "key": k, "value": v, "source": "operator"}
-        for k, v in labels.items()
-        if k not in system
-    ]
+    taken = next((key for key in labels if key in system), None)
+    if taken is not None:  # raising rolls the transaction back: the version bump above is undone too
+        raise InvalidInput(
+            f"label {taken} is a system label of node {node_id} (from its import or its agent's Hello): "
+            "an operator label cannot replace it",
+            path=f"labels.{taken}",
+            details={"key": taken},
+        )
+    await conn.execute(
+        sa.delete(node_labels).where(
+            node_labels.c.node_id == node_id, node_labels.c.source == OPERATOR_SOURCE
+        )
+    )
+    rows = [{"node_id": node_id, "key": k, "value": v, "source": OPERATOR_SOURCE} for k, v in labels.items()]
     check_label_count(len(rows) + len(system), len(system))
     if rows:
         await conn.execute(sa.insert(node_labels), rows)
@@ -658,6 +693,6 @@ async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> d
             await conn.execute(sa.update(devices).where(devices.c.id == d.id).values(**change))
     await _refresh_reasons(conn, node_id)
     await notify_node(conn, node_id)  # wake edge: health restored (sent only if now schedulable)
-    if unavailable:  # BookingRepair runs in the wake-edge controller, on this edge
-        await notify_pool(conn, node.pool_id)
+    if unavailable:  # BookingRepair runs on this edge, ahead of any wake (app.capacity.repair_first)
+        await notify_repair(conn, node.pool_id)
     return await get_node(conn, node_id)

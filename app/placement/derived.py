@@ -30,12 +30,16 @@ Step = Callable[[PlanContext, NodeWork], "str | None"]
 
 @dataclass(frozen=True, slots=True)
 class Derivation:
-    """``run(ctx, work)`` fills ``provides`` (NodeWork fields) from the node, the request and ``needs``."""
+    """``run(ctx, work)`` fills ``provides`` (NodeWork fields) from the node, the request and ``needs``;
+    ``request_reads`` / ``node_reads`` name what it reads of the request and the node
+    (:mod:`app.placement.reads`)."""
 
     name: str
     provides: tuple[str, ...]
     needs: tuple[str, ...]
     run: Step
+    request_reads: tuple[str, ...] = ()
+    node_reads: tuple[str, ...] = ()
 
 
 def matches(ctx: PlanContext, work: NodeWork) -> None:
@@ -99,8 +103,22 @@ def free(ctx: PlanContext, work: NodeWork) -> None:
 
 
 DERIVATIONS: tuple[Derivation, ...] = (
-    Derivation("matches", ("classes", "match_masks"), (), matches),
-    Derivation("free", ("available_masks", "free_masks"), ("classes", "match_masks"), free),
+    Derivation(
+        "matches",
+        ("classes", "match_masks"),
+        (),
+        matches,
+        request_reads=("devices", "devices.device_class", "devices.selector"),
+        node_reads=("inventory.atoms", "inventory.labels", "inventory.label_sources"),  # selectors see labels
+    ),
+    Derivation(
+        "free",
+        ("available_masks", "free_masks"),
+        ("classes", "match_masks"),
+        free,
+        request_reads=("devices",),
+        node_reads=("state.unavailable", "state.booked"),
+    ),
 )
 DERIVED_FIELDS: frozenset[str] = frozenset(f for d in DERIVATIONS for f in d.provides)
 

@@ -88,6 +88,20 @@ class PlacementRequest:
         return any(d.selector is not None and d.selector.match_expressions for d in self.devices)
 
 
+NUMA_NODE_ATTRIBUTE = "numaNode"
+
+
+def selectable_attributes(attributes: Mapping[str, Any], numa_node: int | None) -> Mapping[str, Any]:
+    """The attributes a selector reads on an atom (docs/selectors.md, "Device attributes"): the stored
+    ``attributes`` with the atom's NUMA node as ``numaNode`` (an integer), whatever path registered the
+    device. ``attributes`` is returned itself when it says so already (or the NUMA node is unknown), so
+    atoms of alike nodes keep sharing one mapping; else a new dict. The ``numa_node`` column wins over a
+    stored ``numaNode`` attribute: it is what the atom pick and the ``numa`` scorer read."""
+    if numa_node is None or attributes.get(NUMA_NODE_ATTRIBUTE) == numa_node:
+        return attributes
+    return {**attributes, NUMA_NODE_ATTRIBUTE: numa_node}
+
+
 @dataclass(frozen=True, slots=True)
 class Atom:
     """One bookable unit on a node: a whole GPU (``GPU-<uuid>``) or a MIG slice (``MIG-<uuid>``, with
@@ -169,7 +183,10 @@ class PoolSnapshot:
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """A node that passed every filter: the atoms picked per device request (in request order), the
-    scalar amounts claimed, the weighted total ``score`` and its per-scorer parts ``scores``."""
+    scalar amounts claimed, the weighted total ``score`` and its per-scorer parts ``scores``.
+    ``held_atoms``: what a whole-node lease books without using, the node's atoms that were unhealthy
+    or unbookable when it was planned, so that nothing else lands on them once they heal
+    (docs/lifecycle.md, "Whole-node leases"); empty for every other binding."""
 
     node_id: str
     node_name: str
@@ -177,11 +194,17 @@ class Candidate:
     resources: Mapping[str, Decimal]
     score: float
     scores: Mapping[str, float]
+    held_atoms: tuple[str, ...] = ()
 
     @property
     def atoms(self) -> tuple[str, ...]:
         """Every picked atom, flattened in request order."""
         return tuple(a for group in self.atoms_by_request for a in group)
+
+    @property
+    def booked_atoms(self) -> tuple[str, ...]:
+        """Every atom the commit books: the picked ones, then :attr:`held_atoms`."""
+        return (*self.atoms, *self.held_atoms)
 
 
 @dataclass(frozen=True, slots=True)

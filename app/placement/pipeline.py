@@ -19,31 +19,79 @@ from __future__ import annotations
 
 import gc
 import random
+from collections.abc import Hashable
 from dataclasses import replace
-from types import MappingProxyType
+from functools import cache
+from types import MappingProxyType, ModuleType
 
 from app.placement.context import NodeWork, PlanContext
-from app.placement.derived import derivations_for
-from app.placement.filters import lease, plan_steps
+from app.placement.derived import DERIVATIONS, derivations_for
+from app.placement.filters import FILTERS, applies, lease, plan_steps
 from app.placement.model import Candidate, NodeSnapshot, PlacementRequest, Plan, PoolSnapshot, Rejections
 from app.placement.options import LOST_RACE_REASON, SchedulerOptions
 from app.placement.plugins import admission_refusal, clamp_score
+from app.placement.reads import Reads, check_declared, request_key, union
 from app.placement.schedulable import POOL_ARCHIVED
 from app.placement.scorers import scorers_of
+from app.placement.scorers.contract import ScorerSet
 from app.placement.summary import ARCHIVED_POOL, EMPTY_POOL, summarize
 from app.placement.topology import tied_picks
 
 DEFAULT_OPTIONS = SchedulerOptions()
 
 
+# node id -> (the node snapshot it was planned on, its rejection reason or candidate)
 NodeMemo = dict[str, tuple[NodeSnapshot, "str | Candidate"]]
+# memo key (:func:`memo_key`) -> the per-node memo of the requests with that key
+NodeMemos = dict[Hashable, NodeMemo]
+
+# what the pipeline itself reads of the request besides its filters and scorers: a lease's binding
+# (the whole node is claimed) and the resources (the candidate's claim)
+REQUEST_READS: tuple[str, ...] = ("binding", "resources")
+
+
+@cache
+def memo_fields(filters: tuple[ModuleType, ...], scorers: ScorerSet) -> Reads:
+    """The request fields a node's outcome depends on: the union of the ``REQUEST_READS`` declared by
+    ``filters`` (those declaring none aside: :func:`memo_key` checks them per request), the derivations,
+    ``scorers`` and the pipeline itself; None when a scorer's are undeclared. Raises
+    :class:`~app.placement.reads.UnknownReadError` for a declared name that is not a request field.
+    docs/extending.md, "What a filter reads"."""
+    parts: list[Reads] = [REQUEST_READS, scorers.request_reads]
+    for flt in filters:
+        declared = getattr(flt, "REQUEST_READS", None)
+        check_declared(f"filter {flt.NAME}", declared, getattr(flt, "NODE_READS", None))
+        if declared is not None:
+            parts.append(tuple(declared))
+    for d in DERIVATIONS:
+        check_declared(f"derivation {d.name}", d.request_reads, d.node_reads)
+        parts.append(d.request_reads)
+    return union(parts)
+
+
+def memo_key(
+    ctx: PlanContext, scorers: ScorerSet, filters: tuple[ModuleType, ...] = FILTERS
+) -> tuple[Hashable, ...] | None:
+    """The key of ``ctx.request``'s per-node memo: the values of :func:`memo_fields`, the scorers and
+    the weights; two requests with equal keys get the same outcome on the same node snapshot. None (no
+    memo) when plugins are in use, a scorer's reads are undeclared, or a filter that declares no
+    ``REQUEST_READS`` applies to the request (it may read anything)."""
+    if ctx.options.plugins:
+        return None
+    fields = memo_fields(filters, scorers)
+    if fields is None:
+        return None
+    for flt in filters:
+        if getattr(flt, "REQUEST_READS", None) is None and applies(flt, ctx):
+            return None
+    return (request_key(ctx.request, fields), scorers, tuple(sorted(ctx.options.weights.items())))
 
 
 def plan_placement(
     request: PlacementRequest,
     snapshot: PoolSnapshot,
     options: SchedulerOptions = DEFAULT_OPTIONS,
-    memo: NodeMemo | None = None,
+    memo: NodeMemos | None = None,
 ) -> Plan | Rejections:
     """Plan ``request`` on ``snapshot``.
 
@@ -53,10 +101,11 @@ def plan_placement(
     lost commit race"). A plugin's admit hook refusing gives ``Rejections({}, "admit <id>: <reason>")``;
     an empty pool ``the pool has no nodes``; an archived pool ``the pool is archived``.
 
-    ``memo`` (node id -> (node snapshot, its rejection reason or candidate)): the caller's memo of the
-    per-node outcome for plans of one request shape (everything a filter or scorer reads of the
-    request and options but the seed and the excluded nodes) on an unarchived pool, reused while the
-    node snapshot is the same object; ignored with plugins (their hooks see the whole request).
+    ``memo`` (:data:`NodeMemos`): the caller's store of per-node outcomes kept across plans (a batch's).
+    The plan uses the :data:`NodeMemo` under :func:`memo_key` (derived from what the filters, the
+    derivations and the scorers declare they read of the request, docs/extending.md, "What a filter
+    reads"), reusing a node's outcome while its snapshot is the same object; none when the key is None
+    (plugins, or an undeclared step applies) or the pool is archived. Seeds and exclusions apply after.
     """
     refusal = admission_refusal(options.plugins, request)
     if refusal is not None:
@@ -71,20 +120,25 @@ def plan_placement(
     if paused:
         gc.disable()
     try:
-        return _plan(request, snapshot, options, None if options.plugins or snapshot.archived else memo)
+        return _plan(request, snapshot, options, memo)
     finally:
         if paused:
             gc.enable()
 
 
 def _plan(
-    request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerOptions, memo: NodeMemo | None
+    request: PlacementRequest, snapshot: PoolSnapshot, options: SchedulerOptions, memos: NodeMemos | None
 ) -> Plan | Rejections:
     nodes = snapshot.nodes
     ctx = PlanContext.build(request, snapshot, options)
     n_devices = len(ctx.devices)
     excluded = options.excluded_nodes
     scorers = scorers_of(options)
+    memo: NodeMemo | None = None
+    if memos is not None and not snapshot.archived:
+        key = memo_key(ctx, scorers)
+        if key is not None:
+            memo = memos.setdefault(key, {})
     weighted = [(s.name, s.score_fn(), options.weight(s.name, s.default_weight)) for s in scorers.scorers]
     plugin_scorers = ctx.plugin_scorers
     resources = dict(ctx.resources)
@@ -139,9 +193,9 @@ def _plan(
                 with_plugins[scorer.id] = value
                 total += weight * value
             scores = MappingProxyType(with_plugins)
-        atoms_by_request, claimed = tuple(work.atoms), resources
+        atoms_by_request, claimed, held = tuple(work.atoms), resources, ()
         if request.binding == lease.NODE_BINDING:  # a lease takes the whole node for its window
-            atoms_by_request, claimed = lease.whole_node(node, atoms_by_request)
+            atoms_by_request, claimed, held = lease.whole_node(node, atoms_by_request)
         candidate = Candidate(
             node_id=node_id,
             node_name=node.inventory.name,
@@ -149,6 +203,7 @@ def _plan(
             resources=claimed,
             score=total,
             scores=scores,
+            held_atoms=held,
         )
         candidates.append(candidate)
         if memo is not None:

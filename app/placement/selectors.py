@@ -15,7 +15,9 @@ naming the 0-based character position, and ``details["position"]``.
 Matching reads the atom's device attribute first, then the node label of the same key. In/NotIn compare
 as strings (``80`` -> ``"80"``, ``True`` -> ``"true"``); NotIn holds when the key is absent; the four
 comparisons are numeric and a value that is not a number never matches. A ``bc.dev/`` node label counts
-only when its source is ``system`` (the same rule as the labels filter), so an operator cannot fake one.
+only when its source is ``system`` (the same rule as the labels filter), so an operator cannot fake one;
+a ``bc.dev/`` device attribute never counts (no registration path stores one; a row written before that
+rule is read past, to the node label), docs/selectors.md.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from app.placement.model import (
     Selector,
 )
 from app.placement.operands import KEY_RE, parse_decimal_operand
-from app.placement.system_labels import label_counts
+from app.placement.system_labels import is_system_key, label_counts
 
 WHITESPACE = frozenset(" \t\r\n")
 SPECIAL = frozenset(",()=!<>")
@@ -254,9 +256,9 @@ def value_number(value: Any) -> Decimal | None:
 
 
 def lookup(key: str, atom: Atom, node_labels: Mapping[str, str], label_sources: Mapping[str, str]) -> Any:
-    """The value an expression reads: the atom's attribute ``key``, else the node label ``key`` (a
-    ``bc.dev/`` label only when its source is ``system``), else a missing marker."""
-    value = atom.attributes.get(key, _MISSING)
+    """The value an expression reads: the atom's attribute ``key`` (never under ``bc.dev/``), else the
+    node label ``key`` (a ``bc.dev/`` label only when its source is ``system``), else a missing marker."""
+    value = _MISSING if is_system_key(key) else atom.attributes.get(key, _MISSING)
     if value is not _MISSING and value is not None:
         return value
     value = node_labels.get(key, _MISSING)

@@ -3,7 +3,8 @@
 Labels under ``bc.dev/`` are written only by the service itself, with source ``system``, at every Hello of a
 node's agent (:mod:`app.inventory.hello`): ``bc.dev/driver.<id>=<version>`` for each driver the agent
 advertises, ``bc.dev/driver-kind.<id>.<kind>=1`` for each kind it serves and ``bc.dev/cap.<capability>=1``
-for each capability. No operator route may write one (:func:`refuse_system_keys`), and a ``bc.dev/`` label
+for each capability. No operator route may write one (:func:`refuse_system_keys`), no device attribute may
+carry such a key on any registration path (:func:`refuse_system_attributes`), and a ``bc.dev/`` label
 whose source is not ``system`` is never read as one (:func:`label_counts`), so an operator cannot fake a
 capability. Pure: no I/O.
 """
@@ -11,6 +12,7 @@ capability. Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from app.errors import InvalidInput
 
@@ -92,6 +94,22 @@ def refuse_system_keys(labels: Mapping[str, str] | Iterable[str], path: str = "l
                 path=f"{path}.{key}",
                 details={"key": key},
             )
+
+
+def refuse_system_attributes(attributes: Iterable[Mapping[str, Any]], path: str = "devices") -> None:
+    """Raise :class:`~app.errors.InvalidInput` (422, ``path`` = ``<path>.<i>.attributes.<key>``) naming the
+    first ``bc.dev/`` key among the devices' ``attributes`` (one mapping per device, in order). The
+    namespace is reserved for the service's system labels; a selector reads an attribute before a label
+    of the same key, so an attribute there would fake one (docs/selectors.md)."""
+    for i, device_attributes in enumerate(attributes):
+        for key in device_attributes:
+            if is_system_key(key):
+                raise InvalidInput(
+                    f"device attribute {key} is in the reserved {SYSTEM_PREFIX} namespace: only the "
+                    "service writes it, as a system label (from an agent's Hello)",
+                    path=f"{path}.{i}.attributes.{key}",
+                    details={"key": key},
+                )
 
 
 def required_capabilities(

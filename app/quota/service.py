@@ -29,24 +29,63 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.capacity.edges import notify_pool
 from app.db.locks import pool_not_found
 from app.db.prepared import Prepared
-from app.db.tables import TS, pools, quota_holdings, quota_limits, quota_usage
+from app.db.tables import (
+    TS,
+    devices,
+    node_resources,
+    nodes,
+    pools,
+    quota_holdings,
+    quota_limits,
+    quota_usage,
+)
 from app.db.tx import reads, transaction
 from app.db.unnest import bound_rows, wanted_amounts
 from app.db.windows import cut, held_at, peak_instant, room_for
-from app.errors import QuotaExceeded
+from app.errors import InvalidInput, QuotaExceeded
 from app.jsonnum import num
 from app.observability.metrics import QUOTA_REJECTIONS
 
 PEAK_HORIZON = timedelta(days=7)  # the quota view's peak looks this far ahead
 
 
+QUOTA_WRITE_LOCK = 150_011  # the advisory lock class of quota writes (the key: hashtext(tenant / pool))
+
+
+def _quota_write_lock(tenant_id: str, pool_id: str) -> Any:
+    # SELECT pg_advisory_xact_lock(QUOTA_WRITE_LOCK, hashtext(:tenant_id || '/' || :pool_id))
+    return sa.select(
+        sa.func.pg_advisory_xact_lock(
+            sa.literal_column(str(QUOTA_WRITE_LOCK)),
+            sa.func.hashtext(sa.literal(tenant_id, sa.Text) + "/" + sa.literal(pool_id, sa.Text)),
+        )
+    )
+
+
 async def set_limits(
     conn: AsyncConnection, tenant_id: str, pool_id: str, limits: Mapping[str, Decimal]
-) -> None:
-    """Replace the tenant's limits in the pool with ``limits`` (resource -> amount >= 0).
+) -> dict[str, Decimal]:
+    """Replace the tenant's limits in the pool with ``limits`` (resource -> amount >= 0); returns the
+    limits the tenant had before (resource -> amount), read under the write's lock.
+
+    Writes of one tenant and pool are serialized by a transaction-scoped advisory lock taken first
+    (:data:`QUOTA_WRITE_LOCK`): without it two writers' ``DELETE`` both see the old rows and their
+    ``INSERT`` s collide on the primary key (a 500). Under the lock the last writer wins whole, and what a
+    writer reads back in its transaction is exactly the row set it wrote. The lock is held by nothing
+    else, and a quota write takes no pool, node or device lock, so it never waits in a cycle with a
+    charge (docs/quota.md, "Writing limits").
 
     Lowering a limit below current usage is allowed: new charges fail until usage falls under it.
     """
+    await conn.execute(_quota_write_lock(tenant_id, pool_id))
+    before = {
+        r.resource: r.limit
+        for r in await conn.execute(
+            sa.select(quota_limits.c.resource, quota_limits.c.limit).where(
+                quota_limits.c.tenant_id == tenant_id, quota_limits.c.pool_id == pool_id
+            )
+        )
+    }
     await _ensure_usage_rows(conn, tenant_id, pool_id, sorted(limits))
     await conn.execute(
         sa.delete(quota_limits).where(
@@ -61,6 +100,64 @@ async def set_limits(
                 for r, amount in sorted(limits.items())
             ],
         )
+    return before
+
+
+# SELECT DISTINCT d.class FROM devices d JOIN nodes n ON n.id = d.node_id WHERE n.pool_id = :pool_id
+_POOL_CLASSES = (
+    sa.select(devices.c["class"])
+    .distinct()
+    .select_from(devices.join(nodes, nodes.c.id == devices.c.node_id))
+    .where(nodes.c.pool_id == sa.bindparam("pool_id", type_=sa.Text))
+)
+# SELECT DISTINCT r.resource FROM node_resources r JOIN nodes n ON n.id = r.node_id WHERE n.pool_id = :pool_id
+_POOL_SCALARS = (
+    sa.select(node_resources.c.resource)
+    .distinct()
+    .select_from(node_resources.join(nodes, nodes.c.id == node_resources.c.node_id))
+    .where(nodes.c.pool_id == sa.bindparam("pool_id", type_=sa.Text))
+)
+
+
+async def pool_resources(conn: AsyncConnection, pool_id: str) -> tuple[frozenset[str], frozenset[str], bool]:
+    """``(device classes, scalar resources, has nodes)`` of the pool: the names some node of it has."""
+    has_nodes = (await conn.execute(sa.select(sa.exists().where(nodes.c.pool_id == pool_id)))).scalar_one()
+    classes = frozenset((await conn.execute(_POOL_CLASSES, {"pool_id": pool_id})).scalars())
+    scalars = frozenset((await conn.execute(_POOL_SCALARS, {"pool_id": pool_id})).scalars())
+    return classes, scalars, bool(has_nodes)
+
+
+def check_limits(
+    limits: Mapping[str, Decimal], classes: frozenset[str], scalars: frozenset[str], has_nodes: bool
+) -> list[str]:
+    """Check a quota write against what the pool has (docs/quota.md, "Writing limits"); returns the
+    warnings of an empty pool.
+
+    In a pool with nodes, a name that is neither a device class nor a scalar resource of any node raises
+    :class:`~app.errors.InvalidInput` at ``limits.<name>`` naming the pool's resources; a device class
+    counts whole atoms, so a fractional device-class limit raises at ``limits.<class>``. In a pool
+    without nodes nothing is known: every name is accepted, with one warning per name. Names are checked
+    in sorted order (the first bad one is named)."""
+    if not has_nodes:
+        return [
+            f"limits.{name}: pool has no nodes yet, so {name} is not checked against its resources"
+            for name in sorted(limits)
+        ]
+    known = sorted(classes | scalars)
+    for name in sorted(limits):
+        if name not in classes and name not in scalars:
+            raise InvalidInput(
+                f"limits.{name}: no node of the pool has {name}; it has {', '.join(known) or 'none'}",
+                path=f"limits.{name}",
+                details={"resources": known},
+            )
+        amount = limits[name]
+        if name in classes and name not in scalars and amount != amount.to_integral_value():
+            raise InvalidInput(
+                f"limits.{name}: {name} is a device class, counted in whole devices; got {num(amount)}",
+                path=f"limits.{name}",
+            )
+    return []
 
 
 async def get_quota(
@@ -207,9 +304,9 @@ async def refusal(
             "poolId": pool_id,
             "resource": resource,
             "at": at.isoformat(),
-            "limit": str(limit),
-            "used": str(used),
-            "requested": str(n),
+            "limit": num(limit),
+            "used": num(Decimal(used)),
+            "requested": num(n),
         },
     )
 
@@ -433,8 +530,16 @@ async def quota_view(
 async def replace_limits(
     conn: AsyncConnection, tenant_id: str, pool_id: str, limits: Mapping[str, Decimal]
 ) -> dict[str, Any]:
-    """:func:`set_limits` on an existing pool, answering :func:`quota_view`."""
+    """Replace the tenant's limits in an existing pool (PUT replaces, it does not merge: docs/quota.md,
+    "Writing limits") and answer :func:`quota_view` with ``warnings``: the limits this write dropped,
+    and, in a pool without nodes, the names not checked. Raises NotFound for an unknown pool and
+    :class:`~app.errors.InvalidInput` (:func:`check_limits`) before anything is written."""
     await _pool_exists(conn, pool_id)
-    await set_limits(conn, tenant_id, pool_id, limits)
+    warnings = check_limits(limits, *await pool_resources(conn, pool_id))
+    before = await set_limits(conn, tenant_id, pool_id, limits)
+    warnings += [
+        f"limits.{name}: the limit of {num(before[name])} was removed: {name} is now unlimited"
+        for name in sorted(set(before) - set(limits))
+    ]
     await notify_pool(conn, pool_id, tenant_id)  # wake edge: the tenant's quota may have been raised
-    return await quota_view(conn, tenant_id, pool_id)
+    return {**await quota_view(conn, tenant_id, pool_id), "warnings": warnings}

@@ -203,12 +203,13 @@ def test_agent_round_trip(database_url: str, clean_db: AsyncEngine, tmp_path: Pa
             )
             assert first.stop() == 0  # SIGTERM: a clean exit
 
-        stopped = time.monotonic()
+        # the sweep marks the node lost once the grace (3 s) has passed without a heartbeat; when is the
+        # liveness rule's own test (tests/inventory/test_liveness.py, with a clock passed in), here only
+        # that it happens in the running service (wait_for gives up after 20 s)
         lost = wait_for(
             "heartbeat lost", lambda: (n := node_named(url, pool)) and n["noScheduleReasons"] and n
         )
         assert lost["noScheduleReasons"] == ["heartbeat lost"]
-        assert time.monotonic() - stopped < 3 + 3  # grace 3 s (+ sweep period and polling)
 
         # work asked for while the node is lost waits: the node's GPUs are free, only NoSchedule refuses
         waiting = httpx.post(

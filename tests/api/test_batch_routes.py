@@ -302,3 +302,14 @@ async def test_pool_lease_preempts_spot_work_inline(lease_client: httpx.AsyncCli
     assert view["status"] == "placed" and view["conditions"][0]["type"] == "Preempted", view
     for victim in victims:
         assert (await lease_client.get(f"/v1/reservations/{victim}")).json()["status"] == "preempted"
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+async def test_other_methods_on_the_batch_route_are_405(
+    admin_client: httpx.AsyncClient, clean_db: AsyncEngine, method: str
+) -> None:
+    """``batch`` is not a reservation id: 405 with ``Allow: POST`` (GET was 404 from the id route)."""
+    r = await admin_client.request(method, "/v1/reservations/batch")
+    assert r.status_code == 405, r.text
+    assert r.headers["allow"] == "POST"
+    assert r.json()["error"]["code"] == "METHOD_NOT_ALLOWED"

@@ -117,3 +117,25 @@ async def test_an_answer_off_its_model_is_a_logged_internal_error(caplog: pytest
         r = await client.get("/quota")
     assert r.status_code == 500 and r.json()["error"]["code"] == "INTERNAL"
     assert "does not match its response model" in caplog.text and "spare" in caplog.text
+
+
+async def test_a_past_start_has_the_errors_list_of_every_422(
+    admin_client: httpx.AsyncClient, engine: Any
+) -> None:
+    """A start in the past is refused by the service, not by request validation; its 422 still carries
+    ``details.errors`` items of the same shape (``path``, ``message``, ``type``), and nothing is written."""
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("past-a", 2))
+    body = {"tenantId": "acme", "poolId": pool, "devices": [{"class": "gpu", "count": 1}], "duration": "1h"}
+    body["idempotencyKey"] = "past"
+    past = await admin_client.post("/v1/reservations", json={**body, "start": "2001-01-01T00:00:00Z"})
+    typo = await admin_client.post("/v1/reservations", json={**body, "duration": "soon"})
+    assert (past.status_code, typo.status_code) == (422, 422), past.text
+    error, other = past.json()["error"], typo.json()["error"]
+    assert error["code"] == "INVALID_INPUT" and error["details"]["path"] == "start"
+    [item] = error["details"]["errors"]
+    assert item == {"path": "start", "message": error["message"], "type": "value_error"}
+    assert "in the past" in item["message"]
+    assert set(item) == set(other["details"]["errors"][0])
+    async with engine.connect() as conn:
+        assert (await conn.exec_driver_sql("SELECT count(*) FROM reservations")).scalar_one() == 0

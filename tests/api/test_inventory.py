@@ -208,3 +208,37 @@ async def test_a_device_registered_elsewhere_is_409_naming_its_node(admin_client
     error = r.json()["error"]
     assert f"registered on node holder ({holder['id']}) of pool {first_pool}" in error["message"]
     assert error["details"]["nodeId"] == holder["id"] and error["details"]["poolId"] == first_pool
+
+
+async def test_put_labels_refuses_a_key_the_node_has_as_a_system_label(
+    admin_client: httpx.AsyncClient, clean_db: Any
+) -> None:
+    """``gpu.count`` came from the import (source system): PUT labels naming it is 422 at
+    ``labels.gpu.count`` and changes nothing (it was silently dropped before)."""
+    pool = await make_pool(admin_client)
+    topo = (DATA / "topo" / "01-dgx1-v100-hybrid-cube-mesh-mlx5.txt").read_text()
+    node = (
+        await admin_client.post(f"/v1/pools/{pool}/nodes/import", json={"name": "n", "topo": topo})
+    ).json()
+    assert node["labelSources"]["gpu.count"] == "system"
+    first = await admin_client.put(f"/v1/nodes/{node['id']}/labels", json={"labels": {"team": "a"}})
+    assert first.status_code == 200, first.text
+    before = (
+        first.json(),
+        await _table_counts(clean_db),
+        (await admin_client.get(f"/v1/pools/{pool}")).json(),
+    )
+
+    r = await admin_client.put(
+        f"/v1/nodes/{node['id']}/labels", json={"labels": {"team": "b", "gpu.count": "16"}}
+    )
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "INVALID_INPUT" and error["details"]["path"] == "labels.gpu.count"
+    assert "system label" in error["message"]
+    after = (
+        (await admin_client.get(f"/v1/nodes/{node['id']}")).json(),
+        await _table_counts(clean_db),
+        (await admin_client.get(f"/v1/pools/{pool}")).json(),
+    )
+    assert after == before

@@ -271,3 +271,45 @@ async def test_the_fleet_gauges_are_counted_again_only_after_their_ttl(clean_db:
     await gauges.refresh(clean_db, ttl=0)
     assert gauges.reservations is not None and gauges.reservations[(pool, "pending")] == 0
     assert gauges.atoms is not None and gauges.atoms[(pool, "gpu", "free")] == 2
+
+
+async def test_metrics_can_require_a_key_that_reads_every_pool(
+    database_url: str, clean_db: AsyncEngine
+) -> None:
+    """With ``metrics_require_key`` (BC_METRICS_REQUIRE_KEY): no key 401, a key that reads one pool only
+    403, a key with compute:capacity:read on ``*`` (or the admin key) the Prometheus text."""
+    application = create_app(settings_for(database_url, metrics_require_key=True), run_migrations=False)
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application)
+
+        def client(key: str | None) -> httpx.AsyncClient:
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            return httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers)
+
+        async with client(ADMIN_KEY) as admin:
+            pool = await make_pool(admin)
+            keys = {}
+            for name, resource in (("one_pool", f"pool:{pool}"), ("every_pool", "*")):
+                grants = [{"action": "compute:capacity:read", "resource": resource}]
+                body = {"principal": f"metrics-{name}", "tenantId": None, "grants": grants}
+                r = await admin.post("/v1/api-keys", json=body)
+                assert r.status_code == 201, r.text
+                keys[name] = r.json()["key"]
+            assert (await admin.get("/metrics")).status_code == 200
+        for key, status, code in (
+            (None, 401, "UNAUTHENTICATED"),
+            ("bck_not_a_key", 401, "UNAUTHENTICATED"),
+            (keys["one_pool"], 403, "FORBIDDEN"),
+        ):
+            async with client(key) as caller:
+                r = await caller.get("/metrics")
+                assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+        async with client(keys["every_pool"]) as reader:
+            r = await reader.get("/metrics")
+            assert r.status_code == 200 and "bc_build_info" in r.text
+            assert (await reader.get("/healthz")).status_code == 200  # health stays open
+
+
+async def test_metrics_are_open_by_default(app: Any) -> None:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as anon:
+        assert (await anon.get("/metrics")).status_code == 200

@@ -276,3 +276,23 @@ async def test_gang_through_the_api(admin_client: httpx.AsyncClient) -> None:
     assert usage["used"]["gpu"] == 8
     await admin_client.post(f"/v1/reservations/{placed['id']}/release")
     assert (await admin_client.get(f"/v1/tenants/acme/quotas/{pool}")).json()["used"]["gpu"] == 0
+
+
+async def test_a_release_adds_a_released_condition_once(admin_client: httpx.AsyncClient) -> None:
+    """Placed or pending, a released reservation says so in its conditions (with the instant); a second
+    release changes nothing."""
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("r1", 8))
+    placed = (await admin_client.post("/v1/reservations", json=reservation(pool, 8))).json()
+    pending = (await admin_client.post("/v1/reservations", json=reservation(pool, 8))).json()
+    assert (placed["status"], pending["status"]) == ("placed", "pending")
+    for before, res in (("pending", pending), ("placed", placed)):
+        released = (await admin_client.post(f"/v1/reservations/{res['id']}/release")).json()
+        last = released["conditions"][-1]
+        assert (last["type"], last["status"], last["reason"]) == ("Released", "True", "ReleaseRequested")
+        assert last["message"].endswith(f"while {before}") and last["at"] is not None
+        again = (await admin_client.post(f"/v1/reservations/{res['id']}/release")).json()
+        assert again["conditions"] == released["conditions"]
+        assert (await admin_client.get(f"/v1/reservations/{res['id']}")).json()["conditions"] == released[
+            "conditions"
+        ]

@@ -124,10 +124,11 @@ async def test_gpu_quota_is_counted_per_instant(admin_client: httpx.AsyncClient,
         error = r.json()["error"]
         assert error["code"] == "QUOTA_EXCEEDED"
         assert error["details"]["at"] == iso(instant) and at(error["details"]["at"]) == instant
+        # numbers as JSON numbers, not strings
         assert (error["details"]["used"], error["details"]["limit"], error["details"]["requested"]) == (
-            "8",
-            "8",
-            "1",
+            8,
+            8,
+            1,
         )
         assert f"exceeded at {iso(instant)}: 8 used of 8, 1 requested" in error["message"]
     # a GPU between the two windows is within the quota at every instant

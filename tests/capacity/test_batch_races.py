@@ -6,7 +6,7 @@
 16 clients queue plain reservations (202, then ``GET ?waitSeconds=30``), send bulk calls of 6 items,
 reserve gangs (inline even with pool-lease), release what they hold, and cordon / uncordon nodes and add
 one, alternating between the servers, on a pool of 3 nodes x 4 GPUs (cpu 12 each). While they run, and
-after, the SQL checks of the stress test (tests/capacity/test_stress.py) find no double booking at any
+after, the SQL checks of the invariants sweep (tests/capacity/invariants.py) find no double booking at any
 instant and exact counters. Nothing is lost: every reservation a client was answered exists, none is
 left queued, and the database holds no reservation nobody was answered.
 
@@ -32,7 +32,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.capacity.test_stress import _violations
+from tests.capacity.invariants import violations as _violations
 from tests.factories import add_node, gpu_node, make_pool
 from tests.servers import Server, admin_clients, running_server, running_servers
 

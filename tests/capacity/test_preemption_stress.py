@@ -26,7 +26,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.capacity.helpers import overlapping_bookings
+from tests.capacity.invariants import violations
 from tests.factories import add_node, gpu_node, make_pool, reservation
 from tests.servers import Server, admin_clients, running_servers
 
@@ -81,8 +81,7 @@ async def test_concurrent_preemptors_evict_exactly_what_they_need(
     by_preemption = [a for a in placed if any(c["type"] == "Preempted" for c in a["conditions"])]
     assert by_preemption == placed  # nothing was free: every placement preempted
 
-    async with engine.connect() as conn:
-        assert await overlapping_bookings(conn) == 0
+    assert await violations(engine) == {}  # the shared sweep: no double booking, the books exact
     # every GPU is booked now: no eviction freed an atom its preemptor did not take
     [[booked_now]] = await _rows(engine, "SELECT count(*) FROM device_bookings WHERE during @> now()")
     assert booked_now == NODES * GPUS

@@ -19,7 +19,9 @@ no device has overlapping bookings; a sweep over every holding boundary finds no
 node's held cpu (or memory) exceeds ``floor(allocatable x ratio)`` nor one at which a tenant's usage
 exceeds its limit; every allocation's scalar holdings and every reservation's quota holdings are what it
 asked for over its window (cut at the release instant when released); every placed reservation's atoms
-equal its bookings; nothing released holds anything after its release. No answer may be a 5xx.
+equal its bookings; nothing released holds anything after its release; a whole-node lease (a tenth of
+the later one-member requests) holds its node alone in its window; no reservation is placed twice (the
+shared sweep, tests/capacity/invariants.py). No answer may be a 5xx.
 """
 
 from __future__ import annotations
@@ -37,13 +39,10 @@ from typing import Any
 
 import httpx
 import pytest
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.tables import quota_holdings
-from app.quota.service import set_limits
-from tests.capacity.helpers import book, db_time, make_pool_with_nodes, reservation_row
-from tests.factories import add_node, gpu_node, make_pool, node_body
+from tests.capacity.invariants import counts, violations
+from tests.factories import add_node, gpu_node, make_pool
 from tests.servers import Server, admin_clients, running_servers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +53,7 @@ NODES = 3
 GPUS_PER_NODE = 4
 NODE_CPU = 12
 NODE_MEMORY = 64_000
+NODE_ROOM = {"cpu": NODE_CPU, "memory": NODE_MEMORY}  # what a lease holds of a node
 TENANTS = [f"stress-t{i}" for i in range(8)]
 QUOTA = {"gpu": 6, "cpu": 16}  # memory stays unlimited (still counted)
 # (gpus, resources): mixed shapes, some with scalars, one scalar-only
@@ -67,9 +67,16 @@ SHAPES: list[tuple[int, dict[str, int]]] = [
     (0, {"cpu": 4}),
 ]
 GANG_SHARE = 0.2  # a fifth of later requests are gangs of two members of the shape, on distinct nodes
+LEASE_SHARE = 0.15  # of the one-member requests, whole-node leases (binding: node) of 1 GPU
 WINDOW_SHARE = 0.6  # later requests with a random window in the next few hours (the others: now, 1 day)
 SLOT = timedelta(minutes=20)  # windows start on a slot of the next 4 hours and last 1 to 6 slots
+# a third of the windows (and every lease's) lie a day later, after the 1-day requests: there leases find
+# empty nodes and race the other windowed work for them
+LATER = timedelta(days=1, hours=1)
+LATER_SHARE = 0.3
 STARTUP_SECONDS = 60.0
+FLIP_SECONDS = 0.05  # while the workload runs, a GPU is marked unhealthy, healed this long after, and so on
+SETTLE_SECONDS = 20.0  # the most BookingRepair may take to move work off the GPU left broken at the end
 REQUEST_TIMEOUT = 60.0
 
 
@@ -154,17 +161,20 @@ class Workload:
         status = view.get("status")
         gpus = body["devices"][0]["count"] if body["devices"] else 0
         members = body.get("gang", {}).get("members", 1)
+        lease = body.get("binding") == "node"
         if status == "placed":
             allocs = view["allocations"]
+            # a whole-node lease takes every available atom and all scalar room of its node
+            resources = NODE_ROOM if lease else body.get("resources", {})
             ok = (
                 len(allocs) == members
                 and len({a["nodeId"] for a in allocs}) == members  # a gang's members on distinct nodes
                 and all(
-                    len(a["atoms"]) == gpus
-                    and len(set(a["atoms"])) == gpus
+                    (len(a["atoms"]) >= gpus if lease else len(a["atoms"]) == gpus)
+                    and len(set(a["atoms"])) == len(a["atoms"])
                     and a["nodeId"] in self.node_ids
                     and {k: float(v) for k, v in a["resources"].items()}
-                    == {k: float(v) for k, v in body.get("resources", {}).items()}
+                    == {k: float(v) for k, v in resources.items()}
                     and (
                         "start" not in body
                         or datetime.fromisoformat(a["start"]) == datetime.fromisoformat(body["start"])
@@ -278,11 +288,16 @@ async def _worker(
                 await load.release(server(), victim)
             continue
         members = 2 if rng.random() < GANG_SHARE else 1
+        lease = members == 1 and rng.random() < LEASE_SHARE
         start, seconds = None, None
-        if rng.random() < WINDOW_SHARE:
-            start = load.base + rng.randrange(12) * SLOT
+        if lease or rng.random() < WINDOW_SHARE:
+            later = lease or rng.random() < LATER_SHARE
+            start = load.base + (LATER if later else timedelta(0)) + rng.randrange(12) * SLOT
             seconds = int((rng.randint(1, 6) * SLOT).total_seconds())
-        body = _body(load.pool_id, tenant, load.key(worker), rng.choice(SHAPES), members, start, seconds)
+        shape = (1, {}) if lease else rng.choice(SHAPES)
+        body = _body(load.pool_id, tenant, load.key(worker), shape, members, start, seconds)
+        if lease:
+            body["binding"] = "node"
         if roll < 0.55:
             kind, view = await load.create_twice(worker, body)
         else:
@@ -296,165 +311,33 @@ async def _worker(
 
 # ------------------------------------------------------------------------------------------ SQL checks
 
-# what a reservation asks of its tenant's quota, from its spec (a gang charges every member)
-WANTED = """
-    SELECT r.id, r.tenant_id, r.pool_id, d->>'class' AS resource,
-           (d->>'count')::numeric * coalesce((r.spec->'gang'->>'members')::int, 1) AS n
-      FROM reservations r, jsonb_array_elements(r.spec->'devices') d
-     WHERE (d->>'count')::int > 0
-    UNION ALL
-    SELECT r.id, r.tenant_id, r.pool_id, x.key,
-           x.value::numeric * coalesce((r.spec->'gang'->>'members')::int, 1)
-      FROM reservations r, jsonb_each_text(coalesce(r.spec->'resources', '{}'::jsonb)) x
-"""
-
-CHECKS: dict[str, str] = {
-    # two bookings of one device whose windows overlap
-    "overlapping bookings": """
-        SELECT a.device_id, a.allocation_id, b.allocation_id
-          FROM device_bookings a
-          JOIN device_bookings b
-            ON a.device_pk = b.device_pk AND a.allocation_id < b.allocation_id AND a.during && b.during
-    """,
-    # the per-instant sweep: at every instant where a holding starts (the held amount is a step function
-    # that only rises there), what the node holds is within floor(allocatable * ratio)
-    "scalar over capacity at an instant": """
-        WITH instants AS (SELECT DISTINCT node_id, resource, starts_at AS t FROM scalar_holdings)
-        SELECT i.node_id, i.resource, i.t, sum(h.amount), floor(nr.allocatable * nr.ratio)
-          FROM instants i
-          JOIN scalar_holdings h
-            ON h.node_id = i.node_id AND h.resource = i.resource AND h.starts_at <= i.t AND h.ends_at > i.t
-          JOIN node_resources nr ON nr.node_id = i.node_id AND nr.resource = i.resource
-         GROUP BY i.node_id, i.resource, i.t, nr.allocatable, nr.ratio
-        HAVING sum(h.amount) > floor(nr.allocatable * nr.ratio)
-    """,
-    # the same sweep over each tenant's quota holdings against its limits
-    "quota over limit at an instant": """
-        WITH instants AS (SELECT DISTINCT tenant_id, pool_id, resource, starts_at AS t FROM quota_holdings)
-        SELECT i.tenant_id, i.resource, i.t, sum(h.amount), l."limit"
-          FROM instants i
-          JOIN quota_holdings h
-            ON h.tenant_id = i.tenant_id AND h.pool_id = i.pool_id AND h.resource = i.resource
-           AND h.starts_at <= i.t AND h.ends_at > i.t
-          JOIN quota_limits l
-            ON l.tenant_id = i.tenant_id AND l.pool_id = i.pool_id AND l.resource = i.resource
-         GROUP BY i.tenant_id, i.pool_id, i.resource, i.t, l."limit"
-        HAVING sum(h.amount) > l."limit"
-    """,
-    # a live allocation holds exactly its resources over its window; a released one at most up to its
-    # release instant (rows that had not started are gone)
-    "scalar holdings != allocations": """
-        WITH asked AS (
-                SELECT a.id, a.node_id, x.key AS resource, x.value::numeric AS n, a.during, a.released_at
-                  FROM allocations a, jsonb_each_text(a.resources) x
-             )
-        SELECT coalesce(q.id, h.allocation_id), coalesce(q.resource, h.resource), q.n, h.amount
-          FROM asked q
-          FULL JOIN scalar_holdings h ON h.allocation_id = q.id AND h.resource = q.resource
-         WHERE q.id IS NULL
-            OR (q.released_at IS NULL
-                AND (h.allocation_id IS NULL OR h.amount <> q.n OR h.node_id <> q.node_id
-                     OR h.starts_at <> lower(q.during) OR h.ends_at <> upper(q.during)))
-            OR (q.released_at IS NOT NULL AND h.allocation_id IS NOT NULL
-                AND (h.amount <> q.n OR h.starts_at <> lower(q.during) OR h.ends_at > q.released_at
-                     OR h.ends_at > upper(q.during)))
-    """,
-    # a placed reservation holds for its tenant exactly what its spec asks over its window; a pending one
-    # holds nothing; a released one nothing after its release
-    "quota holdings != reservations": """
-        WITH wanted AS ("""
-    + WANTED
-    + """),
-             windows AS (
-                SELECT reservation_id AS id, min(lower(during)) AS s, max(upper(during)) AS e
-                  FROM allocations GROUP BY 1
-             )
-        SELECT coalesce(w.id, h.reservation_id), coalesce(w.resource, h.resource), r.status, w.n, h.amount
-          FROM wanted w
-          JOIN reservations r ON r.id = w.id
-          LEFT JOIN windows x ON x.id = w.id
-          FULL JOIN quota_holdings h ON h.reservation_id = w.id AND h.resource = w.resource
-         WHERE w.id IS NULL
-            OR (r.status IN ('placed', 'ended')
-                AND (h.reservation_id IS NULL OR h.amount <> w.n OR h.tenant_id <> w.tenant_id
-                     OR h.starts_at <> x.s OR h.ends_at <> x.e))
-            OR (r.status NOT IN ('placed', 'released', 'ended') AND h.reservation_id IS NOT NULL)
-            OR (r.status = 'released' AND h.reservation_id IS NOT NULL AND h.ends_at > r.released_at)
-    """,
-    # a placed reservation has one live allocation per member, on distinct nodes; others have none
-    "placed reservation without one live allocation per member": """
-        SELECT r.id, r.status, count(a.id)
-          FROM reservations r
-          LEFT JOIN allocations a ON a.reservation_id = r.id AND a.released_at IS NULL
-         GROUP BY r.id, r.status, r.spec
-        HAVING (r.status = 'placed') <> (count(a.id) = coalesce((r.spec->'gang'->>'members')::int, 1))
-            OR count(a.id) > coalesce((r.spec->'gang'->>'members')::int, 1)
-            OR count(a.id) <> count(DISTINCT a.node_id)
-    """,
-    # a pending reservation never keeps an allocation row (lost races roll back to the savepoint)
-    "pending reservation with allocations": """
-        SELECT r.id FROM reservations r JOIN allocations a ON a.reservation_id = r.id
-         WHERE r.status = 'pending'
-    """,
-    # a live allocation's atoms are exactly its bookings, on its node, over its window
-    "allocation atoms != bookings": """
-        SELECT a.id, a.atoms, array_agg(b.device_id ORDER BY b.device_id)
-          FROM allocations a
-          LEFT JOIN device_bookings b ON b.allocation_id = a.id
-         WHERE a.released_at IS NULL
-         GROUP BY a.id, a.atoms
-        HAVING coalesce(array_agg(b.device_id ORDER BY b.device_id) FILTER (WHERE b.device_id IS NOT NULL),
-                        '{}'::text[])
-               <> coalesce((SELECT array_agg(x ORDER BY x) FROM unnest(a.atoms) x), '{}'::text[])
-    """,
-    # bookings are on the allocation's node and over its window (cut at the release instant if released)
-    "booking on another node or window": """
-        SELECT b.device_id, a.id
-          FROM device_bookings b
-          JOIN allocations a ON a.id = b.allocation_id
-          JOIN devices d ON d.pk = b.device_pk
-         WHERE d.node_id <> a.node_id OR d.id <> b.device_id
-            OR (a.released_at IS NULL AND b.during <> a.during)
-            OR (a.released_at IS NOT NULL
-                AND (lower(b.during) <> lower(a.during) OR upper(b.during) > a.released_at))
-    """,
-    # the atom count of a placed reservation is what its spec asked for
-    "placed atoms != requested count": """
-        SELECT r.id, cardinality(a.atoms), s.n
-          FROM reservations r
-          JOIN allocations a ON a.reservation_id = r.id AND a.released_at IS NULL
-          CROSS JOIN LATERAL (
-                SELECT coalesce(sum((d->>'count')::int), 0) AS n
-                  FROM jsonb_array_elements(r.spec->'devices') d
-          ) s
-         WHERE r.status = 'placed' AND cardinality(a.atoms) <> s.n
-    """,
-    # released reservations hold no bookings after their release, and no live allocations
-    "released reservation still booked": """
-        SELECT r.id, b.device_id
-          FROM reservations r
-          JOIN allocations a ON a.reservation_id = r.id
-          JOIN device_bookings b ON b.allocation_id = a.id
-         WHERE r.status NOT IN ('placed', 'released', 'ended')
-            OR (r.status = 'released' AND (a.released_at IS NULL OR upper(b.during) > r.released_at))
-    """,
-}
-
-
-async def _violations(engine: AsyncEngine) -> dict[str, list[tuple[Any, ...]]]:
-    """Run every check; returns the failing ones with up to 10 offending rows each."""
-    found: dict[str, list[tuple[Any, ...]]] = {}
-    async with engine.connect() as conn:
-        for name, sql in CHECKS.items():
-            rows = [tuple(r) for r in (await conn.exec_driver_sql(sql)).all()]
-            if rows:
-                found[name] = rows[:10]
-    return found
-
 
 async def _scalar(engine: AsyncEngine, sql: str) -> Any:
     async with engine.connect() as conn:
         return (await conn.exec_driver_sql(sql)).scalar_one()
+
+
+async def _flip_health(load: Workload, atoms: list[tuple[str, str]], stop: asyncio.Event) -> int:
+    """Mark a random GPU unhealthy, heal it ``FLIP_SECONDS`` later, and again, alternating between the
+    servers, until ``stop``: BookingRepair moves work off it meanwhile and leases placed while it is
+    broken hold it. Returns the number of flips."""
+    rng = random.Random(104729)
+    flips = 0
+    while not stop.is_set():
+        node_id, atom = rng.choice(atoms)
+        for healthy in (False, True):
+            await _set_health(load, flips % len(load.clients), node_id, atom, healthy)
+            await asyncio.sleep(FLIP_SECONDS)
+        flips += 1
+    return flips
+
+
+async def _set_health(load: Workload, server: int, node_id: str, atom: str, healthy: bool) -> None:
+    body = {"devices": [{"id": atom, "healthy": healthy}]}
+    r = await load.clients[server].post(f"/v1/nodes/{node_id}/health", json=body)
+    load.tally.answers[f"health {r.status_code}"] += 1
+    if r.status_code != 200:
+        load.tally.bad(f"health {atom} {healthy}", r)
 
 
 # ------------------------------------------------------------------------------------------ the test
@@ -476,9 +359,12 @@ async def test_two_servers_32_clients_never_double_book(
     pool_id = await make_pool(admin, f"stress-{os.getpid()}-{time.monotonic_ns()}")
     suffix = pool_id[-6:]
     node_ids: set[str] = set()
+    gpus: list[tuple[str, str]] = []  # (node id, atom)
     for n in range(NODES):
         body = gpu_node(f"stress-{suffix}-n{n}", GPUS_PER_NODE, cpu=NODE_CPU, memory=NODE_MEMORY)
-        node_ids.add((await add_node(admin, pool_id, body))["id"])
+        node_id = (await add_node(admin, pool_id, body))["id"]
+        node_ids.add(node_id)
+        gpus += [(node_id, d["id"]) for d in body["devices"]]
     for tenant in TENANTS:
         r = await clients[1].put(f"/v1/tenants/{tenant}/quotas/{pool_id}", json={"limits": QUOTA})
         assert r.status_code == 200, r.text
@@ -486,6 +372,8 @@ async def test_two_servers_32_clients_never_double_book(
     base = await _scalar(engine, "SELECT now() + interval '1 minute'")
     load = Workload(clients, pool_id, node_ids, base)
     start, first_done = asyncio.Barrier(WORKERS), asyncio.Barrier(WORKERS)
+    stop = asyncio.Event()
+    flipper = asyncio.create_task(_flip_health(load, gpus, stop))
     try:
         held_lists = await asyncio.wait_for(
             asyncio.gather(*(_worker(load, w, start, first_done) for w in range(WORKERS))), timeout=180
@@ -494,13 +382,24 @@ async def test_two_servers_32_clients_never_double_book(
         raise AssertionError(
             "the workload did not finish in 180 s (a stuck lock?):\n" + "\n".join(s.output() for s in servers)
         ) from exc
+    finally:
+        stop.set()
+        flips = await flipper
+    # one GPU stays broken; BookingRepair settles: nothing is in use on it (the sweep checks it)
+    broken_node, broken_atom = gpus[0]
+    await _set_health(load, 1, broken_node, broken_atom, healthy=False)
+    settled = time.monotonic() + SETTLE_SECONDS
+    while time.monotonic() < settled:
+        if "in use on an unavailable atom" not in await violations(engine):
+            break
+        await asyncio.sleep(0.1)
     tally = load.tally
     held = {rid for hs in held_lists for rid in hs}
     summary = (
         f"answers {dict(tally.answers)}; first wave {Counter(tally.first_wave)}; "
         f"pending reasons {dict(tally.pending_reasons)}"
     )
-    print(summary)
+    print(f"{summary}; health flips {flips}")
     server_logs = "\n".join(s.output() for s in servers)
     assert not tally.unexpected, "\n".join(tally.unexpected[:20]) + "\n" + summary + "\n" + server_logs
     assert not [k for k in tally.answers if k.startswith("http 5") or k.startswith("release 5")], summary
@@ -512,7 +411,18 @@ async def test_two_servers_32_clients_never_double_book(
     assert placed_first >= 1 and WORKERS - placed_first >= WORKERS - NODES * GPUS_PER_NODE, summary
 
     # the books with reservations still live
-    assert await _violations(engine) == {}, summary
+    leases = await _scalar(
+        engine,
+        "SELECT count(*) FROM allocations a JOIN reservations r ON r.id = a.reservation_id "
+        "WHERE r.spec->>'binding' = 'node'",
+    )
+    holding = await _scalar(  # leases placed beside a broken GPU: they book it without using it
+        engine,
+        "SELECT count(DISTINCT a.id) FROM allocations a JOIN device_bookings b ON b.allocation_id = a.id "
+        "WHERE b.device_id <> ALL(a.atoms)",
+    )
+    print(f"lease allocations {leases} ({holding} holding an unused GPU); invariants {await counts(engine)}")
+    assert await violations(engine) == {}, summary
     placed_in_db = set(
         (
             await _scalar(
@@ -523,8 +433,18 @@ async def test_two_servers_32_clients_never_double_book(
         )
         or []
     )
-    # the database's placed reservations are the ones clients hold, plus pending ones a wake placed
-    assert held <= placed_in_db and placed_in_db - held <= tally.pending_ids, summary
+    repaired = set(
+        await _scalar(
+            engine,
+            "SELECT coalesce(array_agg(id), '{}') FROM reservations "
+            """WHERE conditions @> '[{"type": "Repaired"}]'""",
+        )
+        or []
+    )
+    print(f"repaired reservations {len(repaired)}")
+    # the database's placed reservations are the ones clients hold (but those a repair left pending),
+    # plus pending ones a wake placed
+    assert held - placed_in_db <= repaired and placed_in_db - held <= tally.pending_ids | repaired, summary
     assert tally.released_ids.isdisjoint(placed_in_db)
 
     # release everything through both servers at once, the pending ones too (no wake may place them
@@ -532,7 +452,8 @@ async def test_two_servers_32_clients_never_double_book(
     everything = held | placed_in_db | tally.pending_ids
     await asyncio.gather(*(load.release_twice(rid) for rid in sorted(everything)))
     assert not tally.unexpected, "\n".join(tally.unexpected[:20]) + "\n" + server_logs
-    assert await _violations(engine) == {}
+    print(f"after the last release: invariants (offending rows) {await counts(engine)}")
+    assert await violations(engine) == {}
     # nothing is booked or held after the last release instant (what was used stays as history)
     assert await _scalar(engine, "SELECT count(*) FROM device_bookings WHERE upper(during) > now()") == 0
     assert await _scalar(engine, "SELECT count(*) FROM scalar_holdings WHERE ends_at > now()") == 0
@@ -540,37 +461,3 @@ async def test_two_servers_32_clients_never_double_book(
     assert await _scalar(engine, "SELECT count(*) FROM reservations WHERE status = 'placed'") == 0
     for s in servers:
         assert s.process.poll() is None, f"server {s.port} died:\n{s.output()}"
-
-
-async def test_the_sweep_finds_an_overcommit_at_one_instant(clean_db: AsyncEngine) -> None:
-    """The per-instant checks are not vacuous: holdings written without the guard that overlap by one
-    second on a 12-cpu node (7 + 6), and a tenant's 2 + 1 GPUs over a limit of 2 in that second, are found
-    at exactly that instant; holdings that only touch (6 + 6 from the next instant on) are not."""
-    engine = clean_db
-    pool, [view] = await make_pool_with_nodes(engine, [node_body("sweep", 4, cpu=NODE_CPU)])
-    t = await db_time(engine)
-    hour, second = timedelta(hours=1), timedelta(seconds=1)
-    async with engine.begin() as conn:
-        await set_limits(conn, "t", pool, {"gpu": 2})
-        for cpu, start, end in (
-            (7, t, t + hour),
-            (6, t + hour, t + 2 * hour),
-            (6, t + hour - second, t + 3 * hour),
-        ):
-            await book(conn, pool, view["id"], [], start, end, resources={"cpu": cpu})
-        for gpus, start, end in ((2, t, t + hour), (1, t + hour - second, t + 2 * hour)):
-            res = await reservation_row(conn, pool, tenant="t")
-            await conn.execute(
-                sa.insert(quota_holdings).values(
-                    reservation_id=res,
-                    resource="gpu",
-                    tenant_id="t",
-                    pool_id=pool,
-                    amount=gpus,
-                    starts_at=start,
-                    ends_at=end,
-                )
-            )
-    found = await _violations(engine)
-    assert [(r[2], r[3]) for r in found["scalar over capacity at an instant"]] == [(t + hour - second, 13)]
-    assert [(r[2], r[3]) for r in found["quota over limit at an instant"]] == [(t + hour - second, 3)]

@@ -18,7 +18,7 @@ from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
 from app.quota.service import set_limits
 from tests.capacity.helpers import db_time, make_pool_with_nodes
-from tests.capacity.test_stress import CHECKS
+from tests.capacity.invariants import CHECKS
 from tests.factories import node_body
 
 CLIENTS = 24

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -31,13 +31,14 @@ async def test_nonzero_exit_is_an_answer_that_checked_refuses(ssh_server: FleetS
 
 
 async def test_a_hanging_host_times_out(ssh_server: FleetSSHServer) -> None:
+    """The host never answers: the command fails with the timeout it was given. (The outer wait only
+    keeps a broken timeout from hanging the suite; it is not a measure of speed.)"""
     ssh_server.answer("slow", ["vq", "broker", "capacity", "--json"], Answer(hang=True))
-    started = time.monotonic()
     with pytest.raises(CommandFailed, match=r"no answer within 0.5 s"):
-        await run_command(
-            ssh_server.host("slow"), ["vq", "broker", "capacity", "--json"], timeout_seconds=0.5
+        await asyncio.wait_for(
+            run_command(ssh_server.host("slow"), ["vq", "broker", "capacity", "--json"], timeout_seconds=0.5),
+            timeout=120,
         )
-    assert time.monotonic() - started < 3
 
 
 async def test_output_beyond_the_bound_is_refused(ssh_server: FleetSSHServer) -> None:

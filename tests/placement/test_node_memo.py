@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from app.placement.model import Plan, Rejections
 from app.placement.options import SchedulerOptions
-from app.placement.pipeline import NodeMemo, plan_placement
+from app.placement.pipeline import NodeMemos, plan_placement
 from tests.factories import gpu_snapshot
 from tests.placement.builders import pool, request
 
@@ -25,21 +25,22 @@ def _nodes() -> list:
 def test_the_memo_gives_the_plan_without_it_for_every_seed_and_exclusion() -> None:
     nodes = _nodes()
     wanted = request(count=1, resources={"cpu": "4"})
-    memo: NodeMemo = {}
+    memo: NodeMemos = {}
     for seed in range(6):
         for excluded in (frozenset(), frozenset({"c"})):
             options = SchedulerOptions(seed=seed, excluded_nodes=excluded, top_n=2)
             assert plan_placement(wanted, pool(*nodes), options, memo) == plan_placement(
                 wanted, pool(*nodes), options
             )
-    assert set(memo) == {"a", "b", "c", "d"}
-    assert isinstance(memo["b"][1], str) and isinstance(memo["d"][1], str)  # rejections memoized too
+    (outcomes,) = memo.values()  # one request: one key
+    assert set(outcomes) == {"a", "b", "c", "d"}
+    assert isinstance(outcomes["b"][1], str) and isinstance(outcomes["d"][1], str)  # rejections too
 
 
 def test_a_changed_node_snapshot_is_planned_again() -> None:
     nodes = _nodes()
     wanted = request(count=2, resources={"cpu": "4"})
-    memo: NodeMemo = {}
+    memo: NodeMemos = {}
     options = SchedulerOptions(top_n=1)
     first = plan_placement(wanted, pool(*nodes), options, memo)
     assert isinstance(first, Plan)

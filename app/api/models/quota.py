@@ -33,3 +33,11 @@ class Quota(ApiModel):
     used: dict[str, Number] = Field(description="held at this instant")
     peak: dict[str, PeakUse] = Field(description="the most held at any instant of peakWindow")
     peakWindow: PeakWindow
+
+
+class QuotaWritten(Quota):
+    """The answer of a quota write: the quota as written, and ``warnings``: each limit the write dropped
+    (a PUT replaces the tenant's limits in the pool, docs/quota.md), and, in a pool without nodes, each
+    name that could not be checked against the pool's resources."""
+
+    warnings: list[str]

@@ -13,12 +13,12 @@ from app.api.models.statuses import ReservationStatus
 class Condition(ApiModel):
     """One step of a reservation's story, e.g. ``Unschedulable`` (reason ``NoFit``) with its message."""
 
-    type: str = Field(description="Unschedulable, Scheduled, Repaired, Preempted or Ended")
+    type: str = Field(description="Unschedulable, Scheduled, Repaired, Preempted, Ended or Released")
     status: Literal["True", "False", "Unknown"]
     reason: str
     message: str
     at: Timestamp | None = Field(
-        default=None, description="When it happened (Scheduled, Repaired, Preempted)"
+        default=None, description="When it happened (Scheduled, Repaired, Preempted, Released)"
     )
     waitedSeconds: float | None = Field(
         default=None, description="Scheduled: how long the reservation waited pending (seconds)"

@@ -1,7 +1,9 @@
 """The filter registry: ONE ordered tuple (DESIGN.md, "Filters"; the order and the reason strings are
 normative, seed 000). A node is rejected by the first filter that returns a reason.
 
-Each entry is a module with ``NAME``, ``READS`` (the :mod:`app.placement.derived` fields it reads),
+Each entry is a module with ``NAME``, ``REQUEST_READS`` and ``NODE_READS`` (the request and node fields
+it reads, :mod:`app.placement.reads`; the batch memo key is derived from them, docs/extending.md, "What a
+filter reads"), ``READS`` (the :mod:`app.placement.derived` fields it reads),
 ``AFTER`` (the filters whose passing it assumes, which must come earlier), optionally ``WRITES`` (only
 ``picker``, whose pick scorers read) and ``applies(ctx) -> bool`` (False: the filter cannot reject this
 request, so it is left out of the plan's steps), and ``check(ctx, work) -> str | None``.

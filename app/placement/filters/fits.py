@@ -8,6 +8,9 @@ from __future__ import annotations
 from app.placement.context import NodeWork, PlanContext
 
 NAME = "fits"
+# what it reads of the request and the node (docs/extending.md, "What a filter reads")
+REQUEST_READS: tuple[str, ...] = ("devices", "devices.device_class", "devices.count")
+NODE_READS: tuple[str, ...] = ()
 READS = ("match_masks", "free_masks")
 AFTER = ("selector",)  # a selector short of matches is reported as such, not as too few free
 

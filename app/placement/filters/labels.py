@@ -9,6 +9,9 @@ from app.placement.context import NodeWork, PlanContext
 from app.placement.system_labels import unmet_label
 
 NAME = "labels"
+# what it reads of the request and the node (docs/extending.md, "What a filter reads")
+REQUEST_READS: tuple[str, ...] = ("node_labels",)
+NODE_READS: tuple[str, ...] = ("inventory.labels", "inventory.label_sources")
 READS: tuple[str, ...] = ()
 AFTER: tuple[str, ...] = ()
 

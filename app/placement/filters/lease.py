@@ -13,6 +13,9 @@ from app.placement.filters.scalars import format_amount
 from app.placement.model import NodeSnapshot
 
 NAME = "lease"
+# what it reads of the request and the node (docs/extending.md, "What a filter reads")
+REQUEST_READS: tuple[str, ...] = ("binding",)
+NODE_READS: tuple[str, ...] = ("inventory.atoms", "state.booked", "state.resources")
 NODE_BINDING = "node"
 READS: tuple[str, ...] = ()
 AFTER: tuple[str, ...] = ()
@@ -40,18 +43,22 @@ def check(ctx: PlanContext, work: NodeWork) -> str | None:
 
 def whole_node(
     node: NodeSnapshot, atoms_by_request: tuple[tuple[str, ...], ...]
-) -> tuple[tuple[tuple[str, ...], ...], Mapping[str, Decimal]]:
+) -> tuple[tuple[tuple[str, ...], ...], Mapping[str, Decimal], tuple[str, ...]]:
     """What a lease of ``node`` claims: the picked atoms per device request plus one more group with
-    every other available (healthy, bookable) atom of the node, and the whole room of every scalar
-    resource (``floor(allocatable x ratio)``; nothing is held in the window, :func:`check`)."""
+    every other available (healthy, bookable) atom of the node, the whole room of every scalar
+    resource (``floor(allocatable x ratio)``; nothing is held in the window, :func:`check`), and the
+    held atoms: every unavailable (unhealthy or unbookable) atom of the node, which the lease books
+    without using so that nothing else can book it once it heals (docs/lifecycle.md, "Whole-node
+    leases")."""
     picked = {a for group in atoms_by_request for a in group}
     rest = tuple(
         a.id for a in node.inventory.atoms if a.id not in picked and a.id not in node.state.unavailable
     )
+    held = tuple(a.id for a in node.inventory.atoms if a.id not in picked and a.id in node.state.unavailable)
     room = {
         name: (amount_decimal(r.allocatable) * amount_decimal(r.ratio)).to_integral_value(
             rounding=ROUND_FLOOR
         )
         for name, r in sorted(node.state.resources.items())
     }
-    return (*atoms_by_request, rest), {k: v for k, v in room.items() if v > 0}
+    return (*atoms_by_request, rest), {k: v for k, v in room.items() if v > 0}, held

@@ -15,6 +15,9 @@ from app.placement.model import NVLINK_ALL
 from app.placement.topology import NV, Pick, pick, scored_set
 
 NAME = "picker"
+# what it reads of the request and the node (docs/extending.md, "What a filter reads")
+REQUEST_READS: tuple[str, ...] = ("devices", "devices.device_class", "devices.count", "devices.topology")
+NODE_READS: tuple[str, ...] = ()
 READS = ("classes", "match_masks", "free_masks")
 AFTER = ("fits",)  # the pick needs count <= free atoms
 WRITES = ("picks", "atoms")  # the pick: what scorers and the candidate read

@@ -7,6 +7,10 @@ from app.placement.context import NodeWork, PlanContext
 from app.placement.plugins import filter_rejection
 
 NAME = "plugins"
+# the plugins' filters see the whole request and node: undeclared, so the memo is off for a
+# request they see (docs/extending.md, "What a filter reads")
+REQUEST_READS: tuple[str, ...] | None = None
+NODE_READS: tuple[str, ...] | None = None
 READS: tuple[str, ...] = ()
 AFTER: tuple[str, ...] = ()
 

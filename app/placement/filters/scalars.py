@@ -12,6 +12,9 @@ from app.placement.model import ScalarResource
 from app.placement.scalar_capacity import scalar_capacity
 
 NAME = "scalars"
+# what it reads of the request and the node (docs/extending.md, "What a filter reads")
+REQUEST_READS: tuple[str, ...] = ("resources",)
+NODE_READS: tuple[str, ...] = ("state.resources",)
 READS: tuple[str, ...] = ()
 AFTER: tuple[str, ...] = ()
 

@@ -9,6 +9,9 @@ from app.placement.context import NodeWork, PlanContext
 from app.placement.schedulable import ineligibility, lease_ineligibility
 
 NAME = "schedulable"
+# what it reads of the request and the node (docs/extending.md, "What a filter reads")
+REQUEST_READS: tuple[str, ...] = ("tenant_id", "binding")
+NODE_READS: tuple[str, ...] = ("state.no_schedule_reasons", "state.leasable")
 READS: tuple[str, ...] = ()
 AFTER: tuple[str, ...] = ()
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 from app.placement.context import NodeWork, PlanContext
 
 NAME = "selector"
+# what it reads of the request and the node (docs/extending.md, "What a filter reads")
+REQUEST_READS: tuple[str, ...] = ("devices", "devices.device_class", "devices.count", "devices.selector")
+NODE_READS: tuple[str, ...] = ()
 READS = ("classes", "match_masks")
 AFTER: tuple[str, ...] = ()
 

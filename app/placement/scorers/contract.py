@@ -47,6 +47,12 @@ READS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         NODE: ("classes", "match_masks", "available_masks", "free_masks", "picks", "atoms"),
     }
 )
+# what a kind's score reads of the request (app.placement.reads): the COUNTS share takes each device
+# request's count, the PICK share the pick alone; a NODE scorer declares its own REQUEST_READS (none
+# declared: None, it reads anything, and the per-node memo is off while it is registered)
+REQUEST_READS: Mapping[str, tuple[str, ...] | None] = MappingProxyType(
+    {COUNTS: ("devices", "devices.count"), PICK: (), NODE: None}
+)
 ScoreFn = Callable[["PlanContext", "NodeWork"], float]
 
 
@@ -64,6 +70,7 @@ class Scorer:
     depends: str
     share: Callable[..., float]
     ceiling: Callable[[ClassTopology, int], float] | None = None
+    request_reads: tuple[str, ...] | None = ()  # None: undeclared (docs/extending.md, "What a filter reads")
 
     def score_fn(self) -> ScoreFn:
         """``score(ctx, work) -> float`` as the pipeline calls it, derived from the declaration (built
@@ -121,7 +128,11 @@ def declare(module: ModuleType | Any) -> Scorer:
     if not callable(fn):
         raise ScorerDeclarationError(f"scorer {label} (DEPENDS = {depends}) has no {attr}() function")
     ceiling = getattr(module, "ceiling", None) if depends == PICK else None
-    return Scorer(str(module.NAME), float(module.DEFAULT_WEIGHT), depends, fn, ceiling)
+    request_reads = REQUEST_READS[depends]
+    if depends == NODE:
+        declared = getattr(module, "REQUEST_READS", None)
+        request_reads = None if declared is None else tuple(declared)
+    return Scorer(str(module.NAME), float(module.DEFAULT_WEIGHT), depends, fn, ceiling, request_reads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +173,17 @@ class ScorerSet:
     def reads(self) -> tuple[str, ...]:
         """The NodeWork fields the scores read (the registry derives them before scoring)."""
         return tuple(dict.fromkeys(f for s in self.scorers for f in READS[s.depends]))
+
+    @property
+    def request_reads(self) -> tuple[str, ...] | None:
+        """The request fields the scores read (:mod:`app.placement.reads`), None when a scorer's are
+        undeclared."""
+        fields: set[str] = set()
+        for s in self.scorers:
+            if s.request_reads is None:
+                return None
+            fields.update(s.request_reads)
+        return tuple(sorted(fields))
 
     def of_kind(self, kind: str) -> tuple[Scorer, ...]:
         return tuple(s for s in self.scorers if s.depends == kind)
