@@ -222,10 +222,20 @@ def _request_command(send: Callable[[ServiceClient, dict[str, Any], Output], boo
     return command
 
 
+def _warn(answer: dict[str, Any]) -> None:
+    """The answer's ``warnings`` (selector keys nothing in the pool carries), one line each on stderr."""
+    for warning in answer.get("warnings") or ():
+        typer.echo(f"warning: {warning}", err=True)
+
+
 def _preview(api: ServiceClient, body: dict[str, Any], output: Output) -> bool:
-    """Preview; done when it would fit."""
+    """Preview; done when it would fit. A request the pool could never hold (``satisfiable: false``)
+    exits 1 like reserve's UNSATISFIABLE error, not 3: waiting will not help (docs/cli.md)."""
     answer = api.preview(body)
     out.emit(console, answer, output, lambda wide: out.preview_view(answer, wide))
+    _warn(answer)
+    if answer.get("satisfiable") is False:
+        raise _fail(f"UNSATISFIABLE: {answer.get('reason', '')}", EXIT_API_ERROR)
     return bool(answer.get("fits"))
 
 
@@ -234,6 +244,7 @@ def _reserve(api: ServiceClient, body: dict[str, Any], output: Output) -> bool:
     answer = api.reserve(body)
     names = _names(api, [answer], output)
     out.emit(console, answer, output, lambda wide: out.reservation_view(answer, names, wide))
+    _warn(answer)
     return answer.get("status") == "placed"
 
 

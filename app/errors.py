@@ -70,6 +70,15 @@ class InvalidInput(AppError):
         return wrapped
 
 
+class Unsatisfiable(AppError):
+    """The request could never be placed in its pool as the pool's nodes are built now, even were the
+    pool empty, healthy and uncordoned (HTTP 422); the message names the largest shape the pool has.
+    Nothing was written (docs/api.md, "Checked at intake")."""
+
+    code = "UNSATISFIABLE"
+    status = 422
+
+
 class Unauthenticated(AppError):
     """No or unknown API key (HTTP 401)."""
 
@@ -179,6 +188,7 @@ ERROR_CODES: dict[str, int] = {
     for cls in (
         AppError,
         InvalidInput,
+        Unsatisfiable,
         Unauthenticated,
         Forbidden,
         NotFound,

@@ -146,6 +146,19 @@ def test_reserve_and_preview_exit_codes_placed_pending_and_no_fit(server: Server
     code, out, _ = finished(no_fit)
     assert code == 3 and "does not fit" in out and "0 of 4 gpu free" in out
 
+    # what the pool could never hold is an error (exit 1), not a wait (exit 3): docs/cli.md
+    never = f"UNSATISFIABLE: no node of pool {pool.name} can hold 5 gpu: the largest has 4"
+    never_reserve = cli_process(server.url, "reserve", *common, "--gpus", "5")
+    never_preview = cli_process(server.url, "preview", *common, "--gpus", "5")
+    typo = cli_process(server.url, "reserve", *common, "--gpus", "1", "--class", "tpu")
+    code, _, err = finished(never_reserve)
+    assert code == 1 and err.strip() == never
+    code, out, err = finished(never_preview)
+    assert code == 1 and err.strip() == never and "does not fit" in out
+    code, _, err = finished(typo)
+    unknown = f"INVALID_INPUT: --class: pool {pool.name} has no device class tpu; it has: gpu"
+    assert code == 1 and err.strip() == unknown
+
     code, out, _ = finished(cli_process(server.url, "release", placed["id"]))
     assert code == 0 and f"{placed['id']} released" in out
 

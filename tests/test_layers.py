@@ -106,17 +106,17 @@ CAPACITY = ROOT / "app" / "capacity"
 # never see each other; the commit knows neither the reservation service nor the placers above it.
 ROOM_RULES = {
     "planning": (
-        "app.capacity.commit",
+        "app.capacity.commit.single",
         "app.capacity.placing",
-        "app.capacity.reservations",
-        "app.capacity.queue",
+        "app.capacity.reservations.service",
+        "app.capacity.queue.worker",
         "app.capacity.controllers",
     ),
     "commit": (
         "app.capacity.planning",
         "app.capacity.placing",
-        "app.capacity.reservations",
-        "app.capacity.queue",
+        "app.capacity.reservations.service",
+        "app.capacity.queue.worker",
         "app.capacity.controllers",
     ),
 }

@@ -60,6 +60,18 @@ def conflicts(*codes: str) -> dict[int | str, dict[str, Any]]:
     return {409: {"model": ErrorBody, "description": " or ".join(codes)}}
 
 
+def unsatisfiable() -> dict[int | str, dict[str, Any]]:
+    """The 422 entry of an operation that checks a request against its pool at intake (docs/api.md,
+    "Checked at intake"), to merge after :func:`responses`."""
+    return {
+        422: {
+            "model": ErrorBody,
+            "description": "INVALID_INPUT (details.path names the field) or UNSATISFIABLE (no node of "
+            "the pool, as it is built now, could ever hold the request)",
+        }
+    }
+
+
 def _path(loc: tuple[Any, ...]) -> str:
     parts = [clip_input(p) for p in loc if p not in SOURCES]  # keys are input
     return ".".join(parts)

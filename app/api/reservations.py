@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from app.api.deps import Principal, Services, current_principal, services
-from app.api.errors import conflicts, responses
+from app.api.errors import conflicts, responses, unsatisfiable
 from app.api.models.reservations import Preview, Reservation, ReservationList, ReservationStatus
 from app.api.paging import CURSOR_QUERY, cursor_key, envelope, time_then_id
 from app.capacity.queue import worker as svc_queue
@@ -51,6 +51,7 @@ async def preview(
         },
         **responses(401, 403, 404, 409, 422),
         **conflicts("QUOTA_EXCEEDED", "IDEMPOTENCY_KEY_REUSED"),
+        **unsatisfiable(),
     },
     operation_id="createReservation",
 )
@@ -61,8 +62,9 @@ async def create_reservation(
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
     """Reserve now: ``placed`` with allocations, or ``pending`` with an Unschedulable condition; with
-    the pool-lease placer ``queued`` (202) until a batch worker decides it. A retry with the same
-    ``idempotencyKey`` and body answers the same reservation (200)."""
+    the pool-lease placer ``queued`` (202) until a batch worker decides it. A request the pool could
+    never hold is 422 (INVALID_INPUT or UNSATISFIABLE; docs/api.md, "Checked at intake"). A retry
+    with the same ``idempotencyKey`` and body answers the same reservation (200)."""
     authorize(principal, "compute:reservations:create", f"tenant:{body.tenantId}", f"pool:{body.poolId}")
     view, created = await svc_queue.create(svc.engine, svc.cache, svc.capacity, body)
     if not created:

@@ -26,6 +26,9 @@ async def test_a_batch_keeps_nvlink_all_off_sys_linked_gpus(
     pool = await make_pool(admin_client)
     for name in ("sys-a", "sys-b"):
         await add_node(admin_client, pool, gpu_node(name, 4, link="SYS"))
+    # cordoned: it places nothing, but makes nvlink-all of 2 a request the pool could hold (checked at
+    # intake, docs/api.md), so it is planned and stays pending rather than refused
+    await add_node(admin_client, pool, gpu_node("nv-cordoned", 4, cordoned=True))
     alone = await admin_client.post("/v1/reservations", json=reservation(pool, key="alone", devices=NVLINK))
     assert alone.status_code == 201, alone.text
     assert alone.json()["status"] == "pending", alone.json()
@@ -89,7 +92,7 @@ async def test_a_batch_decides_as_its_items_sent_one_at_a_time(top1_client: http
     """The same items, one create at a time on one pool and as one bulk batch on a twin pool: the same
     status, nodes, atom counts and pending reasons, item by item (plain and nvlink-all, a selector,
     tenants against a dedication, cpu; the SYS node is the first the plain items fill)."""
-    h100 = "gpuProduct == 'H100'"
+    h100 = "gpuProduct == H100"  # shorthand values are bare words: quotes would be part of the value
     shapes: list[dict[str, Any]] = [
         {"devices": [{"class": "gpu", "count": 2}]},
         {"devices": NVLINK},

@@ -219,6 +219,8 @@ async def test_bulk_pending_items_are_not_refused_by_each_others_charges(
     pending (and hold nothing) used up the quota of later ones: 409 where each alone answers pending."""
     pool = await make_pool(admin_client)
     await add_node(admin_client, pool, gpu_node("full-a", 1))
+    # cordoned: it places nothing, but a 3-GPU request is one the pool could hold (checked at intake)
+    await add_node(admin_client, pool, gpu_node("cordoned-b", 4, cordoned=True))
     r = await admin_client.put(f"/v1/tenants/acme/quotas/{pool}", json={"limits": {"gpu": 3}})
     assert r.status_code == 200, r.text
     held = await admin_client.post("/v1/reservations", json=reservation(pool, 1, key="holds-the-gpu"))

@@ -218,20 +218,30 @@ async def test_idempotent_retry_returns_the_same_reservation(
 
 
 async def test_preview_answers_candidates_or_reason(admin_client: httpx.AsyncClient, engine: Any) -> None:
-    pool = await make_pool(admin_client)
+    pool = await make_pool(admin_client, "preview-hosts")
     for name in ("n1", "n2"):
-        await add_node(admin_client, pool, gpu_node(name))
+        await add_node(admin_client, pool, gpu_node(name, labels={"rack": "r1"}))
     before = await _counts(engine)
     r = await admin_client.post("/v1/capacity/preview", json=reservation(pool, 8))
     assert r.status_code == 200
     body = r.json()
     assert body["fits"] is True and len(body["candidates"]) == 2
     assert all(len(c["atoms"]) == 8 and "binpack" in c["scores"] for c in body["candidates"])
-    none = (await admin_client.post("/v1/capacity/preview", json=reservation(pool, 9))).json()
+    # labels may change, so a selector on one is a reason to wait, not a refusal (docs/api.md)
+    by_label = reservation(pool, 0, devices=[{"class": "gpu", "count": 1, "selector": "rack = r9"}])
+    none = (await admin_client.post("/v1/capacity/preview", json=by_label)).json()
     assert none == {
         "fits": False,
         "candidates": [],
-        "reason": "no node fits (2 nodes): 2 × fits: 8 of 8 gpu free",
+        "reason": "no node fits (2 nodes): 2 × selector: 0 of 8 gpu match",
+    }
+    # 9 GPUs: no node of the pool has them, so it could never fit (was "no node fits", issue 22)
+    never = (await admin_client.post("/v1/capacity/preview", json=reservation(pool, 9))).json()
+    assert never == {
+        "fits": False,
+        "satisfiable": False,
+        "candidates": [],
+        "reason": "no node of pool preview-hosts can hold 9 gpu: the largest has 8",
     }
     empty = await make_pool(admin_client)
     nothing = (await admin_client.post("/v1/capacity/preview", json=reservation(empty, 1))).json()

@@ -104,6 +104,10 @@ class Reservation(ApiModel):
     conditions: list[Condition]
     createdAt: Timestamp = Field(description="ISO 8601")
     releasedAt: Timestamp | None = Field(description="ISO 8601; null until released")
+    warnings: list[str] | None = Field(
+        default=None,
+        description="On a create's answer only: selector keys that no device or node of the pool carries",
+    )
 
 
 class ReservationList(ApiModel):
@@ -149,6 +153,14 @@ class Preview(ApiModel):
     fits: bool
     candidates: list[Candidate]
     reason: str | None = Field(default=None, description="Why nothing fits; absent when it fits")
+    satisfiable: bool | None = Field(
+        default=None,
+        description="false: no node of the pool, as it is built now, could ever hold the request "
+        "(reason says why); absent otherwise",
+    )
+    warnings: list[str] | None = Field(
+        default=None, description="Selector keys that no device or node of the pool carries"
+    )
     preemptible: Preemptible | None = Field(
         default=None, description="A regular request that fits only by preempting spot work"
     )

@@ -17,6 +17,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -44,6 +45,7 @@ from app.placement.model import (
     ScalarResource,
     selectable_attributes,
 )
+from app.placement.scalar_capacity import scalar_capacity
 from app.placement.topology import node_topology
 
 ASSUME_LOG = 8192  # recent assumptions kept per pool for readers catching up (PoolCache.assumed_after)
@@ -67,6 +69,9 @@ class PoolInventory:
     order: tuple[str, ...]
     # scalar resources each node has a row for (rows come and go only with inventory changes)
     resource_names: dict[str, frozenset[str]] = field(default_factory=dict)
+    # node id -> resource -> floor(allocatable x ratio): both columns change only with inventory changes
+    capacities: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+    name: str = ""  # the pool's name (names never change), for messages
     # derived values that depend only on this static inventory (e.g. the shortlist's score ceilings)
     memo: dict[Any, Any] = field(default_factory=dict)
 
@@ -191,9 +196,9 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
 
     The version is read first, so a change committed during the load makes the next request reload.
     """
-    version = (
-        await conn.execute(sa.select(pools.c.inventory_version).where(pools.c.id == pool_id))
-    ).scalar_one()
+    version, pool_name = (
+        await conn.execute(sa.select(pools.c.inventory_version, pools.c.name).where(pools.c.id == pool_id))
+    ).one()
     node_rows = (
         await conn.execute(
             sa.select(nodes.c.id, nodes.c.name).where(nodes.c.pool_id == pool_id).order_by(nodes.c.id)
@@ -266,14 +271,23 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
     ).all():
         links[node_id] = dict(zip(zip(a_ids, b_ids, strict=True), kinds, strict=True))
     names: dict[str, set[str]] = defaultdict(set)
+    capacities: dict[str, dict[str, Decimal]] = defaultdict(dict)
+    # SELECT nr.node_id, nr.resource, nr.allocatable, nr.ratio FROM node_resources nr
+    #   JOIN nodes n ON n.id = nr.node_id WHERE n.pool_id = :pool
     for r in (
         await conn.execute(
-            sa.select(node_resources.c.node_id, node_resources.c.resource)
+            sa.select(
+                node_resources.c.node_id,
+                node_resources.c.resource,
+                node_resources.c.allocatable,
+                node_resources.c.ratio,
+            )
             .join(nodes, nodes.c.id == node_resources.c.node_id)
             .where(nodes.c.pool_id == pool_id)
         )
     ).all():
         names[r.node_id].add(r.resource)
+        capacities[r.node_id][r.resource] = scalar_capacity(r.allocatable, r.ratio)
     inventory = {
         r.id: NodeInventory(
             id=r.id,
@@ -290,6 +304,8 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
         nodes=inventory,
         order=tuple(r.id for r in node_rows),
         resource_names={r.id: frozenset(names.get(r.id, ())) for r in node_rows},
+        capacities={r.id: dict(capacities.get(r.id, {})) for r in node_rows},
+        name=pool_name,
     )
 
 

@@ -54,8 +54,9 @@ from app.capacity.placing.registry import (
     placer_for_request,
     queue_edge,
 )
+from app.capacity.planning.admission import admit
 from app.capacity.planning.shortlist import WarmSlot
-from app.capacity.planning.snapshot import PoolCache
+from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.capacity.queue.intake import Decision, decided_params, decided_update
 from app.capacity.reservations.access import reservation_named, reservation_not_found
 from app.capacity.reservations.service import (
@@ -70,6 +71,7 @@ from app.capacity.reservations.service import (
     quota_amounts,
     read_view,
     spec_hash,
+    with_warnings,
 )
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
@@ -126,14 +128,22 @@ async def create(
         if row is None:
             return await _not_enqueued(conn, body, digest), False
         check_start(body, row.created_at, config.max_lead)  # raising rolls the row back
-        return _shape(row, []), True
+        request = placement_request(config, body, row.created_at)
+        head = PoolHead(row.pool_id, row.pool_archived, row.inventory_version)  # read by the enqueue
+        warnings = await admit(conn, cache, head, request)  # raising rolls the row back
+        return with_warnings(_shape(row, []), warnings), True
 
 
 # INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key)
 #   SELECT :id, :tenant_id, p.id, 'queued', :spec, :spec_hash, :idempotency_key FROM pools p
 #    WHERE p.id = :pool_id
 #   ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-#   RETURNING reservations.*, pg_notify('bc_queue', reservations.pool_id)
+#   RETURNING reservations.*, pg_notify('bc_queue', reservations.pool_id),
+#     (SELECT head.archived_at IS NOT NULL FROM pools head WHERE head.id = reservations.pool_id)
+#       AS pool_archived,
+#     (SELECT head.inventory_version FROM pools head WHERE head.id = reservations.pool_id)
+#       AS inventory_version
+#   (the pool head for the intake check, without a round trip of its own)
 ENQUEUE = Prepared(
     pg_insert(reservations)
     .from_select(
@@ -149,7 +159,19 @@ ENQUEUE = Prepared(
         ).where(pools.c.id == sa.bindparam("pool_id", type_=sa.Text)),
     )
     .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-    .returning(*reservations.c, queue_edge(reservations.c.pool_id))
+    .returning(
+        *reservations.c,
+        queue_edge(reservations.c.pool_id),
+        # written as text: SQLAlchemy does not correlate a subquery of RETURNING to the inserted row
+        sa.literal_column(
+            "(SELECT head.archived_at IS NOT NULL FROM pools head WHERE head.id = reservations.pool_id)",
+            sa.Boolean,
+        ).label("pool_archived"),
+        sa.literal_column(
+            "(SELECT head.inventory_version FROM pools head WHERE head.id = reservations.pool_id)",
+            sa.BigInteger,
+        ).label("inventory_version"),
+    )
 )
 
 

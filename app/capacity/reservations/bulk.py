@@ -28,7 +28,8 @@ from app.capacity.commit.single import LOST_RACE_SQLSTATES, sqlstate
 from app.capacity.placing.batch import BatchEntry, batch_options, place_batch
 from app.capacity.placing.inline import Pending, Placed, db_now
 from app.capacity.placing.registry import must_place_inline
-from app.capacity.planning.snapshot import PoolCache
+from app.capacity.planning.admission import admit
+from app.capacity.planning.snapshot import PoolCache, PoolHead, read_pool_head
 from app.capacity.queue.intake import Decision, Written, delete_unwritten, insert_reservations, mark_decided
 from app.capacity.reservations.service import (
     CapacityConfig,
@@ -40,6 +41,7 @@ from app.capacity.reservations.service import (
     create_reservation,
     placement_request,
     quota_amounts,
+    with_warnings,
 )
 from app.db.locks import wait_for_pool_lease
 from app.errors import AppError, InvalidInput
@@ -129,7 +131,9 @@ async def _batch(
     out: dict[int, ItemResult] = {}
     new: dict[int, BatchEntry] = {}
     unwritten: list[str] = []
-    bad_start: dict[str, AppError] = {}  # rows removed again because their start was refused
+    bad_start: dict[str, AppError] = {}  # rows removed again because their start or intake was refused
+    heads: dict[str, PoolHead] = {}
+    warned: dict[int, tuple[str, ...]] = {}  # intake's warnings per item
     for i in order:
         w = written[i]
         if w.error is not None:
@@ -145,6 +149,16 @@ async def _batch(
                 continue
             request = placement_request(config, plain[i], now)
             assert not must_place_inline(request)
+            if request.pool_id not in heads:  # one indexed read per pool; the inventory is cached
+                heads[request.pool_id] = await read_pool_head(conn, request.pool_id)
+            try:
+                warned[i] = await admit(conn, cache, heads[request.pool_id], request)
+            except AppError as error:  # INVALID_INPUT at the item's field, or UNSATISFIABLE
+                exc = error.under(f"items.{i}") if isinstance(error, InvalidInput) else error
+                out[i] = failed(exc)
+                unwritten.append(w.row.id)
+                bad_start[w.row.id] = exc
+                continue
             new[i] = BatchEntry(w.row.id, request, quota_amounts(request))
     by_pool: dict[str, list[BatchEntry]] = defaultdict(list)
     for entry in new.values():
@@ -167,7 +181,9 @@ async def _batch(
     await delete_unwritten(conn, unwritten)
     for i, entry in new.items():
         if entry.refused is None:
-            out[i] = ItemResult(201, _placed_view(rows[entry.reservation_id], entry))
+            out[i] = ItemResult(
+                201, with_warnings(_placed_view(rows[entry.reservation_id], entry), warned[i])
+            )
     for i in order:  # idempotent retries (of earlier calls, or of an earlier item of this call)
         if i not in out:
             refused = bad_start.get(written[i].row.id)

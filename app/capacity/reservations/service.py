@@ -57,6 +57,7 @@ from app.capacity.conditions import (
 from app.capacity.edges import notify_pool
 from app.capacity.placing import preemption
 from app.capacity.placing.inline import Pending, Placed, db_now, place_inline
+from app.capacity.planning.admission import admit, read_verdict, refusal
 from app.capacity.planning.shortlist import plan_request
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.capacity.reservations.access import reservation_not_found, visible
@@ -145,6 +146,13 @@ def check_start(body: ReservationRequest, now: datetime, max_lead: timedelta = M
         )
 
 
+def with_warnings(view: dict[str, Any], warnings: tuple[str, ...]) -> dict[str, Any]:
+    """``view`` with a ``warnings`` list when intake had any (a create's answer only; not stored)."""
+    if warnings:
+        view["warnings"] = list(warnings)
+    return view
+
+
 def _condition(reason: str) -> list[dict[str, Any]]:
     return [unschedulable_condition(NO_FIT, reason)]
 
@@ -195,6 +203,7 @@ async def _create(
         check_start(body, created_at, config.max_lead)  # raising rolls the row back: nothing is written
         request = placement_request(config, body, created_at)
         assert request.start is not None and request.end is not None
+        warnings = await admit(conn, cache, head, request)  # raising rolls the row back, as above
         charge = QuotaCharge(
             body.tenantId, body.poolId, reservation_id, quota_amounts(request), request.start, request.end
         )
@@ -221,15 +230,17 @@ async def _create(
                 allocs = [_committed_view(a, request) for a in by_preemption.placed.allocations]
                 conditions = [by_preemption.condition]
                 await _mark_placed(conn, reservation_id, request.end, conditions)
-                return _placed_view(body, reservation_id, spec, created_at, allocs, conditions), True
+                return with_warnings(
+                    _placed_view(body, reservation_id, spec, created_at, allocs, conditions), warnings
+                ), True
         if isinstance(outcome, Placed):
             assumptions.extend(outcome.assumptions)
             allocs = [_committed_view(a, request) for a in outcome.allocations]
-            return _placed_view(body, reservation_id, spec, created_at, allocs), True
+            return with_warnings(_placed_view(body, reservation_id, spec, created_at, allocs), warnings), True
         assert isinstance(outcome, Pending)
         # archived while preemption planned: the lock saw it, and the answer is the archived pool's
         reason = ARCHIVED_POOL if pool_share.archived else outcome.reason
-        return await _store_pending(conn, charge, reason), True
+        return with_warnings(await _store_pending(conn, charge, reason), warnings), True
 
 
 # WITH inserted AS (INSERT INTO reservations (...) VALUES (...) ON CONFLICT (tenant_id, idempotency_key)
@@ -686,6 +697,14 @@ async def preview(
             config.shortlist_min,
             max(config.options.top_n, PREVIEW_CANDIDATES),
         )
+        intake = await read_verdict(conn, cache, outcome.head, request)  # the cached inventory: no read
+        error = refusal(intake)
+        if isinstance(error, InvalidInput):
+            raise error
+        if intake.unsatisfiable is not None:
+            # it fits nowhere as the pool is built (docs/api.md, "Checked at intake"): not an error here
+            answer = {"fits": False, "satisfiable": False, "candidates": [], "reason": intake.unsatisfiable}
+            return with_warnings(answer, intake.warnings)
         preemptible = None
         if not isinstance(outcome.plan, Plan) and not outcome.head.archived:
             if preemption.applies(config.preemption, request):
@@ -697,18 +716,21 @@ async def preview(
         answer: dict[str, Any] = {"fits": False, "candidates": [], "reason": plan.summary}
         if preemptible is not None:
             answer["preemptible"] = preemptible
-        return answer
-    return {
-        "fits": True,
-        "candidates": [
-            {
-                "nodeId": c.node_id,
-                "nodeName": c.node_name,
-                "atoms": list(c.atoms),
-                "score": round(c.score, 6),
-                "scores": {k: round(v, 6) for k, v in c.scores.items()},
-            }
-            # a gang preview shows the members of the best gang (seed 000, "Previewing a placement")
-            for c in (plan.members or plan.ranked[:PREVIEW_CANDIDATES])
-        ],
-    }
+        return with_warnings(answer, intake.warnings)
+    return with_warnings(
+        {
+            "fits": True,
+            "candidates": [
+                {
+                    "nodeId": c.node_id,
+                    "nodeName": c.node_name,
+                    "atoms": list(c.atoms),
+                    "score": round(c.score, 6),
+                    "scores": {k: round(v, 6) for k, v in c.scores.items()},
+                }
+                # a gang preview shows the members of the best gang (seed 000, "Previewing a placement")
+                for c in (plan.members or plan.ranked[:PREVIEW_CANDIDATES])
+            ],
+        },
+        intake.warnings,
+    )
