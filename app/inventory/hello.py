@@ -179,7 +179,7 @@ async def _hello(
     if changes.any and not exclusive:
         return None
     if changes.any:
-        await _apply(conn, body.poolId, node_id, current, desired, changes)
+        await _apply(conn, body.poolId, node_id, desired, changes)
         await inventory.bump_inventory_version(conn, body.poolId)  # the pool row is ours FOR UPDATE already
     revived = await _set_liveness(conn, node, body.intervalSeconds, body.error)
     if changes.left:
@@ -286,7 +286,6 @@ async def _apply(
     conn: AsyncConnection,
     pool_id: str,
     node_id: str,
-    current: dict[str, Any],
     desired: _Desired,
     changes: _Changes,
 ) -> None:
