@@ -24,7 +24,7 @@ order, so two transactions never wait on each other in a cycle::
   tenant's reserves are serialized for that statement only, not for the plan (issue 15). Refunds
   (release, repair, preemption, end) take no ``quota_usage`` lock: they only shrink what is held. A batch
   (:mod:`app.capacity.placing.batch`) charges its entries last too, after their bookings.
-- ``pool_capacity_rollup``: last, when a node's capacity is added (:mod:`app.inventory.service`); no
+- ``pool_capacity_rollup``: last, when a node's capacity is added (:mod:`app.inventory.node_rows`); no
   commit writes it.
 
 The pool lease, a transaction-scoped advisory lock per pool (:func:`pool_lease`,

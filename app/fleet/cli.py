@@ -17,7 +17,8 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from app.errors import InvalidInput
-from app.fleet.build import BuildPlan, FleetBuildRefused, HistoryOptions, parse_assignment
+from app.fleet.build import HistoryOptions
+from app.fleet.build_plan import BuildPlan, FleetBuildRefused, parse_assignment
 from app.fleet.documents import parse_instant
 
 placement_app = typer.Typer(
@@ -193,7 +194,7 @@ def _refuse_overwrite(options: FleetOptions) -> None:
 
 
 def _plan(options: FleetOptions, capacity_names: tuple[str, ...]) -> BuildPlan:
-    """The build plan the options name (refused later by :func:`app.fleet.build.check_plan`)."""
+    """The build plan the options name (refused later by :func:`app.fleet.build_plan.check_plan`)."""
     history_pairs = [
         parse_assignment(item, "--queue-history", value_required=False) for item in options.queue_history
     ]

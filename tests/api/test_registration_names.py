@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db.tables import devices, nodes, pools
 from app.errors import InvalidInput
 from app.inventory.importer import ImportedDevice, build_imported_node
-from app.inventory.service import device_bodies
+from app.inventory.node_rows import device_bodies
 from app.placement.system_labels import is_system_key
 from tests.agent_host import h200_host
 from tests.api.test_agents import hello_body
