@@ -12,6 +12,7 @@ from functools import partial
 from fastapi import Depends, FastAPI
 
 from app.api import agents, health, iam, inventory, quota, reservation_batch, reservations
+from app.api.contract import install_contract
 from app.api.cors import BrowserCors
 from app.api.deps import Services
 from app.api.errors import install_error_handlers
@@ -162,6 +163,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    install_contract(app)  # after the error shapes: it refines their document
     app.add_middleware(RequestGuard, settings=settings)  # inner: authenticate and bound the body first
     # the batch route first: /v1/reservations/batch is not a reservation id
     for module in (health, iam, inventory, quota, reservation_batch, reservations, agents):

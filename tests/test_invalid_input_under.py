@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.errors import InvalidInput
-from app.fleet.build import FleetBuildRefused
+from app.fleet.build_plan import FleetBuildRefused
 
 CASES = [
     # (error path, prefix, label, want path, want message)

@@ -138,7 +138,8 @@ async def build_fleet_route(
     """The base fleet with the evidence applied, and one report entry per target and source. Opens no
     SSH connection: the evidence is in the body. Refusals (unknown target, lane given a capacity answer,
     lane without a queue, relative runtime root, malformed evidence) answer 422 naming the field."""
-    from app.fleet.build import HistoryOptions, build_fleet_documents
+    from app.fleet.build import HistoryOptions
+    from app.fleet.build_body import build_fleet_documents
 
     authorize(principal, "compute:placement:explain", "*")
     now = _parse_now(body.now)

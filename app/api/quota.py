@@ -13,6 +13,7 @@ from app.api.errors import responses
 from app.api.models.quota import Quota, QuotaWritten
 from app.iam.authorize import authorize
 from app.ids import TenantId
+from app.jsonnum import JsonDecimal
 from app.quota import service as quota
 
 router = APIRouter(tags=["quota"])
@@ -24,7 +25,7 @@ class QuotaBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     limits: dict[
         Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)],
-        Annotated[Decimal, Field(ge=0, max_digits=24, decimal_places=6, allow_inf_nan=False)],
+        Annotated[Decimal, JsonDecimal(ge=0, max_digits=24, decimal_places=6)],
     ]
 
 

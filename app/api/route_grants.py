@@ -57,4 +57,7 @@ ROUTE_GRANTS: dict[tuple[str, str], RouteGrant] = {
 NOT_DECLARED: dict[tuple[str, str], str] = {
     ("POST", "/v1/reservations/batch"): "each item is authorized alone; the call answers 200 for any key",
     ("DELETE", "/v1/api-keys/{key_id}"): "no body",
+    ("PUT", "/v1/reservations/batch"): "405: only POST creates a batch",
+    ("PATCH", "/v1/reservations/batch"): "405: only POST creates a batch",
+    ("DELETE", "/v1/reservations/batch"): "405: only POST creates a batch",
 }

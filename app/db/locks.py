@@ -24,7 +24,7 @@ order, so two transactions never wait on each other in a cycle::
   tenant's reserves are serialized for that statement only, not for the plan (issue 15). Refunds
   (release, repair, preemption, end) take no ``quota_usage`` lock: they only shrink what is held. A batch
   (:mod:`app.capacity.batch`) charges its entries last too, after their bookings.
-- ``pool_capacity_rollup``: last, when a node's capacity is added (:mod:`app.inventory.service`); no
+- ``pool_capacity_rollup``: last, when a node's capacity is added (:mod:`app.inventory.node_rows`); no
   commit writes it.
 
 The pool lease, a transaction-scoped advisory lock per pool (:func:`pool_lease`,
@@ -44,6 +44,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.prepared import Prepared
 from app.db.tables import nodes, pools
 from app.errors import NotFound, quote_input
 
@@ -98,6 +99,12 @@ def node_not_found(node_id: str) -> NotFound:
 _POOL_BY_ID = sa.select(pools).where(pools.c.id == sa.bindparam("pool_id", type_=sa.Text))
 _LOCK_POOL_FOR_UPDATE = _POOL_BY_ID.with_for_update(key_share=True)  # FOR NO KEY UPDATE
 _LOCK_POOL_FOR_SHARE = _POOL_BY_ID.with_for_update(read=True)
+# the placing transactions' FOR SHARE, run prepared: it is on every inline create's path
+_SHARE_POOL = Prepared(
+    sa.select(pools.c.archived_at)
+    .where(pools.c.id == sa.bindparam("pool_id", type_=sa.Text))
+    .with_for_update(read=True)
+)
 _LOCK_NODE = sa.select(nodes).where(nodes.c.id == sa.bindparam("node_id", type_=sa.Text)).with_for_update()
 
 
@@ -144,7 +151,7 @@ class PoolShare:
     commit (docs/placement-rules.md, "The pipeline": the critical section is the commit alone) and held
     to its end.
 
-    :meth:`take` locks once (``SELECT * FROM pools WHERE id = :pool_id FOR SHARE``, :func:`lock_pool`)
+    :meth:`take` locks once (``SELECT archived_at FROM pools WHERE id = :pool_id FOR SHARE``, prepared)
     and answers whether the pool may still be placed into: False when it was archived, however long
     before (an archive holds ``FOR NO KEY UPDATE``, so it committed before the lock or waits for this
     transaction). Later calls answer the same without a round trip. The inline create, the batch, a wake
@@ -160,7 +167,9 @@ class PoolShare:
     async def take(self, conn: AsyncConnection) -> bool:
         """Lock the pool row ``FOR SHARE`` (the first time only); True while it is not archived."""
         if not self.held:
-            pool = await lock_pool(conn, self.pool_id, for_update=False)
+            pool = (await _SHARE_POOL.run(conn, {"pool_id": self.pool_id})).first()
+            if pool is None:
+                raise pool_not_found(self.pool_id)
             self.held = True
             self.archived = pool.archived_at is not None
         return not self.archived

@@ -1,11 +1,10 @@
-"""Live collection for ``placement fleet`` (seed 004, "--collect", "--scheduler-shape",
-"--runtime-root"): the I/O half of the fleet build.
+"""Live collection for ``placement fleet`` (docs/fleet.md, "Commands"): the I/O half of the fleet build.
 
-:func:`build_from_hosts` checks the whole plan first (:func:`app.fleet.build.check_plan`: every refusal
+:func:`build_from_hosts` checks the whole plan first (:func:`app.fleet.build_plan.check_plan`: every refusal
 happens before any host is contacted), then asks only the named hosts, concurrently, over
 :mod:`app.fleet.ssh` (bounded output, ``timeout_seconds``, one replay of a transport failure), and hands
 the answers to the pure :func:`app.fleet.build.build_fleet`. A host that gives no answer is recorded as
-the seed says (unreachable, or base kept) and the build goes on.
+docs/fleet.md says (unreachable, or base kept) and the build goes on.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from typing import TypeVar
 
 from app.errors import InvalidInput
 from app.fleet.build import (
-    BuildPlan,
     BuildResult,
     CapacityEvidence,
     FleetEvidence,
@@ -27,8 +25,8 @@ from app.fleet.build import (
     RuntimeEvidence,
     ShapeEvidence,
     build_fleet,
-    check_plan,
 )
+from app.fleet.build_plan import BuildPlan, check_plan
 from app.fleet.capacity import CapacityAnswer, load_capacity_answer
 from app.fleet.documents import FleetTarget, PlacementFleet
 from app.fleet.history import JobRecord
@@ -148,12 +146,12 @@ async def build_from_hosts(
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> BuildResult:
-    """Check the plan, collect over SSH from the named hosts only, and build (seed 004).
+    """Check the plan, collect over SSH from the named hosts only, and build (docs/fleet.md).
 
     ``capacity``: ``--capacity`` answers already read (dated by their ``sampled_at``); ``jobs``: this
     host's job records for ``--queue-history``. ``clock`` is this host's clock: it dates collected
     answers (at the call, less the snapshot age) and failed observations (``now``). Raises
-    :class:`app.fleet.build.FleetBuildRefused` before any contact when the plan is refused.
+    :class:`app.fleet.build_plan.FleetBuildRefused` before any contact when the plan is refused.
     """
     check_plan(base, plan, {name: host.scheduler for name, host in hosts.items()})
     targets = {target.name: target for target in base.targets}

@@ -48,6 +48,13 @@ from app.errors import Conflict, InvalidInput
 from app.inventory import service as inventory
 from app.inventory.agent_hooks import on_atoms_unavailable, on_node_may_fit
 from app.inventory.importer import ImportedNode, build_imported_node
+from app.inventory.node_rows import (
+    add_rollup_totals,
+    check_device_count,
+    check_label_count,
+    device_bodies,
+    insert_devices,
+)
 from app.inventory.reasons import no_schedule_reasons
 from app.inventory.schemas import (
     DeviceBody,
@@ -106,7 +113,7 @@ def _desired(body: HelloBody, imported: ImportedNode | None) -> _Desired:
     system.update(hello_system_labels(((d.id, d.version, d.kinds) for d in body.drivers), body.capabilities))
     if imported is None:
         return _Desired(None, None, system, dict(body.labels))
-    device_list = inventory.device_bodies(imported)
+    device_list = device_bodies(imported)
     links = {(a, b): kind for a, b, kind in imported.links}
     return _Desired(device_list, links, system, dict(body.labels))
 
@@ -123,7 +130,7 @@ async def hello(engine: AsyncEngine, body: HelloBody) -> HelloOutcome:
     refuse_system_keys(body.labels)
     imported = build_imported_node(body.name, body.topo, body.nvidiaSmiXml) if body.topo is not None else None
     if imported is not None:
-        inventory.check_device_count(len(imported.devices), len(imported.links))
+        check_device_count(len(imported.devices), len(imported.links))
     desired = _desired(body, imported)
     warnings = imported.warnings if imported is not None else ()
     try:
@@ -173,13 +180,13 @@ async def _hello(
     changes = await _inventory_changes(conn, node_id, current, desired)
     # the node's labels after this Hello (operator labels kept, the Hello's free and system labels) stay
     # within the one limit of every path (docs/api.md, "Limits"): refused before anything is written
-    inventory.check_label_count(
+    check_label_count(
         len(changes.final_labels), sum(src == SYSTEM_SOURCE for _, src in changes.final_labels.values())
     )
     if changes.any and not exclusive:
         return None
     if changes.any:
-        await _apply(conn, body.poolId, node_id, current, desired, changes)
+        await _apply(conn, body.poolId, node_id, desired, changes)
         await inventory.bump_inventory_version(conn, body.poolId)  # the pool row is ours FOR UPDATE already
     revived = await _set_liveness(conn, node, body.intervalSeconds, body.error)
     if changes.left:
@@ -286,14 +293,13 @@ async def _apply(
     conn: AsyncConnection,
     pool_id: str,
     node_id: str,
-    current: dict[str, Any],
     desired: _Desired,
     changes: _Changes,
 ) -> None:
     """Write the Hello's inventory (locks already held: pools FOR UPDATE -> nodes -> devices)."""
     if desired.devices is not None:
         order = {d.id: (i, d) for i, d in enumerate(desired.devices)}
-        await inventory.insert_devices(conn, node_id, [order[a] for a in changes.added])
+        await insert_devices(conn, node_id, [order[a] for a in changes.added])
         for atom in sorted(set(changes.updated) | set(changes.returned)):
             i, d = order[atom]
             values: dict[str, Any] = {
@@ -331,7 +337,7 @@ async def _apply(
         for atom in changes.added:
             cls = order[atom][1].device_class
             totals[cls] = totals.get(cls, Decimal(0)) + 1
-        await inventory.add_rollup_totals(conn, pool_id, totals)
+        await add_rollup_totals(conn, pool_id, totals)
 
 
 async def _rewrite_labels(conn: AsyncConnection, node_id: str, final: dict[str, tuple[str, str]]) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 
 from app.errors import InvalidInput, quote_input
 from app.inventory.nvsmi_xml import XML_PATH, GpuInfo, parse_nvidia_smi_log
-from app.inventory.topo import TopoMatrix, parse_topo_matrix
+from app.inventory.topo import parse_topo_matrix
+from app.inventory.topo_matrix import TopoMatrix
 
 __all__ = [
     "LINK_RANK",

@@ -11,10 +11,12 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
+from app.jsonnum import JsonDecimal
 from app.placement.model import NUMA_NODE_ATTRIBUTE, selectable_attributes
 
 LABEL_KEY = r"^[A-Za-z][A-Za-z0-9._/-]*$"
@@ -24,6 +26,14 @@ NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 # labels (operator and system together) and 64 taints.
 MAX_LABEL_PREFIX, MAX_LABEL_NAME, MAX_LABEL_VALUE = 253, 63, 63
 MAX_LABELS, MAX_TAINTS = 256, 64
+MAX_LABEL_KEY = MAX_LABEL_PREFIX + 1 + MAX_LABEL_NAME
+# LABEL_KEY and both sizes in one pattern, for the OpenAPI document: ``[prefix/]name`` where the prefix
+# (up to the last '/') holds at most 253 characters and the name at most 63
+# (no lookahead: test generators such as schemathesis search lookahead patterns by filtering, slowly)
+SIZED_LABEL_KEY = (
+    rf"^(?:[A-Za-z][A-Za-z0-9._/-]{{0,{MAX_LABEL_PREFIX - 1}}}/[A-Za-z0-9._-]{{0,{MAX_LABEL_NAME}}}"
+    rf"|[A-Za-z][A-Za-z0-9._-]{{0,{MAX_LABEL_NAME - 1}}})$"
+)
 MAX_NUMA_NODE = 1024
 MAX_DEVICES, MAX_LINKS = 1024, 1024 * 64  # per node: atoms, and device-device links
 
@@ -41,12 +51,13 @@ def _label_key_sizes(key: str) -> str:
 
 LabelKey = Annotated[
     str,
-    Field(pattern=LABEL_KEY, max_length=MAX_LABEL_PREFIX + 1 + MAX_LABEL_NAME),
+    Field(pattern=LABEL_KEY, max_length=MAX_LABEL_KEY),
     AfterValidator(_label_key_sizes),
+    WithJsonSchema({"type": "string", "pattern": SIZED_LABEL_KEY, "maxLength": MAX_LABEL_KEY}),
 ]
 LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE)]
 Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)]
-Amount = Annotated[Decimal, Field(ge=0, max_digits=24, decimal_places=6, allow_inf_nan=False)]
+Amount = Annotated[Decimal, JsonDecimal(ge=0, max_digits=24, decimal_places=6)]
 
 
 class PoolCreate(BaseModel):
@@ -71,9 +82,7 @@ class ResourceBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     allocatable: Amount
-    ratio: Annotated[Decimal, Field(gt=0, le=1000, max_digits=12, decimal_places=6, allow_inf_nan=False)] = (
-        Decimal(1)
-    )
+    ratio: Annotated[Decimal, JsonDecimal(gt=0, le=1000, max_digits=12, decimal_places=6)] = Decimal(1)
 
 
 class DeviceBody(BaseModel):

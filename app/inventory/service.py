@@ -10,7 +10,6 @@ open their own transaction, or a connection and join the caller's (an agent's He
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,38 +19,35 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.capacity.edges import notify_node, notify_repair
 from app.db.locks import lock_node, lock_node_in_order, lock_pool, node_not_found, pool_not_found
 from app.db.tables import (
-    capacity_device_links,
-    device_bookings,
     devices,
     node_labels,
-    node_resources,
     node_taints,
     nodes,
-    pool_capacity_rollup,
     pools,
-    scalar_holdings,
 )
 from app.db.tx import reads, transaction
-from app.db.windows import held_at
 from app.errors import Conflict, InvalidInput, PoolArchived, quote_input
 from app.ids import new_id
-from app.inventory.importer import ImportedNode, build_imported_node
+from app.inventory.importer import build_imported_node
+from app.inventory.node_rows import (
+    add_rollup,
+    check_device_count,
+    check_label_count,
+    dedupe_taints,
+    device_bodies,
+    write_devices,
+    write_labels,
+    write_resources,
+)
 from app.inventory.reasons import no_schedule_reasons
 from app.inventory.schemas import (
-    MAX_DEVICES,
-    MAX_LABELS,
-    MAX_LINKS,
-    DeviceBody,
     HealthBody,
     LinkBody,
     NodeCreate,
     NodeImport,
-    ResourceBody,
     TaintBody,
-    jsonable_attributes,
 )
-from app.jsonnum import num
-from app.placement.scalar_capacity import scalar_capacity
+from app.inventory.views import node_view, pool_views
 from app.placement.system_labels import (
     OPERATOR_SOURCE,
     SYSTEM_SOURCE,
@@ -83,85 +79,13 @@ async def create_pool(conn: AsyncConnection, name: str) -> dict[str, Any]:
 async def list_pools(conn: AsyncConnection) -> list[dict[str, Any]]:
     """Every pool, oldest first, with node counts and capacity rollup (three queries in all)."""
     rows = (await conn.execute(sa.select(pools).order_by(pools.c.created_at, pools.c.id))).all()
-    return await _pool_views(conn, rows)
+    return await pool_views(conn, rows)
 
 
 @reads
 async def get_pool(conn: AsyncConnection, pool_id: str) -> dict[str, Any]:
     """``{id, name, createdAt, archivedAt, nodeCount, capacity: {resource: {total, allocated}}}``."""
-    return (await _pool_views(conn, [await get_pool_row(conn, pool_id)]))[0]
-
-
-async def _held_now(conn: AsyncConnection, pool_ids: list[str]) -> dict[tuple[str, str], Decimal]:
-    """(pool id, resource) -> what is held now: atoms per class booked at ``now()`` and scalar holdings
-    containing ``now()`` (capacity is counted per instant; the rollup keeps the totals only)::
-
-        SELECT b.pool_id, d.class, count(*) FROM device_bookings b JOIN devices d ON d.pk = b.device_pk
-         WHERE b.pool_id = ANY(:pools) AND b.during @> now() GROUP BY 1, 2;
-        SELECT pool_id, resource, sum(amount) FROM scalar_holdings
-         WHERE pool_id = ANY(:pools) AND starts_at <= now() AND ends_at > now() GROUP BY 1, 2;
-    """
-    held: dict[tuple[str, str], Decimal] = {}
-    for r in (
-        await conn.execute(
-            sa.select(device_bookings.c.pool_id, devices.c["class"], sa.func.count())
-            .join(devices, devices.c.pk == device_bookings.c.device_pk)
-            .where(device_bookings.c.pool_id.in_(pool_ids), device_bookings.c.during.op("@>")(sa.func.now()))
-            .group_by(device_bookings.c.pool_id, devices.c["class"])
-        )
-    ).all():
-        held[(r[0], r[1])] = Decimal(r[2])
-    for r in (
-        await conn.execute(
-            held_at(
-                scalar_holdings,
-                [scalar_holdings.c.pool_id.in_(pool_ids)],
-                sa.func.now(),
-                [scalar_holdings.c.pool_id, scalar_holdings.c.resource],
-            )
-        )
-    ).all():
-        held[(r.pool_id, r.resource)] = held.get((r.pool_id, r.resource), Decimal(0)) + r.held
-    return held
-
-
-async def _pool_views(conn: AsyncConnection, rows: list[Any]) -> list[dict[str, Any]]:
-    ids = [r.id for r in rows]
-    counts: dict[str, int] = {}
-    rollups: dict[str, dict[str, dict[str, Any]]] = {i: {} for i in ids}
-    if ids:
-        counts = dict(
-            (
-                await conn.execute(
-                    sa.select(nodes.c.pool_id, sa.func.count())
-                    .where(nodes.c.pool_id.in_(ids))
-                    .group_by(nodes.c.pool_id)
-                )
-            ).all()
-        )
-        held = await _held_now(conn, ids)
-        for r in (
-            await conn.execute(
-                sa.select(pool_capacity_rollup)
-                .where(pool_capacity_rollup.c.pool_id.in_(ids))
-                .order_by(pool_capacity_rollup.c.resource)
-            )
-        ).all():
-            rollups[r.pool_id][r.resource] = {
-                "total": num(r.total),
-                "allocated": num(held.get((r.pool_id, r.resource), Decimal(0))),
-            }
-    return [
-        {
-            "id": row.id,
-            "name": row.name,
-            "createdAt": row.created_at.isoformat(),
-            "archivedAt": row.archived_at.isoformat() if row.archived_at else None,
-            "nodeCount": counts.get(row.id, 0),
-            "capacity": rollups[row.id],
-        }
-        for row in rows
-    ]
+    return (await pool_views(conn, [await get_pool_row(conn, pool_id)]))[0]
 
 
 async def bump_inventory_version(conn: AsyncConnection, pool_id: str) -> None:
@@ -230,175 +154,21 @@ async def add_node(
     ).first()
     if inserted is None:
         raise Conflict(f"pool {pool_id} already has a node named {body.name}", {"name": body.name})
-    await _write_labels(conn, node_id, body.labels, system_labels or {})
+    await write_labels(conn, node_id, body.labels, system_labels or {})
     if body.taints:
         await conn.execute(
             sa.insert(node_taints),
             [
                 {"node_id": node_id, "key": t.key, "value": t.value, "effect": t.effect}
-                for t in _dedupe(body.taints)
+                for t in dedupe_taints(body.taints)
             ],
         )
-    await _write_devices(conn, node_id, body.devices, body.links)
-    await _write_resources(conn, node_id, body.resources)
-    await _add_rollup(conn, pool_id, body.devices, body.resources)
+    await write_devices(conn, node_id, body.devices, body.links)
+    await write_resources(conn, node_id, body.resources)
+    await add_rollup(conn, pool_id, body.devices, body.resources)
     await bump_inventory_version(conn, pool_id)
     await notify_node(conn, node_id)  # wake edge: a new candidate for the pool's pending reservations
     return await get_node(conn, node_id)
-
-
-def _dedupe(taints: list[TaintBody]) -> list[TaintBody]:
-    seen: dict[tuple[str, str], TaintBody] = {}
-    for t in taints:
-        seen[(t.key, t.effect)] = t
-    return list(seen.values())
-
-
-async def _write_labels(
-    conn: AsyncConnection, node_id: str, operator: dict[str, str], system: dict[str, str]
-) -> None:
-    rows = {k: {"node_id": node_id, "key": k, "value": v, "source": SYSTEM_SOURCE} for k, v in system.items()}
-    for k, v in operator.items():
-        if k in system:
-            continue  # a system label is not overwritten by an operator's
-        rows[k] = {"node_id": node_id, "key": k, "value": v, "source": OPERATOR_SOURCE}
-    check_label_count(len(rows), len(system))
-    if rows:
-        await conn.execute(sa.insert(node_labels), list(rows.values()))
-
-
-def check_device_count(devices: int, links: int) -> None:
-    """Raise InvalidInput (path ``topo``) when imported text (an import, a Hello) lists more than
-    MAX_DEVICES atoms or MAX_LINKS links on one node: the bounds of ``POST /v1/pools/{id}/nodes``
-    (docs/api.md, "Limits"), checked before anything is built from them."""
-    if devices > MAX_DEVICES:
-        raise InvalidInput(
-            f"a node holds at most {MAX_DEVICES} devices; the topo lists {devices}", path="topo"
-        )
-    if links > MAX_LINKS:
-        raise InvalidInput(
-            f"a node holds at most {MAX_LINKS} device links; the topo lists {links}", path="topo"
-        )
-
-
-def check_label_count(total: int, system: int) -> None:
-    """Raise InvalidInput (path ``labels``) when a node would hold more than MAX_LABELS labels."""
-    if total > MAX_LABELS:
-        raise InvalidInput(
-            f"a node holds at most {MAX_LABELS} labels ({total} with its {system} system labels)",
-            path="labels",
-        )
-
-
-async def insert_devices(conn: AsyncConnection, node_id: str, numbered: list[tuple[int, DeviceBody]]) -> None:
-    """Insert ``(ordinal, device)`` rows on ``node_id``; Conflict (409) when an id is on another node."""
-    if not numbered:
-        return
-    # SELECT d.id, n.id, n.name, n.pool_id FROM devices d JOIN nodes n ON n.id = d.node_id
-    #  WHERE d.id = ANY(:ids) LIMIT 1                           -- registered already: 409, nothing written
-    taken = (
-        await conn.execute(
-            sa.select(devices.c.id, nodes.c.id.label("node_id"), nodes.c.name, nodes.c.pool_id)
-            .select_from(devices.join(nodes, nodes.c.id == devices.c.node_id))
-            .where(devices.c.id.in_([d.id for _, d in numbered]))
-            .limit(1)
-        )
-    ).first()
-    if taken is not None:
-        raise Conflict(
-            f"device {quote_input(taken.id)} is registered on node {taken.name} ({taken.node_id}) "
-            f"of pool {taken.pool_id}",
-            {"deviceId": taken.id, "nodeId": taken.node_id, "poolId": taken.pool_id},
-        )
-    await conn.execute(
-        sa.insert(devices),
-        [
-            {
-                "id": d.id,
-                "node_id": node_id,
-                "class": d.device_class,
-                "attributes": jsonable_attributes(d.attributes),
-                "numa_node": d.numaNode,
-                "parent_id": d.parent,
-                "healthy": d.healthy,
-                "bookable": d.bookable,
-                "ordinal": i,
-            }
-            for i, d in numbered
-        ],
-    )
-
-
-async def _write_devices(
-    conn: AsyncConnection, node_id: str, device_list: list[DeviceBody], links: list[LinkBody]
-) -> None:
-    await insert_devices(conn, node_id, list(enumerate(device_list)))
-    pairs: dict[tuple[str, str], str] = {}
-    for link in links:
-        a, b = sorted((link.a, link.b))
-        pairs[(a, b)] = link.link
-    if pairs:
-        await conn.execute(
-            sa.insert(capacity_device_links),
-            [{"node_id": node_id, "a": a, "b": b, "link": kind} for (a, b), kind in sorted(pairs.items())],
-        )
-
-
-async def _write_resources(conn: AsyncConnection, node_id: str, resources: dict[str, ResourceBody]) -> None:
-    if resources:
-        await conn.execute(
-            sa.insert(node_resources),
-            [
-                {"node_id": node_id, "resource": name, "allocatable": r.allocatable, "ratio": r.ratio}
-                for name, r in sorted(resources.items())
-            ],
-        )
-
-
-async def _add_rollup(
-    conn: AsyncConnection, pool_id: str, device_list: list[DeviceBody], resources: dict[str, ResourceBody]
-) -> None:
-    totals: dict[str, Decimal] = {}
-    for d in device_list:
-        totals[d.device_class] = totals.get(d.device_class, Decimal(0)) + 1
-    for name, r in resources.items():
-        totals[name] = totals.get(name, Decimal(0)) + scalar_capacity(r.allocatable, r.ratio)
-    await add_rollup_totals(conn, pool_id, totals)
-
-
-async def add_rollup_totals(conn: AsyncConnection, pool_id: str, totals: dict[str, Decimal]) -> None:
-    """Add ``totals`` (resource -> amount) to the pool's capacity rollup (last in the lock order)."""
-    if not totals:
-        return
-    stmt = pg_insert(pool_capacity_rollup).values(
-        [{"pool_id": pool_id, "resource": k, "total": v} for k, v in sorted(totals.items())]
-    )
-    await conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=["pool_id", "resource"],
-            set_={"total": pool_capacity_rollup.c.total + stmt.excluded.total},
-        )
-    )
-
-
-def device_bodies(imported: ImportedNode) -> list[DeviceBody]:
-    """The imported node's atoms as the device bodies :func:`add_node` stores (import and Hello, on
-    create and update). A derived attribute under ``bc.dev/`` is refused (422, path
-    ``nvidiaSmiXml.<i>.attributes.<key>``): the importer names attributes itself, so none should be."""
-    refuse_system_attributes((d.attributes for d in imported.devices), path="nvidiaSmiXml")
-    return [
-        DeviceBody.model_validate(
-            {
-                "id": d.id,
-                "class": d.device_class,
-                "attributes": d.attributes,
-                "numaNode": d.numa_node,
-                "parent": d.parent,
-                "bookable": d.bookable,
-            }
-        )
-        for d in imported.devices
-    ]
 
 
 @transaction
@@ -495,93 +265,8 @@ async def node_pool_id(conn: AsyncConnection, node_id: str) -> str:
 
 @reads
 async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
-    """The node view of DESIGN.md ("Response shapes"): labels, taints, resources, devices, links."""
-    node = await _node_row(conn, node_id)
-    labels = (
-        await conn.execute(
-            sa.select(node_labels).where(node_labels.c.node_id == node_id).order_by(node_labels.c.key)
-        )
-    ).all()
-    taints = (
-        await conn.execute(
-            sa.select(node_taints).where(node_taints.c.node_id == node_id).order_by(node_taints.c.key)
-        )
-    ).all()
-    resources = (
-        await conn.execute(
-            sa.select(node_resources)
-            .where(node_resources.c.node_id == node_id)
-            .order_by(node_resources.c.resource)
-        )
-    ).all()
-    held = {
-        r.resource: r.held
-        for r in (
-            await conn.execute(
-                held_at(
-                    scalar_holdings,
-                    [scalar_holdings.c.node_id == node_id],
-                    sa.func.now(),
-                    [scalar_holdings.c.resource],
-                )
-            )
-        ).all()
-    }
-    device_rows = (
-        await conn.execute(
-            sa.select(devices).where(devices.c.node_id == node_id).order_by(devices.c.ordinal, devices.c.id)
-        )
-    ).all()
-    links = (
-        await conn.execute(
-            sa.select(capacity_device_links)
-            .where(capacity_device_links.c.node_id == node_id)
-            .order_by(capacity_device_links.c.a, capacity_device_links.c.b)
-        )
-    ).all()
-    return {
-        "id": node.id,
-        "poolId": node.pool_id,
-        "name": node.name,
-        "labels": {r.key: r.value for r in labels},
-        "labelSources": {r.key: r.source for r in labels},
-        "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints],
-        "cordoned": node.cordoned,
-        "ready": node.ready,
-        "heartbeatLost": node.heartbeat_lost,
-        "leasable": node.leasable,
-        "noScheduleReasons": list(node.no_schedule_reasons),
-        # the node's agent (None for a node registered by an operator): see app/inventory/hello.py
-        "agent": None
-        if node.agent_interval_seconds is None
-        else {
-            "intervalSeconds": node.agent_interval_seconds,
-            "lastHeartbeatAt": node.last_heartbeat_at.isoformat() if node.last_heartbeat_at else None,
-            "error": node.agent_error,
-        },
-        "resources": {
-            r.resource: {
-                "allocatable": num(r.allocatable),
-                "ratio": num(r.ratio),
-                "allocated": num(held.get(r.resource, Decimal(0))),  # held now
-            }
-            for r in resources
-        },
-        "devices": [
-            {
-                "id": d.id,
-                "class": d._mapping["class"],
-                "attributes": d.attributes,
-                "numaNode": d.numa_node,
-                "parent": d.parent_id,
-                "healthy": d.healthy,
-                "bookable": d.bookable,
-                "healthReason": d.health_reason,
-            }
-            for d in device_rows
-        ],
-        "links": [{"a": r.a, "b": r.b, "link": r.link} for r in links],
-    }
+    """The node view (:func:`app.inventory.views.node_view`); NotFound if absent."""
+    return await node_view(conn, await _node_row(conn, node_id))
 
 
 async def _refresh_reasons(conn: AsyncConnection, node_id: str) -> None:
@@ -619,7 +304,7 @@ async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody
             sa.insert(node_taints),
             [
                 {"node_id": node_id, "key": t.key, "value": t.value, "effect": t.effect}
-                for t in _dedupe(taints)
+                for t in dedupe_taints(taints)
             ],
         )
     await _refresh_reasons(conn, node_id)

@@ -82,11 +82,6 @@ class PlacementRequest:
     gang: Gang | None = None
     spot: bool = False
 
-    @property
-    def has_selectors(self) -> bool:
-        """True when any device request carries a non-empty selector."""
-        return any(d.selector is not None and d.selector.match_expressions for d in self.devices)
-
 
 NUMA_NODE_ATTRIBUTE = "numaNode"
 

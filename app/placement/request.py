@@ -17,13 +17,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
     StrictInt,
     StrictStr,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -31,7 +31,7 @@ from pydantic_core import PydanticCustomError
 
 from app.errors import InvalidInput, quote_input
 from app.ids import TenantId
-from app.jsonnum import num
+from app.jsonnum import JsonDecimal, num
 from app.placement.model import (
     COMPARISON_OPS,
     MAX_EXPRESSIONS,
@@ -49,9 +49,12 @@ from app.placement.system_labels import required_capabilities
 
 IDEMPOTENCY_KEY_RE = r"^[A-Za-z0-9._:-]{1,128}$"
 DURATION_RE = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
+# the same form for the OpenAPI document (ASCII digits, and the count above zero)
+DURATION_PATTERN = r"^\s*0*[1-9][0-9]*\s*[smhdw]?\s*$"
 DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 MAX_DURATION_SECONDS = 366 * 86400
 MAX_DEVICE_COUNT = 4096
+MAX_KEY_LENGTH = 253  # a selector key
 # a window lies within years 1970..9999 (UTC): later ends cannot be represented (Python's datetime stops
 # at 9999-12-31), earlier starts are no reservation anyone makes
 FIRST_WINDOW_YEAR, LAST_WINDOW_YEAR = 1970, 9999
@@ -93,14 +96,14 @@ class MatchExpressionBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    key: str
+    key: str = Field(json_schema_extra={"pattern": KEY_RE.pattern, "maxLength": MAX_KEY_LENGTH})
     op: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Gte", "Lt", "Lte"]
-    values: list[str | int | float] | None = None
+    values: list[str | int | float] | None = Field(default=None, json_schema_extra={"maxItems": MAX_VALUES})
 
     @field_validator("key")
     @classmethod
     def _key_syntax(cls, key: str) -> str:
-        if not KEY_RE.match(key) or len(key) > 253:
+        if not KEY_RE.match(key) or len(key) > MAX_KEY_LENGTH:
             raise ValueError("a key starts with a letter and holds letters, digits, '.', '_', '/', '-'")
         return key
 
@@ -200,19 +203,18 @@ class GangBody(BaseModel):
     topologyKey: str | None = Field(default=None, pattern=KEY_RE.pattern)
 
 
-def _json_number(value: Any) -> Any:
-    """Refuse a string or boolean where the request wants a JSON number (pydantic's lax mode would read
-    ``"8"`` or ``true`` as a number)."""
-    if isinstance(value, (bool, str)):
-        raise ValueError("must be a JSON number")
-    return value
-
-
 ResourceAmount = Annotated[
-    Decimal,
-    BeforeValidator(_json_number),
-    Field(gt=0, max_digits=20, decimal_places=6, allow_inf_nan=False),
-]
+    Decimal, JsonDecimal(gt=0, max_digits=20, decimal_places=6, numbers_only=True)
+]  # a JSON number > 0 with at most 14 whole digits and 6 decimal places
+
+
+DURATION_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "pattern": DURATION_PATTERN},
+        {"type": "integer", "minimum": 1, "maximum": MAX_DURATION_SECONDS},
+    ],
+    "description": "'90m', '2h', '1d', '1w', '30s' or a whole number of seconds; at most 366 days",
+}
 
 
 class ReservationRequest(BaseModel):
@@ -230,8 +232,11 @@ class ReservationRequest(BaseModel):
     resources: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceAmount] = (
         Field(default_factory=dict)
     )
-    start: datetime | None = None
-    duration: StrictStr | StrictInt  # '90m', '1d' or seconds; a boolean is neither
+    start: datetime | None = Field(
+        default=None,
+        description="ISO 8601 with a UTC offset, in years 1970..9999; absent: the database's now",
+    )
+    duration: Annotated[StrictStr | StrictInt, WithJsonSchema(DURATION_SCHEMA)]  # a boolean is neither
     binding: Literal["device", "node", "kubernetes"] = "device"
     gang: GangBody | None = None
     spot: StrictBool = False

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.api.test_authorization import tenant_grants
 from tests.factories import add_node, gpu_node, make_pool, reservation
@@ -29,9 +30,25 @@ async def _reserve(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str,
     return r.json()
 
 
+async def _preemption_samples(admin: httpx.AsyncClient) -> dict[str, float]:
+    """The preemption samples of ``GET /metrics``, by sample name and result label: the attempts by
+    result (``attempts:placed``) and the victims histogram's ``_count`` and ``_sum``. Absent ones are 0."""
+    r = await admin.get("/metrics")
+    assert r.status_code == 200, r.text
+    seen: dict[str, float] = {}
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            if sample.name == "bc_preemption_attempts_total":
+                seen[f"attempts:{sample.labels['result']}"] = sample.value
+            elif sample.name in ("bc_preemption_victims_count", "bc_preemption_victims_sum"):
+                seen[sample.name.removeprefix("bc_preemption_")] = sample.value
+    return seen
+
+
 async def test_a_tenant_never_sees_another_tenants_victims(
     admin_client: httpx.AsyncClient, client_for: Any
 ) -> None:
+    before = await _preemption_samples(admin_client)
     pool = await make_pool(admin_client)
     node = (await add_node(admin_client, pool, gpu_node("n1", 8)))["id"]
     key_a = await _key(admin_client, A, pool)
@@ -66,6 +83,13 @@ async def test_a_tenant_never_sees_another_tenants_victims(
         assert (await a.get(f"/v1/reservations/{theirs['id']}")).status_code == 404
     assert (await admin_client.get(f"/v1/reservations/{theirs['id']}")).json()["status"] == "preempted"
 
-    metrics = (await admin_client.get("/metrics")).text
-    assert 'bc_preemption_attempts_total{result="placed"}' in metrics
-    assert "bc_preemption_victims_bucket" in metrics
+    # the one placed preemption is counted once, with its two victims; the preview counts nothing
+    after = await _preemption_samples(admin_client)
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in sorted(set(before) | set(after))}
+    assert delta == {
+        "attempts:lost_race": 0.0,
+        "attempts:no_fit": 0.0,
+        "attempts:placed": 1.0,
+        "victims_count": 1.0,
+        "victims_sum": 2.0,
+    }

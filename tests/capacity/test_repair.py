@@ -73,7 +73,8 @@ async def test_repair_tries_the_same_node_first_when_others_have_room(
     """With another empty node in the pool, the work still stays on its node when that node has room (the
     placer once replaced repair's exclusion of the other nodes with its own lost-race exclusions)."""
     pool = await make_pool(admin_client)
-    nodes = [await add_node(admin_client, pool, gpu_node(f"twin-{i}", 8)) for i in range(2)]
+    for i in range(2):
+        await add_node(admin_client, pool, gpu_node(f"twin-{i}", 8))
     for attempt in range(3):  # the seeded pick among equals would choose the other node about half the time
         placed = (
             await admin_client.post("/v1/reservations", json=reservation(pool, 2, key=f"t{attempt}"))
@@ -83,8 +84,10 @@ async def test_repair_tries_the_same_node_first_when_others_have_room(
         view = await _repaired(admin_client, placed["id"])
         [repaired] = [c for c in view["conditions"] if c["type"] == "Repaired"]
         assert repaired["newNodeId"] == repaired["oldNodeId"] == alloc["nodeId"], repaired
+        # the held allocation (not only the condition) stays on the node, off the broken atom
+        [held] = [a for a in view["allocations"] if a["releasedAt"] is None]
+        assert held["nodeId"] == alloc["nodeId"] and alloc["atoms"][0] not in held["atoms"], view
         assert (await admin_client.post(f"/v1/reservations/{placed['id']}/release")).status_code == 200
-    assert {n["id"] for n in nodes} >= {alloc["nodeId"]}
 
 
 async def test_repair_moves_to_another_node_respecting_selector_and_nvlink(

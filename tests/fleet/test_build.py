@@ -1,4 +1,4 @@
-"""Fleet build (seed 004, "Live daemon evidence" .. "Daemon targets"): capacity overlay, queue history,
+"""Fleet build (docs/fleet.md .. "Daemon targets"): capacity overlay, queue history,
 Slurm and PBS shapes, runtime roots, over an in-process SSH server; every refusal contacts no host."""
 
 from __future__ import annotations
@@ -11,16 +11,8 @@ import pytest
 from fleet_sshd import Answer, FleetSSHServer
 
 from app.errors import InvalidInput
-from app.fleet.build import (
-    BuildPlan,
-    CapacityEvidence,
-    FleetBuildRefused,
-    FleetEvidence,
-    ShapeEvidence,
-    build_fleet,
-    check_plan,
-    parse_assignment,
-)
+from app.fleet.build import CapacityEvidence, FleetEvidence, ShapeEvidence, build_fleet
+from app.fleet.build_plan import BuildPlan, FleetBuildRefused, check_plan, parse_assignment
 from app.fleet.capacity import load_capacity_answer, overlay_capacity
 from app.fleet.collect import build_from_hosts, capacity_command
 from app.fleet.documents import PlacementFleet, dump_document, load_fleet

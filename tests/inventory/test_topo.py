@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from app.errors import InvalidInput
-from app.inventory.topo import TopoMatrix, cpu_list_count, parse_cpu_list, parse_topo_matrix
+from app.inventory.topo import parse_topo_matrix
+from app.inventory.topo_matrix import TopoMatrix, cpu_list_count, parse_cpu_list
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TOPO_FIXTURES = sorted((DATA / "topo").glob("*.txt"))

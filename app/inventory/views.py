@@ -1,0 +1,189 @@
+"""The answer shapes of the inventory service: a pool's view (node count and capacity held now) and a
+node's view (labels, taints, resources, devices, links). Reads only, in the caller's transaction."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.db.tables import (
+    capacity_device_links,
+    device_bookings,
+    devices,
+    node_labels,
+    node_resources,
+    node_taints,
+    nodes,
+    pool_capacity_rollup,
+    scalar_holdings,
+)
+from app.db.windows import held_at
+from app.jsonnum import num
+
+
+async def held_now(conn: AsyncConnection, pool_ids: list[str]) -> dict[tuple[str, str], Decimal]:
+    """(pool id, resource) -> what is held now: atoms per class booked at ``now()`` and scalar holdings
+    containing ``now()`` (capacity is counted per instant; the rollup keeps the totals only)::
+
+        SELECT b.pool_id, d.class, count(*) FROM device_bookings b JOIN devices d ON d.pk = b.device_pk
+         WHERE b.pool_id = ANY(:pools) AND b.during @> now() GROUP BY 1, 2;
+        SELECT pool_id, resource, sum(amount) FROM scalar_holdings
+         WHERE pool_id = ANY(:pools) AND starts_at <= now() AND ends_at > now() GROUP BY 1, 2;
+    """
+    held: dict[tuple[str, str], Decimal] = {}
+    for r in (
+        await conn.execute(
+            sa.select(device_bookings.c.pool_id, devices.c["class"], sa.func.count())
+            .join(devices, devices.c.pk == device_bookings.c.device_pk)
+            .where(device_bookings.c.pool_id.in_(pool_ids), device_bookings.c.during.op("@>")(sa.func.now()))
+            .group_by(device_bookings.c.pool_id, devices.c["class"])
+        )
+    ).all():
+        held[(r[0], r[1])] = Decimal(r[2])
+    for r in (
+        await conn.execute(
+            held_at(
+                scalar_holdings,
+                [scalar_holdings.c.pool_id.in_(pool_ids)],
+                sa.func.now(),
+                [scalar_holdings.c.pool_id, scalar_holdings.c.resource],
+            )
+        )
+    ).all():
+        held[(r.pool_id, r.resource)] = held.get((r.pool_id, r.resource), Decimal(0)) + r.held
+    return held
+
+
+async def pool_views(conn: AsyncConnection, rows: list[Any]) -> list[dict[str, Any]]:
+    """The views of ``rows`` (pools rows) in their order: ``{id, name, createdAt, archivedAt, nodeCount,
+    capacity: {resource: {total, allocated}}}``, ``allocated`` being what is held now (three queries)."""
+    ids = [r.id for r in rows]
+    counts: dict[str, int] = {}
+    rollups: dict[str, dict[str, dict[str, Any]]] = {i: {} for i in ids}
+    if ids:
+        counts = dict(
+            (
+                await conn.execute(
+                    sa.select(nodes.c.pool_id, sa.func.count())
+                    .where(nodes.c.pool_id.in_(ids))
+                    .group_by(nodes.c.pool_id)
+                )
+            ).all()
+        )
+        held = await held_now(conn, ids)
+        for r in (
+            await conn.execute(
+                sa.select(pool_capacity_rollup)
+                .where(pool_capacity_rollup.c.pool_id.in_(ids))
+                .order_by(pool_capacity_rollup.c.resource)
+            )
+        ).all():
+            rollups[r.pool_id][r.resource] = {
+                "total": num(r.total),
+                "allocated": num(held.get((r.pool_id, r.resource), Decimal(0))),
+            }
+    return [
+        {
+            "id": row.id,
+            "name": row.name,
+            "createdAt": row.created_at.isoformat(),
+            "archivedAt": row.archived_at.isoformat() if row.archived_at else None,
+            "nodeCount": counts.get(row.id, 0),
+            "capacity": rollups[row.id],
+        }
+        for row in rows
+    ]
+
+
+async def node_view(conn: AsyncConnection, node: Any) -> dict[str, Any]:
+    """The view of ``node`` (a nodes row) with its labels, taints, scalar resources (``allocated``: held
+    now), devices and links: the shape of ``GET /v1/nodes/{nodeId}`` (docs/api.md)."""
+    node_id = node.id
+    labels = (
+        await conn.execute(
+            sa.select(node_labels).where(node_labels.c.node_id == node_id).order_by(node_labels.c.key)
+        )
+    ).all()
+    taints = (
+        await conn.execute(
+            sa.select(node_taints).where(node_taints.c.node_id == node_id).order_by(node_taints.c.key)
+        )
+    ).all()
+    resources = (
+        await conn.execute(
+            sa.select(node_resources)
+            .where(node_resources.c.node_id == node_id)
+            .order_by(node_resources.c.resource)
+        )
+    ).all()
+    held = {
+        r.resource: r.held
+        for r in (
+            await conn.execute(
+                held_at(
+                    scalar_holdings,
+                    [scalar_holdings.c.node_id == node_id],
+                    sa.func.now(),
+                    [scalar_holdings.c.resource],
+                )
+            )
+        ).all()
+    }
+    device_rows = (
+        await conn.execute(
+            sa.select(devices).where(devices.c.node_id == node_id).order_by(devices.c.ordinal, devices.c.id)
+        )
+    ).all()
+    links = (
+        await conn.execute(
+            sa.select(capacity_device_links)
+            .where(capacity_device_links.c.node_id == node_id)
+            .order_by(capacity_device_links.c.a, capacity_device_links.c.b)
+        )
+    ).all()
+    return {
+        "id": node.id,
+        "poolId": node.pool_id,
+        "name": node.name,
+        "labels": {r.key: r.value for r in labels},
+        "labelSources": {r.key: r.source for r in labels},
+        "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints],
+        "cordoned": node.cordoned,
+        "ready": node.ready,
+        "heartbeatLost": node.heartbeat_lost,
+        "leasable": node.leasable,
+        "noScheduleReasons": list(node.no_schedule_reasons),
+        # the node's agent (None for a node registered by an operator): see app/inventory/hello.py
+        "agent": None
+        if node.agent_interval_seconds is None
+        else {
+            "intervalSeconds": node.agent_interval_seconds,
+            "lastHeartbeatAt": node.last_heartbeat_at.isoformat() if node.last_heartbeat_at else None,
+            "error": node.agent_error,
+        },
+        "resources": {
+            r.resource: {
+                "allocatable": num(r.allocatable),
+                "ratio": num(r.ratio),
+                "allocated": num(held.get(r.resource, Decimal(0))),  # held now
+            }
+            for r in resources
+        },
+        "devices": [
+            {
+                "id": d.id,
+                "class": d._mapping["class"],
+                "attributes": d.attributes,
+                "numaNode": d.numa_node,
+                "parent": d.parent_id,
+                "healthy": d.healthy,
+                "bookable": d.bookable,
+                "healthReason": d.health_reason,
+            }
+            for d in device_rows
+        ],
+        "links": [{"a": r.a, "b": r.b, "link": r.link} for r in links],
+    }
