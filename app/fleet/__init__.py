@@ -1,4 +1,4 @@
-"""Seed 004: explainable completion-time placement across daemon hosts and Slurm/PBS lanes.
+"""docs/explain.md: explainable completion-time placement across daemon hosts and Slurm/PBS lanes.
 
 Pure functions over the ``vq.*`` documents (explain, fleet build, compare); no SQL, no clock, no network
 except at the edges named in :data:`IO_EDGES`: the SSH transport, the collection that drives it, and the

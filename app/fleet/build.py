@@ -1,9 +1,8 @@
-"""Build a fleet file from live evidence (seed 004, "Live daemon evidence: vq placement fleet" through
-"Daemon targets: runtimes from a #161 deployment root").
+"""Build a fleet file from live evidence (docs/fleet.md).
 
 Two pure steps, with the SSH collection (``app/fleet/collect.py``) between them:
 
-1. :func:`app.fleet.build_plan.check_plan` refuses, before any host is contacted, everything the seed
+1. :func:`app.fleet.build_plan.check_plan` refuses, before any host is contacted, everything docs/fleet.md
    refuses (:mod:`app.fleet.build_plan`).
 2. :func:`build_fleet` applies the evidence (answers, job records, scheduler output, runtime listings)
    to the base fleet in a fixed order: runtime roots, capacity answers, queue history, scheduler shapes.
@@ -288,7 +287,7 @@ def _with_shape(lane: str, record: Record, shape: ShapeEvidence, now: datetime) 
 
 
 def build_fleet(base: PlacementFleet, evidence: FleetEvidence, now: datetime) -> BuildResult:
-    """Apply the evidence to the base fleet (seed 004). ``now`` (timezone-aware) is this host's clock:
+    """Apply the evidence to the base fleet (docs/fleet.md). ``now`` (timezone-aware) is this host's clock:
     failed collections and scheduler shapes are observed at ``now``.
 
     Order: runtime roots, capacity answers (``--capacity`` then ``--collect``), queue history,

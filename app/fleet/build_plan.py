@@ -1,8 +1,8 @@
-"""Refuse a fleet build's plan before any host is contacted (seed 004, "Live daemon evidence: vq placement
-fleet" through "Daemon targets: runtimes from a #161 deployment root"): the first of the build's two pure
-steps (the second is :func:`app.fleet.build.build_fleet`).
+"""Refuse a fleet build's plan before any host is contacted (docs/fleet.md, "Refusals (all before any host
+is contacted)"):
+the first of the build's two pure steps (the second is :func:`app.fleet.build.build_fleet`).
 
-:func:`check_plan` refuses everything the seed refuses: an answer for an unknown target or a scheduler
+:func:`check_plan` refuses everything docs/fleet.md refuses: an answer for an unknown target or a scheduler
 lane, two answers for one target, ``--collect`` of a lane, an unknown target or an unconfigured host, a
 target named by both ``--capacity`` and ``--collect``, a ``--queue-history`` target that is not a lane, a
 ``--scheduler-shape`` lane that is not a lane, has no queue, or whose host is not a configured Slurm/PBS
@@ -76,7 +76,7 @@ def check_plan(
     hosts: Mapping[str, Scheduler | None] | None,
     shape_schedulers: Mapping[str, Scheduler] | None = None,
 ) -> None:
-    """Refuse the plan before any host is contacted (seed 004's refusal lists; see the module doc).
+    """Refuse the plan before any host is contacted (docs/fleet.md's refusal lists; see the module doc).
 
     ``hosts`` maps each configured ``[hosts.NAME]`` to its ``scheduler`` (``None`` for a daemon host);
     ``None`` means no SSH is involved (the HTTP face: evidence supplied in the body), which skips the host

@@ -1,7 +1,7 @@
 """The daemon capacity answer (``vq broker capacity --json``) and its overlay on a daemon target
-(seed 004, "Live daemon evidence: vq placement fleet").
+(docs/explain.md).
 
-The answer document is ours (the seed names its figures but not its shape); ``docs/fleet.md`` defines
+The answer document is ours (docs/fleet.md names its figures and its shape); ``docs/fleet.md`` defines
 it as ``vq.broker-capacity/1``::
 
     {"schema_name": "vq.broker-capacity/1",
@@ -57,7 +57,7 @@ class CapacityAnswer(BaseModel):
 
 def load_capacity_answer(data: Any) -> CapacityAnswer:
     """Validate a parsed capacity answer; raises :class:`InvalidInput` naming the field (a malformed
-    answer is refused, seed 004)."""
+    answer is refused, docs/explain.md)."""
     if not isinstance(data, dict):
         raise InvalidInput("capacity answer: the document must be a JSON object", path="")
     if data.get("schema_name") != CAPACITY_SCHEMA:
@@ -81,7 +81,7 @@ def overlay_capacity(
 ) -> tuple[dict[str, Any], str]:
     """Apply a capacity answer to a daemon target's JSON record; returns the new record and a summary.
 
-    Sets only (seed 004): ``observed_at`` (:func:`answer_observed_at`); ``reachable`` (True only when
+    Sets only (docs/explain.md): ``observed_at`` (:func:`answer_observed_at`); ``reachable`` (True only when
     the daemon showed it uses its state root); ``free`` = ``{cpus, mem_mb, gpus}`` only when admission
     is open, the queue ready and both CPU and memory figures given, else removed (a base
     ``free.scratch_mb`` is not evidence of now and goes with it); ``node.gpus`` when the answer knows

@@ -1,4 +1,4 @@
-"""``better-compute placement ...``: seed 004's local, read-only commands.
+"""``better-compute placement ...``: docs/explain.md's local, read-only commands.
 
 ``placement_app`` is mounted by ``app/cli.py`` as ``better-compute placement``. Each command keeps its
 code in its own function so that commands added by other modules (``fleet``, ``compare``) merge cleanly.
@@ -22,7 +22,7 @@ from app.fleet.build_plan import BuildPlan, FleetBuildRefused, parse_assignment
 from app.fleet.documents import parse_instant
 
 placement_app = typer.Typer(
-    help="Explainable completion-time placement across daemon hosts and Slurm/PBS lanes (seed 004). "
+    help="Explainable completion-time placement across daemon hosts and Slurm/PBS lanes (docs/explain.md). "
     "Local and read-only: contacts nothing unless a command says so.",
     no_args_is_help=True,
 )
@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 @placement_app.callback()
 def _placement() -> None:
-    """Explainable completion-time placement (seed 004): explain, fleet, compare."""
+    """Explainable completion-time placement (docs/explain.md): explain, fleet, compare."""
 
 
 def read_json_document(path: Path, what: str) -> dict[str, Any]:
@@ -145,8 +145,7 @@ def explain_command(
 
 
 # ---------------------------------------------------------------------------------------------------
-# placement fleet / placement compare (seed 004, "Live daemon evidence" .. "Comparing the broker's
-# orderings"; issue 6)
+# placement fleet / placement compare (docs/fleet.md)
 
 
 def _read_job_history(path: Path | None) -> list[Any]:
@@ -160,7 +159,7 @@ def _read_job_history(path: Path | None) -> list[Any]:
 
 @dataclass(frozen=True)
 class FleetOptions:
-    """The options of ``vq placement fleet`` (seed 004, "Live daemon evidence" and after).
+    """The options of ``vq placement fleet`` (docs/fleet.md, "Commands").
 
     ``base_path``: the base ``vq.placement-fleet/1`` file (never overwritten); ``output``: where the
     fleet goes (None: stdout). The evidence options as given on the command line: ``capacity``
@@ -243,7 +242,7 @@ def _capacity_answers(pairs: list[tuple[str, str | None]]) -> dict[str, Any]:
 
 
 def run_fleet(options: FleetOptions) -> tuple[str, list[str]]:
-    """Build the fleet (seed 004): returns the ``vq.placement-fleet/1`` JSON text and the report lines.
+    """Build the fleet (docs/explain.md): returns the ``vq.placement-fleet/1`` JSON text and the report lines.
     Every refusal raises :class:`InvalidInput` before any host is contacted."""
     import asyncio
 

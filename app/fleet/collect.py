@@ -1,11 +1,10 @@
-"""Live collection for ``placement fleet`` (seed 004, "--collect", "--scheduler-shape",
-"--runtime-root"): the I/O half of the fleet build.
+"""Live collection for ``placement fleet`` (docs/fleet.md, "Commands"): the I/O half of the fleet build.
 
 :func:`build_from_hosts` checks the whole plan first (:func:`app.fleet.build_plan.check_plan`: every refusal
 happens before any host is contacted), then asks only the named hosts, concurrently, over
 :mod:`app.fleet.ssh` (bounded output, ``timeout_seconds``, one replay of a transport failure), and hands
 the answers to the pure :func:`app.fleet.build.build_fleet`. A host that gives no answer is recorded as
-the seed says (unreachable, or base kept) and the build goes on.
+docs/fleet.md says (unreachable, or base kept) and the build goes on.
 """
 
 from __future__ import annotations
@@ -147,7 +146,7 @@ async def build_from_hosts(
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> BuildResult:
-    """Check the plan, collect over SSH from the named hosts only, and build (seed 004).
+    """Check the plan, collect over SSH from the named hosts only, and build (docs/fleet.md).
 
     ``capacity``: ``--capacity`` answers already read (dated by their ``sampled_at``); ``jobs``: this
     host's job records for ``--queue-history``. ``clock`` is this host's clock: it dates collected

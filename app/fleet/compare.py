@@ -1,5 +1,6 @@
-"""Compare the broker's two orderings on recorded jobs (seed 004, "Comparing the broker's orderings on
-recorded jobs"). Pure and read-only: the fleet, the job records and ``now`` in; places nothing.
+"""Compare the broker's two orderings on recorded jobs (docs/fleet.md).
+
+Pure and read-only: the fleet, the job records and ``now`` in; places nothing.
 
 Jobs: the ``jobs`` most recent finished local jobs (``kind: local``, state ``succeeded`` or ``failed``,
 ordered by ``finished_at``, newest first; ties by ``job_id``). Scheduler jobs are left out before the

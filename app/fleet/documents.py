@@ -1,11 +1,11 @@
-"""The two input documents of seed 004: ``vq.placement-fleet/1`` and ``vq.placement-request/1``.
+"""The two input documents of docs/explain.md: ``vq.placement-fleet/1`` and ``vq.placement-request/1``.
 
-Seed 004, "The fleet: vq.placement-fleet/1" and "The request: vq.placement-request/1". The models record
-what the documents say and refuse what they cannot mean; they never fill in a missing capability. An
+docs/explain.md, "The fields". The models record what the documents say and refuse what they cannot mean;
+they never fill in a missing capability. An
 omitted (or null) optional field is *unknown*, and the explain step rejects a target whose unknown
 capability the request needs ("Stale or unknown essential capability is a rejection, never a fallback").
 
-Validation decisions the seed leaves open (also written in ``docs/explain.md``):
+Validation rules (also written in ``docs/explain.md``):
 
 * Labels (program names, queue, accounts, os, arch, ISA levels, data-access and license labels) are one
   case-sensitive token of 1-128 characters: a letter or digit, then letters, digits, ``. _ + -``. No
@@ -55,7 +55,7 @@ FLEET_SCHEMA = "vq.placement-fleet/1"
 REQUEST_SCHEMA = "vq.placement-request/1"
 
 MAX_LABELS = 256
-"""Seed 004: each data-access / license label list holds at most 256 labels (applied to every list)."""
+"""docs/explain.md: each data-access / license label list holds at most 256 labels (applied to every list)."""
 
 LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$"
 DIGEST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,199}$"
@@ -123,7 +123,7 @@ class _Document(BaseModel):
 
 
 class NodeShape(_Document):
-    """One compute node as one job gets it (seed 004: never the cluster's total, never the login node).
+    """One compute node as one job gets it (docs/explain.md: never the cluster's total, never the login node).
 
     ``cpus`` (count), ``mem_mb`` (MB), ``scratch_mb`` (MB per job per node after quota; 0 = none),
     ``gpus`` (whole GPUs; 0 = none). ``None`` = unknown.
@@ -146,7 +146,7 @@ class FreeCapacity(_Document):
 
 
 class QueueWait(_Document):
-    """A queue-wait interval in seconds, ``low <= high``, with its source (seed 004: ``history``,
+    """A queue-wait interval in seconds, ``low <= high``, with its source (docs/explain.md: ``history``,
     ``declared`` or ``scheduler-estimate``)."""
 
     low: NonNegativeNumber
@@ -162,7 +162,7 @@ class QueueWait(_Document):
 
 class FleetTarget(_Document):
     """One target of ``vq.placement-fleet/1``: a daemon host, or a scheduler lane (a partition or queue
-    with one node shape). Seed 004, "The fleet". Optional fields left out (or null) are unknown.
+    with one node shape). docs/explain.md. Optional fields left out (or null) are unknown.
 
     Units: ``*_mb`` in MB, ``*_seconds`` in seconds, ``*_mb_per_second`` in MB/s; ``speed_factor`` is
     execution speed relative to the request's reference estimate (runtime / speed_factor).
@@ -261,7 +261,8 @@ class PlacementFleet(_Document):
 
 
 class RuntimeRange(_Document):
-    """Execution time in seconds on a speed-1.0 target, ``0 < low <= high`` (seed 004: runtime_seconds)."""
+    """Execution time in seconds on a speed-1.0 target, ``0 < low <= high`` (docs/explain.md:
+    runtime_seconds)."""
 
     low: PositiveNumber
     high: PositiveNumber
@@ -274,7 +275,7 @@ class RuntimeRange(_Document):
 
 
 class PlacementRequestDoc(_Document):
-    """``vq.placement-request/1`` (seed 004, "The request"): one job's needs.
+    """``vq.placement-request/1`` (docs/explain.md): one job's needs.
 
     ``cpus`` is the total; ``nodes`` (default 1) the node count; ``mem_mb_per_node``,
     ``scratch_mb_per_node`` in MB per node; ``gpus_per_node`` whole GPUs per node;
@@ -328,7 +329,7 @@ class PlacementRequestDoc(_Document):
 
     @property
     def cpus_per_node(self) -> int:
-        """CPUs each node must have (seed 004): ``ceil(mpi_ranks / nodes) * threads_per_rank`` for a
+        """CPUs each node must have (docs/explain.md): ``ceil(mpi_ranks / nodes) * threads_per_rank`` for a
         declared whole-rank layout, else ``ceil(cpus / nodes)``."""
         if self.mpi_ranks is not None and self.threads_per_rank is not None:
             return -(-self.mpi_ranks // self.nodes) * self.threads_per_rank

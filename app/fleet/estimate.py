@@ -1,7 +1,6 @@
-"""``vq.calibrated-estimate/1`` and how it fills a placement request (seed 004, "A request from a
-calibrated estimate").
+"""``vq.calibrated-estimate/1`` and how it fills a placement request (docs/explain.md).
 
-The seed names the document but not its fields; ``docs/calibrated-estimate.md`` defines them and this
+``docs/calibrated-estimate.md`` defines them and this
 module validates exactly that shape. Only fields the request leaves unset are filled; an explicit value
 always wins and is reported as kept:
 

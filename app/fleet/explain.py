@@ -1,11 +1,12 @@
-"""Explain one job's completion-time placement over a fleet (seed 004, "Hard requirements first" and
-"Then rank by predicted completion").
+"""Explain one job's completion-time placement over a fleet (docs/explain.md, "Hard requirements
+and their reasons", "Completion and ranking").
 
 :func:`explain_placement` is pure: the fleet, the request, ``now`` and ``max_age_seconds`` in, an
 :class:`Explanation` out. No clock, no I/O; the same inputs always give the same explanation.
 
 Every target is checked against every hard requirement of :data:`app.fleet.requirements.REQUIREMENTS`
-(the seed's order); a target failing any is rejected with *all* the reasons that apply, each a whole
+(the documented order, docs/explain.md); a target failing any is rejected with *all* the reasons that
+apply, each a whole
 text ``<requirement>: <detail>``. The others are ranked by predicted completion
 (:mod:`app.fleet.prediction`): complete predictions first, then by completion midpoint, upper bound, the
 faster target (higher ``speed_factor``) and the name; a prediction with an unknown component ranks after
@@ -99,7 +100,7 @@ def explain_placement(
     max_age_seconds: int = DEFAULT_MAX_AGE_SECONDS,
     estimate: CalibratedEstimate | None = None,
 ) -> Explanation:
-    """Apply seed 004's completion-time placement policy to one job.
+    """Apply docs/explain.md's completion-time placement policy to one job.
 
     ``now`` (timezone-aware) dates every observation: data age = ``now - observed_at`` in seconds;
     older than ``max_age_seconds`` (equality fits) or more than 60 s in the future rejects. With

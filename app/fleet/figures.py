@@ -1,4 +1,4 @@
-"""Figures as the explanation shows them, and the one exact bound comparison (seed 004).
+"""Figures as the explanation shows them, and the one exact bound comparison (docs/explain.md).
 
 Shared by the requirement reasons (:mod:`app.fleet.requirements`), the completion components
 (:mod:`app.fleet.prediction`) and the output (:mod:`app.fleet.render`), so that reasons, text and JSON

@@ -1,5 +1,5 @@
-"""Recorded jobs and the queue-wait interval from their history (seed 004, "Scheduler lanes: queue
-waits from history"; the compare step reads the same records).
+"""Recorded jobs and the queue-wait interval from their history (docs/fleet.md;
+the compare step reads the same records).
 
 A job record is the driver daemon's view of one job (``docs/fleet.md`` defines ``vq.job-history/1``).
 Times are kept as the strings recorded: a missing, unparsable, backwards or future time excludes the
@@ -128,7 +128,7 @@ def queue_wait_from_history(
     days: int = DEFAULT_HISTORY_DAYS,
     minimum: int = DEFAULT_HISTORY_MIN,
 ) -> HistoryOutcome:
-    """The queue-wait interval of ``scheduler_target`` from this queue's records (seed 004).
+    """The queue-wait interval of ``scheduler_target`` from this queue's records (docs/fleet.md).
 
     A wait is ``scheduler_started_at - scheduler_submitted_at`` (seconds) of a scheduler job on that
     target. Excluded: missing or unparsable times, a start before the submission (backwards), either

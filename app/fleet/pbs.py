@@ -1,5 +1,5 @@
 """PBS Pro / Torque output parsing: ``qstat -Qf``, ``pbsnodes -a``, walltime and size values, and the
-lane shape rule (seed 004, "Torque/PBS lanes: queue limits and the nodes the queue routes to").
+lane shape rule (docs/fleet.md).
 
 Pure: text in, values out. Format rules and their sources are in ``docs/fleet.md``:
 
@@ -36,7 +36,7 @@ def parse_pbs_walltime(text: str) -> int:
     """A PBS walltime as whole seconds: ``[[[days:]hours:]minutes:]seconds[.fraction]``.
 
     ``"30"`` = 30 s, ``"30:00"`` = 30 min, ``"336:00:00"`` = 14 days, ``"1:00:00:00"`` = 1 day; a
-    fraction of a second is dropped (a maximum is never rounded up). Seed 004, "Torque/PBS lanes".
+    fraction of a second is dropped (a maximum is never rounded up). docs/explain.md.
     Raises :class:`PbsParseError` on anything else.
     """
     raw = text.strip()
@@ -59,8 +59,8 @@ def parse_pbs_size(text: str) -> int:
     """A PBS size as bytes: ``527672492kb``, ``31922mb``, ``1760gb``, ``0b``, ``512g``, ``4kw``, ``100``.
 
     Suffixes are case-insensitive: ``b`` bytes (default), ``w`` words (8 bytes), each with an optional
-    ``k m g t p`` multiplier (1024, 1024^2, ...); a multiplier alone means bytes. Seed 004,
-    "Torque/PBS lanes". Raises :class:`PbsParseError` on anything else.
+    ``k m g t p`` multiplier (1024, 1024^2, ...); a multiplier alone means bytes (docs/fleet.md).
+    Raises :class:`PbsParseError` on anything else.
     """
     match = _SIZE_RE.match(text.strip())
     if match is None:
@@ -359,7 +359,7 @@ def neednodes_properties(neednodes: str) -> list[str]:
 
 
 def routed_nodes(queue: PbsQueue, nodes: list[PbsNode]) -> list[PbsNode]:
-    """The usable nodes ``queue`` routes to (seed 004): Torque nodes carrying every property of the
+    """The usable nodes ``queue`` routes to (docs/fleet.md): Torque nodes carrying every property of the
     queue's ``resources_default.neednodes`` (no neednodes routes to none: never inferred from
     properties alone); PBS Pro nodes whose ``queue`` attribute is the queue's name."""
     routed: list[PbsNode] = []

@@ -1,4 +1,4 @@
-"""The predicted completion of an eligible target (seed 004, "Then rank by predicted completion")::
+"""The predicted completion of an eligible target (docs/explain.md)::
 
     completion = staging + queue wait + execution + result transfer
 
@@ -176,7 +176,7 @@ def components_for(
     target: FleetTarget, request: PlacementRequestDoc, estimate: EstimateReport | None = None
 ) -> tuple[Component, ...]:
     """The four completion components for an eligible target, in order staging, queue_wait, execution,
-    transfer (seed 004's table): staging ``input_mb / staging_mb_per_second`` (0 with no input), queue
+    transfer (docs/explain.md's table): staging ``input_mb / staging_mb_per_second`` (0 with no input), queue
     wait 0 for a daemon free now else ``queue_wait_seconds``, execution ``runtime_seconds /
     speed_factor``, transfer ``output_mb / transfer_mb_per_second`` (0 with no output). Seconds."""
     return (

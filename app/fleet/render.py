@@ -1,4 +1,4 @@
-"""The explanation as text and as ``vq.placement-explanation/1`` JSON (seed 004: "--json prints
+"""The explanation as text and as ``vq.placement-explanation/1`` JSON (docs/explain.md: "--json prints
 vq.placement-explanation/1: selected, held, the ranked candidates with their components, and rejected
 with reasons").
 

@@ -1,6 +1,5 @@
 """The runtime listing of a deployment root (``vq runtime-bundle generations --root ROOT --json``) and
-its overlay on a daemon target's programs (seed 004, "Daemon targets: runtimes from a #161 deployment
-root").
+its overlay on a daemon target's programs (docs/explain.md).
 
 ``docs/fleet.md`` defines the listing as ``vq.runtime-generations/1``::
 

@@ -1,5 +1,4 @@
-"""Slurm output parsing: time limits, GRES, sinfo tables and the lane shape rule (seed 004,
-"Slurm lanes: node shape and walltime limit from `sinfo`").
+"""Slurm output parsing: time limits, GRES, sinfo tables and the lane shape rule (docs/fleet.md).
 
 Pure: text in, values out. No clock, no I/O. The format rules (with their sources) are in
 ``docs/fleet.md``; in short:
@@ -52,7 +51,7 @@ def parse_slurm_time(text: str, *, zero_is_unlimited: bool = False) -> TimeLimit
     Accepts every sbatch ``--time`` format: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``
     (a bare number is minutes, ``30:00`` is 30 minutes, ``2:00:00`` two hours), ``infinite`` /
     ``UNLIMITED`` (any case) and ``n/a``. ``zero_is_unlimited`` applies sbatch's rule that a zero
-    request means no limit; a partition limit printed as ``0:00`` stays 0. Seed 004, "Slurm lanes".
+    request means no limit; a partition limit printed as ``0:00`` stays 0. docs/explain.md.
     Raises :class:`SlurmParseError` on anything else.
     """
     raw = text.strip()
@@ -102,7 +101,7 @@ def parse_slurm_count(text: str) -> SlurmCount:
     """``"36"`` -> 36, ``"250+"`` -> 250 (lower bound), ``"1K"`` -> 1024, ``"1.50K"`` -> 1536.
 
     sinfo prints ``%c``/``%s`` values of at least 1024 that are multiples of 512 with a K suffix
-    (``convert_num_unit``); M/G/T/P follow the same 1024 steps. Seed 004, "Slurm lanes".
+    (``convert_num_unit``); M/G/T/P follow the same 1024 steps. docs/explain.md.
     """
     match = _NUMBER_RE.match(text.strip())
     if match is None:
@@ -182,7 +181,7 @@ def parse_gres(text: str) -> list[GresEntry]:
     """A GRES list (``%G``, ``-O Gres``, ``GresUsed``) as entries. ``(null)`` and empty are none.
 
     Entry syntax (slurm.conf ``Gres=``): ``name[:type][:no_consume]:count[K|M|G|T|P]``, optionally
-    followed by ``(S:0-1)`` / ``(IDX:...)``; a missing count is 1. Seed 004, "Slurm lanes".
+    followed by ``(S:0-1)`` / ``(IDX:...)``; a missing count is 1. docs/explain.md.
     """
     raw = text.strip()
     if raw in ("", "(null)"):
@@ -419,7 +418,7 @@ def parse_sinfo(text: str, fmt: str | None = None) -> list[SinfoRow]:
 
 @dataclass(frozen=True)
 class SlurmShape:
-    """What ``--scheduler-shape`` sets on a Slurm lane (seed 004, "Slurm lanes").
+    """What ``--scheduler-shape`` sets on a Slurm lane (docs/fleet.md).
 
     ``cpus``/``mem_mb``/``gpus``: per field, the smallest node group (MiB for memory), so a job sized
     by them fits any node. ``max_walltime_seconds``: the tightest finite time limit; ``None`` with

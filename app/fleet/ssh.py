@@ -1,5 +1,4 @@
-"""SSH at the edge of fleet collection (seed 004, "Live daemon evidence", "Slurm lanes", "Torque/PBS
-lanes", "Daemon targets"): the only fleet module that opens a network connection.
+"""SSH at the edge of fleet collection (docs/fleet.md): the only fleet module that opens a network connection.
 
 Hosts come from a TOML file of ``[hosts.NAME]`` tables::
 

@@ -35,10 +35,13 @@ async def test_plugin_from_settings_filters_and_scores_on_every_path(
             assert [c["nodeId"] for c in pv["candidates"]] == [a["id"], b["id"]]
             assert pv["candidates"][0]["scores"]["rack-a"] == 1.0
             assert pv["candidates"][1]["scores"]["rack-a"] == 0.0
-            big = (await client.post("/v1/reservations", json=reservation(pool, 9))).json()
+            first = (await client.post("/v1/reservations", json=reservation(pool, 8))).json()
+            second = (await client.post("/v1/reservations", json=reservation(pool, 8))).json()
+            placed_on = {first["allocations"][0]["nodeId"], second["allocations"][0]["nodeId"]}
+            assert placed_on == {a["id"], b["id"]}  # the quarantined rack takes nothing
+            big = (await client.post("/v1/reservations", json=reservation(pool, 8))).json()
+            assert big["status"] == "pending"
             assert big["conditions"][0]["message"] == (
-                "no node fits (3 nodes): 2 × fits: 8 of 8 gpu free; "
+                "no node fits (3 nodes): 2 × fits: 0 of 8 gpu free; "
                 "1 × rack-affinity/no-quarantine-rack: rack r13 is quarantined"
             )
-            placed = (await client.post("/v1/reservations", json=reservation(pool, 8))).json()
-            assert placed["allocations"][0]["nodeId"] in {a["id"], b["id"]}

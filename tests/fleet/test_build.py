@@ -1,4 +1,4 @@
-"""Fleet build (seed 004, "Live daemon evidence" .. "Daemon targets"): capacity overlay, queue history,
+"""Fleet build (docs/fleet.md .. "Daemon targets"): capacity overlay, queue history,
 Slurm and PBS shapes, runtime roots, over an in-process SSH server; every refusal contacts no host."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""placement compare (seed 004, "Comparing the broker's orderings on recorded jobs"): totals by hand."""
+"""placement compare (docs/fleet.md): totals by hand."""
 
 from __future__ import annotations
 

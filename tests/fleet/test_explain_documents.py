@@ -1,4 +1,4 @@
-"""Validation of vq.placement-fleet/1 and vq.placement-request/1 (seed 004, "The fleet", "The request"):
+"""Validation of vq.placement-fleet/1 and vq.placement-request/1 (docs/explain.md):
 every malformed document is refused with InvalidInput naming the field; nothing is guessed."""
 
 from __future__ import annotations
@@ -75,12 +75,12 @@ def test_valid_documents_load() -> None:
     assert isinstance(fleet, PlacementFleet) and isinstance(fleet.targets[0], FleetTarget)
     lane, daemon = fleet.targets
     assert lane.programs["vibe-qc"][0] == DIGEST  # the current runtime first
-    assert daemon.speed_factor == 1.0 and daemon.speed_source == "assumed"  # the seed's default
+    assert daemon.speed_factor == 1.0 and daemon.speed_source == "assumed"  # the documented default
     assert daemon.job_max_nodes == 1 and lane.job_max_nodes == 16
     assert daemon.accounts is None and daemon.queue is None  # omitted = unknown, never guessed
     request = load_request(REQUEST)
     assert isinstance(request, PlacementRequestDoc)
-    assert request.cpus_per_node == 16  # ceil(3 / 2) * 8: the seed's worked example
+    assert request.cpus_per_node == 16  # ceil(3 / 2) * 8: the worked example of docs/explain.md
 
 
 def test_dump_round_trips() -> None:

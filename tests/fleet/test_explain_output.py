@@ -1,4 +1,4 @@
-"""The seed's example fleet and request (made complete) through the CLI: expected text and JSON, the
+"""The worked example's fleet and request (made complete) through the CLI: expected text and JSON, the
 JSON Schema in openapi/, byte-identical output across runs and processes, and exit code 2 naming the
 field for malformed documents. Pure (no database)."""
 
@@ -46,7 +46,7 @@ def test_seed_example_text() -> None:
     result = cli(*seed_args())
     assert result.exit_code == 0, result.output
     assert result.output == (DATA / "seed-explain.txt").read_text()
-    # What the seed leads us to expect, stated outright rather than only as a golden file:
+    # What docs/explain.md leads us to expect, stated outright rather than only as a golden file:
     assert f"Selected: cluster-a/compute, runtime digest {DIGEST}\n" in result.output
     assert "  1. cluster-a/compute (scheduler, data age 60 s, " in result.output
     assert "       completion  17403-33003 s (midpoint 25203 s)\n" in result.output

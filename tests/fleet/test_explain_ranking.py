@@ -1,4 +1,4 @@
-"""Seed 004 "Then rank by predicted completion" and "A request from a calibrated estimate".
+"""docs/explain.md "Then rank by predicted completion" and "A request from a calibrated estimate".
 
 Pure tests: the four components with their sources, unknown components, the ranking rule, and the
 calibrated-estimate fill rules.

@@ -1,4 +1,5 @@
-"""Seed 004 "Hard requirements first": every requirement's accept and reject case, with its reason text.
+"""docs/explain.md "Hard requirements first": every requirement's accept and reject case, with its reason
+text.
 
 Pure tests (no database). Each requirement's own table is in tests/fleet/requirements/test_req_<name>.py;
 here: the cases that cross requirements (all reasons in seed order, max age, digests, holds).

@@ -1,4 +1,4 @@
-"""``better-compute placement fleet|compare`` (local faces of seed 004's fleet build and compare)."""
+"""``better-compute placement fleet|compare`` (local faces of docs/explain.md's fleet build and compare)."""
 
 from __future__ import annotations
 

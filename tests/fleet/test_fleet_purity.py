@@ -1,5 +1,5 @@
 """Every fleet module but the declared I/O edges is pure: no database, web, HTTP, SSH, socket or
-process library, no clock, no files (seed 004's explain and build are pure functions; issue 16).
+process library, no clock, no files (docs/explain.md's explain and build are pure functions; issue 16).
 
 The modules are discovered (every ``*.py`` under app/fleet, packages included), so a new module is held
 to the rule without being listed; the edges are declared once, in ``app.fleet.IO_EDGES``.

@@ -1,7 +1,8 @@
-"""The hard requirements of seed 004 ("Hard requirements first"), one module each, in the seed's order.
+"""The hard requirements of docs/explain.md ("Hard requirements and their reasons"), one module each, in
+the documented order.
 
-Every module declares ``NAME`` (the prefix of each of its reasons: ``<NAME>: <detail>``), ``SEED_RULE``
-(the seed's bullet, verbatim) and ``check(target, request, ctx) -> list[str]`` (see
+Every module declares ``NAME`` (the prefix of each of its reasons: ``<NAME>: <detail>``), ``RULE``
+(what it rejects, in one line) and ``check(target, request, ctx) -> list[str]`` (see
 :mod:`app.fleet.requirements.context`). :data:`REQUIREMENTS` is the registry: the explanation runs every
 check in this order and keeps every reason. Adding a requirement: a module here, its place in the tuple,
 its table test in ``tests/fleet/requirements/`` (docs/explain.md lists the reasons). Pure: no clock, no
@@ -49,9 +50,9 @@ REQUIREMENTS: tuple[ModuleType, ...] = (
     walltime_limit,
     execution_bound,
 )
-"""The hard requirements in the seed's order; every one runs, and every reason is kept."""
+"""The hard requirements in the documented order; every one runs, and every reason is kept."""
 
 
 def reasons_for(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:
-    """Every reason ``target`` fails ``request`` for, requirement by requirement in the seed's order."""
+    """Every reason ``target`` fails ``request`` for, requirement by requirement in the documented order."""
     return [text for requirement in REQUIREMENTS for text in requirement.check(target, request, ctx)]

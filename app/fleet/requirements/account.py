@@ -1,4 +1,4 @@
-"""Hard requirement 6 (seed 004): a target is rejected when it "does not permit the requested account,
+"""Hard requirement 6 (docs/explain.md): a target is rejected when it "does not permit the requested account,
 or its permitted accounts are unknown" (exact match, including case)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from app.fleet.figures import labels_text
 from app.fleet.requirements.context import Context, reason
 
 NAME = "account"
-SEED_RULE = "does not permit the requested account, or its permitted accounts are unknown"
+RULE = "does not permit the requested account, or its permitted accounts are unknown"
 
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:

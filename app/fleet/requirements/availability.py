@@ -1,4 +1,4 @@
-"""Hard requirement 1 (seed 004): a target is rejected when it "was unreachable or in maintenance when
+"""Hard requirement 1 (docs/explain.md): a target is rejected when it "was unreachable or in maintenance when
 observed". Unknown reachability rejects too (unknown essential capability is never a fallback)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from app.fleet.documents import FleetTarget, PlacementRequestDoc
 from app.fleet.requirements.context import Context, reason
 
 NAME = "availability"
-SEED_RULE = "was unreachable or in maintenance when observed"
+RULE = "was unreachable or in maintenance when observed"
 
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:

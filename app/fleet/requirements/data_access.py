@@ -1,4 +1,5 @@
-"""Hard requirement 8 (seed 004): a target is rejected when it "lacks any required data-access label, or
+"""Hard requirement 8 (docs/explain.md): a target is rejected when it "lacks any required data-access
+label, or
 its data access is unknown"."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from app.fleet.documents import FleetTarget, PlacementRequestDoc
 from app.fleet.requirements.context import Context, missing_labels
 
 NAME = "data_access"
-SEED_RULE = "lacks any required data-access label, or its data access is unknown"
+RULE = "lacks any required data-access label, or its data access is unknown"
 
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:

@@ -1,4 +1,4 @@
-"""Hard requirement 15 (seed 004): a target is rejected when it "would exceed either its own walltime
+"""Hard requirement 15 (docs/explain.md): a target is rejected when it "would exceed either its own walltime
 limit or the job's requested wall_time_seconds at the upper end of the predicted execution time":
 ``runtime_seconds.high / speed_factor`` against both, exactly (equality fits). Without a runtime
 estimate there is nothing to check."""
@@ -10,7 +10,7 @@ from app.fleet.figures import exceeds, num_text
 from app.fleet.requirements.context import Context, reason
 
 NAME = "execution_bound"
-SEED_RULE = (
+RULE = (
     "would exceed either its own walltime limit or the job's requested wall_time_seconds at the upper end of "
     "the predicted execution time"
 )

@@ -1,4 +1,4 @@
-"""Hard requirement 2 (seed 004): a target is rejected when it "was observed longer ago than --max-age
+"""Hard requirement 2 (docs/explain.md): a target is rejected when it "was observed longer ago than --max-age
 (default 300 s), or more than 60 s in the future (clock skew)". Equality with the max age fits; an
 unknown observation time rejects."""
 
@@ -9,9 +9,7 @@ from app.fleet.figures import num_text
 from app.fleet.requirements.context import Context, reason
 
 NAME = "freshness"
-SEED_RULE = (
-    "was observed longer ago than --max-age (default 300 s), or more than 60 s in the future (clock skew)"
-)
+RULE = "was observed longer ago than --max-age (default 300 s), or more than 60 s in the future (clock skew)"
 DEFAULT_MAX_AGE_SECONDS = 300
 CLOCK_SKEW_SECONDS = 60
 

@@ -1,4 +1,5 @@
-"""Hard requirement 13 (seed 004): a target is rejected when it "has too few GPUs per node, or an unknown
+"""Hard requirement 13 (docs/explain.md): a target is rejected when it "has too few GPUs per node, or an
+unknown
 GPU count, when gpus_per_node is requested"."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from app.fleet.documents import FleetTarget, PlacementRequestDoc
 from app.fleet.requirements.context import Context, reason
 
 NAME = "gpus"
-SEED_RULE = "has too few GPUs per node, or an unknown GPU count, when gpus_per_node is requested"
+RULE = "has too few GPUs per node, or an unknown GPU count, when gpus_per_node is requested"
 
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:

@@ -1,4 +1,4 @@
-"""Hard requirement 5 (seed 004): a target is rejected when it "has another architecture, or does not
+"""Hard requirement 5 (docs/explain.md): a target is rejected when it "has another architecture, or does not
 support the requested ISA level". The architecture an ISA level implies is decided here (docs/explain.md):
 ``x86-64-*`` is x86_64, ``aarch64*``/``armv8*``/``armv9*`` are aarch64; an unknown target
 architecture is not a reason by itself, unknown ISA levels are."""
@@ -10,7 +10,7 @@ from app.fleet.figures import labels_text
 from app.fleet.requirements.context import Context, reason
 
 NAME = "isa"
-SEED_RULE = "has another architecture, or does not support the requested ISA level"
+RULE = "has another architecture, or does not support the requested ISA level"
 
 ISA_ARCH_PREFIXES = (("x86-64", "x86_64"), ("aarch64", "aarch64"), ("armv8", "aarch64"), ("armv9", "aarch64"))
 """ISA level prefix -> the architecture it implies."""

@@ -1,4 +1,4 @@
-"""Hard requirement 9 (seed 004): a target is rejected when it "lacks any required license-eligibility
+"""Hard requirement 9 (docs/explain.md): a target is rejected when it "lacks any required license-eligibility
 label, or its license eligibility is unknown"."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from app.fleet.documents import FleetTarget, PlacementRequestDoc
 from app.fleet.requirements.context import Context, missing_labels
 
 NAME = "licenses"
-SEED_RULE = "lacks any required license-eligibility label, or its license eligibility is unknown"
+RULE = "lacks any required license-eligibility label, or its license eligibility is unknown"
 
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:

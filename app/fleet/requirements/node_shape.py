@@ -1,4 +1,4 @@
-"""Hard requirement 11 (seed 004): a target is rejected when it "has nodes with too few CPUs for the
+"""Hard requirement 11 (docs/fleet.md): a target is rejected when it "has nodes with too few CPUs for the
 whole-rank layout when declared (otherwise ceil(cpus / nodes)), or too little memory per node, or does
 not record that number when the request needs it"."""
 
@@ -8,7 +8,7 @@ from app.fleet.documents import FleetTarget, PlacementRequestDoc
 from app.fleet.requirements.context import Context, reason
 
 NAME = "node_shape"
-SEED_RULE = (
+RULE = (
     "has nodes with too few CPUs for the whole-rank layout when declared (otherwise ceil(cpus / nodes)), "
     "or too little memory per node, or does not record that number when the request needs it"
 )

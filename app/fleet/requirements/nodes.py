@@ -1,4 +1,4 @@
-"""Hard requirement 10 (seed 004): a target is rejected when it "needs more nodes than one job may have
+"""Hard requirement 10 (docs/explain.md): a target is rejected when it "needs more nodes than one job may have
 there". A daemon host is one node; a lane without a recorded max_nodes admits a one-node job only."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from app.fleet.documents import FleetTarget, PlacementRequestDoc
 from app.fleet.requirements.context import Context, reason
 
 NAME = "nodes"
-SEED_RULE = "needs more nodes than one job may have there"
+RULE = "needs more nodes than one job may have there"
 
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:

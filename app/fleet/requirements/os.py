@@ -1,4 +1,4 @@
-"""Hard requirement 4 (seed 004): a target is rejected when it "has a different or unknown operating
+"""Hard requirement 4 (docs/explain.md): a target is rejected when it "has a different or unknown operating
 system when os is requested" (an exact, case-sensitive match)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from app.fleet.documents import FleetTarget, PlacementRequestDoc
 from app.fleet.requirements.context import Context, reason
 
 NAME = "os"
-SEED_RULE = "has a different or unknown operating system when os is requested"
+RULE = "has a different or unknown operating system when os is requested"
 
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:

@@ -1,4 +1,4 @@
-"""Hard requirement 3 (seed 004): a target is rejected when it "lacks the program, or the requested
+"""Hard requirement 3 (docs/explain.md): a target is rejected when it "lacks the program, or the requested
 runtime digest". A requested digest is never substituted by another runtime."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from app.fleet.documents import FleetTarget, PlacementRequestDoc
 from app.fleet.requirements.context import Context, reason
 
 NAME = "program"
-SEED_RULE = "lacks the program, or the requested runtime digest"
+RULE = "lacks the program, or the requested runtime digest"
 
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:

@@ -1,4 +1,4 @@
-"""Hard requirement 7 (seed 004): a target is rejected when it "is a daemon host, or has a different or
+"""Hard requirement 7 (docs/explain.md): a target is rejected when it "is a daemon host, or has a different or
 unknown queue/partition, when queue is requested". A matching target name is no evidence."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from app.fleet.documents import FleetTarget, PlacementRequestDoc
 from app.fleet.requirements.context import Context, reason
 
 NAME = "queue"
-SEED_RULE = "is a daemon host, or has a different or unknown queue/partition, when queue is requested"
+RULE = "is a daemon host, or has a different or unknown queue/partition, when queue is requested"
 
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:

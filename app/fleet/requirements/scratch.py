@@ -1,4 +1,4 @@
-"""Hard requirement 12 (seed 004): a target is rejected when it "has too little scratch per node, or
+"""Hard requirement 12 (docs/explain.md): a target is rejected when it "has too little scratch per node, or
 unknown scratch capacity when scratch_mb_per_node is requested". Nodes never combine their scratch."""
 
 from __future__ import annotations
@@ -7,9 +7,7 @@ from app.fleet.documents import FleetTarget, PlacementRequestDoc
 from app.fleet.requirements.context import Context, reason
 
 NAME = "scratch"
-SEED_RULE = (
-    "has too little scratch per node, or unknown scratch capacity when scratch_mb_per_node is requested"
-)
+RULE = "has too little scratch per node, or unknown scratch capacity when scratch_mb_per_node is requested"
 
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:

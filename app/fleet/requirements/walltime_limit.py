@@ -1,4 +1,4 @@
-"""Hard requirement 14 (seed 004): a target is rejected when it "cannot accept the explicit
+"""Hard requirement 14 (docs/explain.md): a target is rejected when it "cannot accept the explicit
 wall_time_seconds request, or has no known walltime limit and no positive evidence of unlimited
 walltime". Checked with or without a runtime estimate; equality fits."""
 
@@ -8,7 +8,7 @@ from app.fleet.documents import FleetTarget, PlacementRequestDoc
 from app.fleet.requirements.context import Context, reason
 
 NAME = "walltime_limit"
-SEED_RULE = (
+RULE = (
     "cannot accept the explicit wall_time_seconds request, or has no known walltime limit and no positive "
     "evidence of unlimited walltime"
 )

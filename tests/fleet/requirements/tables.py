@@ -22,7 +22,7 @@ OTHER_DIGEST = "b" * 64
 
 
 def lane(**changes: Any) -> dict[str, Any]:
-    """An eligible scheduler lane for :func:`request` (seed 004's cluster-a/compute, completed)."""
+    """An eligible scheduler lane for :func:`request` (the worked example's cluster-a/compute, completed)."""
     target = {
         "name": "cluster-a/compute",
         "kind": "scheduler",
@@ -49,7 +49,7 @@ def lane(**changes: Any) -> dict[str, Any]:
 
 
 def daemon(**changes: Any) -> dict[str, Any]:
-    """An eligible daemon host (seed 004's workstation, completed) for a request without a queue."""
+    """An eligible daemon host (the worked example's workstation, completed) for a request without a queue."""
     target = {
         "name": "workstation",
         "kind": "daemon",
@@ -72,7 +72,7 @@ def daemon(**changes: Any) -> dict[str, Any]:
 
 
 def request(**changes: Any) -> dict[str, Any]:
-    """Seed 004's example request (queue left out so that daemons can qualify)."""
+    """the worked example's example request (queue left out so that daemons can qualify)."""
     body = {
         "schema_name": "vq.placement-request/1",
         "program": "vibe-qc",

@@ -1,5 +1,5 @@
-"""The registry of hard requirements (app/fleet/requirements): the seed's list, in the seed's order, one
-module, one signature and one table test each."""
+"""The registry of hard requirements (app/fleet/requirements): the rules of docs/explain.md, "Hard
+requirements and their reasons", in the page's order, one module, one signature and one table test each."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ from app.fleet.requirements.context import Context, reason
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "app" / "fleet" / "requirements"
 HELPERS = {"__init__", "context"}
-SEED_FILES = sorted(Path("/work/shared/seeds").glob("004_*.txt"))
 
-SEED_LIST = [
+RULES = [
     "was unreachable or in maintenance when observed",
     "was observed longer ago than --max-age (default 300 s), or more than 60 s in the future (clock skew)",
     "lacks the program, or the requested runtime digest",
@@ -38,20 +37,15 @@ SEED_LIST = [
     "would exceed either its own walltime limit or the job's requested wall_time_seconds at the upper end of "
     "the predicted execution time",
 ]
-"""Seed 004, "Hard requirements first": "A target is rejected, with every reason that applies, when it:"
-followed by these bullets, in this order (copied verbatim; the seed's typographic apostrophe as ')."""
+"""What each requirement rejects, in the order the targets are checked."""
 
 
-def test_registry_is_the_seed_list_in_the_seed_order() -> None:
-    assert [requirement.SEED_RULE for requirement in REQUIREMENTS] == SEED_LIST
-
-
-@pytest.mark.skipif(not SEED_FILES, reason="the seed text is not on this machine")
-def test_the_copied_list_is_the_seed_text() -> None:
-    text = SEED_FILES[0].read_text(encoding="utf-8").replace("\u2019", "'")
-    section = text[text.index("Hard requirements first") : text.index("Then rank by predicted completion")]
-    bullets = [line.rstrip(";.") for line in section.splitlines()[2:] if line.rstrip().endswith((";", "."))]
-    assert bullets[: len(SEED_LIST)] == SEED_LIST
+def test_registry_is_the_rule_list_in_the_documented_order() -> None:
+    assert [requirement.RULE for requirement in REQUIREMENTS] == RULES
+    page = (ROOT / "docs" / "explain.md").read_text()
+    table = page[page.index("| requirement (its rule) |") :].split("\n\n", 1)[0]
+    documented = re.findall(r"^\| `([a-z_]+)`", table, flags=re.M)
+    assert [requirement.NAME for requirement in REQUIREMENTS] == documented
 
 
 def test_every_module_is_registered_once_under_its_own_name() -> None:

@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `account`: its table, run alone and through the whole explanation.
+"""Hard requirement `account`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "does not permit the requested account, or its permitted accounts are
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "does not permit the
+requested account, or its permitted accounts are
 unknown".
 """
 

@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `availability`: its table, run alone and through the whole explanation.
+"""Hard requirement `availability`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "was unreachable or in maintenance when observed".
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "was unreachable or in
+maintenance when observed".
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `data_access`: its table, run alone and through the whole explanation.
+"""Hard requirement `data_access`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "lacks any required data-access label, or its data access is unknown".
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "lacks any required
+data-access label, or its data access is unknown".
 """
 
 from __future__ import annotations

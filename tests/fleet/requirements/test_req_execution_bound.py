@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `execution_bound`: its table, run alone and through the whole explanation.
+"""Hard requirement `execution_bound`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "would exceed either its own walltime limit or the job's requested
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "would exceed either
+its own walltime limit or the job's requested
 wall_time_seconds at the upper end of the predicted execution time".
 """
 

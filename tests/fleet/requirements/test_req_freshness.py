@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `freshness`: its table, run alone and through the whole explanation.
+"""Hard requirement `freshness`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "was observed longer ago than --max-age (default 300 s), or more than
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "was observed longer
+ago than --max-age (default 300 s), or more than
 60 s in the future (clock skew)".
 """
 

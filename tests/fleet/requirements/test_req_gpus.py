@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `gpus`: its table, run alone and through the whole explanation.
+"""Hard requirement `gpus`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "has too few GPUs per node, or an unknown GPU count, when gpus_per_node
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "has too few GPUs per
+node, or an unknown GPU count, when gpus_per_node
 is requested".
 """
 

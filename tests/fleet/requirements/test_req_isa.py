@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `isa`: its table, run alone and through the whole explanation.
+"""Hard requirement `isa`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "has another architecture, or does not support the requested ISA
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "has another
+architecture, or does not support the requested ISA
 level".
 """
 

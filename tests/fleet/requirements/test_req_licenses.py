@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `licenses`: its table, run alone and through the whole explanation.
+"""Hard requirement `licenses`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "lacks any required license-eligibility label, or its license
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "lacks any required
+license-eligibility label, or its license
 eligibility is unknown".
 """
 

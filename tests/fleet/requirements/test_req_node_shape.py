@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `node_shape`: its table, run alone and through the whole explanation.
+"""Hard requirement `node_shape`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "has nodes with too few CPUs for the whole-rank layout when declared
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "has nodes with too
+few CPUs for the whole-rank layout when declared
 (otherwise ceil(cpus / nodes)), or too little memory per node, or does not record that number when the request
 needs it".
 """
@@ -15,7 +16,7 @@ from app.fleet.requirements import node_shape as requirement
 from tests.fleet.requirements.tables import DROP, check_case, lane, node, request
 
 CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
-    # --- CPUs: the seed's worked example, three 8-thread ranks on two nodes
+    # --- CPUs: the worked example of docs/explain.md, three 8-thread ranks on two nodes
     (
         "whole-rank layout, 12-CPU lane",
         lane(node=node(cpus=12)),

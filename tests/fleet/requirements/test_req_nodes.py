@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `nodes`: its table, run alone and through the whole explanation.
+"""Hard requirement `nodes`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "needs more nodes than one job may have there".
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "needs more nodes than
+one job may have there".
 """
 
 from __future__ import annotations

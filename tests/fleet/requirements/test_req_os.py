@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `os`: its table, run alone and through the whole explanation.
+"""Hard requirement `os`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "has a different or unknown operating system when os is requested".
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "has a different or
+unknown operating system when os is requested".
 """
 
 from __future__ import annotations

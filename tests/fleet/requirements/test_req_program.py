@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `program`: its table, run alone and through the whole explanation.
+"""Hard requirement `program`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "lacks the program, or the requested runtime digest".
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "lacks the program, or
+the requested runtime digest".
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `queue`: its table, run alone and through the whole explanation.
+"""Hard requirement `queue`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "is a daemon host, or has a different or unknown queue/partition, when
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "is a daemon host, or
+has a different or unknown queue/partition, when
 queue is requested".
 """
 

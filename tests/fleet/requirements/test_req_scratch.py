@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `scratch`: its table, run alone and through the whole explanation.
+"""Hard requirement `scratch`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "has too little scratch per node, or unknown scratch capacity when
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "has too little
+scratch per node, or unknown scratch capacity when
 scratch_mb_per_node is requested".
 """
 

@@ -1,6 +1,7 @@
-"""Seed 004 hard requirement `walltime_limit`: its table, run alone and through the whole explanation.
+"""Hard requirement `walltime_limit`: its table, run alone and through the whole explanation.
 
-The seed: a target is rejected when it "cannot accept the explicit wall_time_seconds request, or has no known
+docs/explain.md, "Hard requirements and their reasons": a target is rejected when it "cannot accept the
+explicit wall_time_seconds request, or has no known
 walltime limit and no positive evidence of unlimited walltime".
 """
 
