@@ -1,7 +1,7 @@
 """The ``better-compute`` command (typer).
 
-Local commands: ``serve``, ``migrate``, ``openapi``, ``placement explain|fleet|compare`` (seed 004).
-Client commands of a running service (DESIGN.md, "CLI"): ``reserve``, ``preview``, ``release``,
+Local commands: ``serve``, ``migrate``, ``openapi``, ``placement explain|fleet|compare`` (docs/explain.md).
+Client commands of a running service (docs/cli.md): ``reserve``, ``preview``, ``release``,
 ``get reservations|pools|nodes [ID]``, ``describe reservation|node ID``; each takes ``--server``
 (``BC_SERVER``), ``--key`` (``BC_API_KEY``) and ``-o table|wide|json|yaml``, and exits 0 (done, placed),
 3 (pending, would not fit), 1 (an API error, printed ``CODE: message``, or an unreachable service) or

@@ -2,7 +2,7 @@
 
 Every failure the service reports is an :class:`AppError` subclass. The API layer turns it into
 ``{"error": {"code", "message", "details"}}`` with the status below; code strings never change once
-released (STYLE.md habit 5). Expected outcomes such as "nothing fits" are values, not errors.
+released (docs/architecture.md). Expected outcomes such as "nothing fits" are values, not errors.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prefixed ULID ids (DESIGN.md, "Capacity model"): ``pool_01k...``, ``node_01k...``, ``res_01k...``;
+"""Prefixed ULID ids (docs/architecture.md): ``pool_01k...``, ``node_01k...``, ``res_01k...``;
 and the one rule for a tenant id, which callers choose (:data:`TenantId`)."""
 
 from __future__ import annotations

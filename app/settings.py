@@ -1,4 +1,4 @@
-"""One typed Settings object, read once from the environment and passed in (STYLE.md habit 8).
+"""One typed Settings object, read once from the environment and passed in (docs/architecture.md).
 
 Environment variables: ``DATABASE_URL`` (unset -> embedded PostgreSQL), ``BC_BOOTSTRAP_ADMIN_KEY``,
 ``BC_DATA_DIR``, ``BC_SCHEDULER_WEIGHTS`` (JSON object, scorer id -> weight), ``BC_SCHEDULER_TOP_N``,
@@ -65,23 +65,23 @@ class SettingsError(ValueError):
 
 
 class Settings(BaseSettings):
-    """Service settings; capacity and scheduler options follow seed 000 ("Two placers")."""
+    """Service settings; capacity and scheduler options follow docs/placement-rules.md ("Two placers")."""
 
     model_config = SettingsConfigDict(env_prefix="BC_", extra="ignore", populate_by_name=True)
 
     database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
     bootstrap_admin_key: str | None = None
     data_dir: Path | None = None
-    # scheduler: { weights, topN, plugins } (seed 000, "Scorers")
+    # scheduler: { weights, topN, plugins } (docs/placement-rules.md, "Scorers")
     scheduler_weights: dict[str, float] = Field(default_factory=dict)
     scheduler_top_n: int = Field(default=5, ge=1, le=100)
     scheduler_plugins: list[str] = Field(default_factory=list)
-    # capacity: { maxAttempts } (seed 000, "Commit and lock order")
+    # capacity: { maxAttempts } (docs/placement-rules.md, "Commit and lock order")
     capacity_max_attempts: int = Field(default=3, ge=1, le=16)
-    # capacity: { placer, maxBatch } (seed 000, "Two placers"; docs/scaling.md)
+    # capacity: { placer, maxBatch } (docs/placement-rules.md, "Two placers"; docs/scaling.md)
     capacity_placer: Literal["inline", "pool-lease"] = "inline"
     capacity_max_batch: int = Field(default=64, ge=1, le=1024)
-    # shortlist size floor: max(shortlist_min, 8 x topN) (seed 000, "The shortlist")
+    # shortlist size floor: max(shortlist_min, 8 x topN) (docs/placement-rules.md, "The shortlist")
     capacity_shortlist_min: int = Field(default=48, ge=1)
     # a reservation's start is at most this far ahead of the database clock (422 naming ``start``)
     capacity_max_lead: timedelta = Field(default=timedelta(days=366), gt=timedelta(0))

@@ -1,4 +1,4 @@
-"""A scheduler plugin loaded by import path in tests (seed 000's rack-affinity example)."""
+"""A scheduler plugin loaded by import path in tests (docs/placement-rules.md's rack-affinity example)."""
 
 from __future__ import annotations
 

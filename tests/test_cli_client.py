@@ -1,4 +1,4 @@
-"""The CLI's client commands against one real running service (DESIGN.md, "CLI"; issue 10).
+"""The CLI's client commands against one real running service (docs/cli.md; issue 10).
 
 ``get``, ``describe``, ``reserve``, ``preview`` and ``release`` talk HTTP to a ``better-compute serve``
 process on the test database. Most commands run in-process through typer's runner (the real commands,

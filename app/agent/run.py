@@ -1,6 +1,6 @@
 """The node agent's loop: Hello, then a heartbeat every interval, until SIGTERM.
 
-Source rule: DESIGN.md "Node agent and Hello", issue 14. Each round reads the host (:mod:`app.agent.host`):
+Source rule: docs/agent.md, issue 14. Each round reads the host (:mod:`app.agent.host`):
 
 * Hello (``POST /v1/nodes/hello``) at start, whenever the set of GPU/MIG ids changed since the last
   Hello (a device disappeared or came back: the service marks a device that left unbookable), after the

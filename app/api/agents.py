@@ -1,4 +1,4 @@
-"""Node agent routes: Hello and heartbeat (DESIGN.md, "Node agent and Hello")."""
+"""Node agent routes: Hello and heartbeat (docs/agent.md)."""
 
 from __future__ import annotations
 

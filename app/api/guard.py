@@ -1,6 +1,6 @@
 """The request guard: a pure ASGI middleware that runs before routing and before any body is read.
 
-For every ``/v1/...`` request, in this order (DESIGN.md, "Security rules"):
+For every ``/v1/...`` request, in this order (docs/api.md):
 
 1. **Authenticate.** No ``Authorization: Bearer <key>`` or an unknown/revoked key answers 401
    ``UNAUTHENTICATED`` whatever the body holds: the body is never read (uvicorn discards it). Failed

@@ -1,4 +1,4 @@
-"""Placement routes (seed 004): explain, fleet build, compare, and the stored job records.
+"""Placement routes (docs/explain.md): explain, fleet build, compare, and the stored job records.
 
 Thin: parse the body, authorize ``compute:placement:explain`` on ``*``, call the pure explain, return
 ``vq.placement-explanation/1``. Malformed documents raise :class:`app.errors.InvalidInput` (422) whose
@@ -73,7 +73,7 @@ async def explain_placement_route(
 
 class FleetBody(BaseModel):
     """``{base, now?, maxAge?, capacity?, queueHistory?, schedulerShape?, runtimeRoot?}``: the base
-    ``vq.placement-fleet/1`` and evidence already collected (seed 004, "Live daemon evidence"):
+    ``vq.placement-fleet/1`` and evidence already collected (docs/explain.md):
     ``capacity`` ``{NAME: vq.broker-capacity/1}``, ``queueHistory`` ``{LANE: {target?, jobs: [job
     record]}}``, ``schedulerShape`` ``{LANE: {sinfo: TEXT} | {qstat: TEXT, pbsnodes: TEXT}}``,
     ``runtimeRoot`` ``{NAME: vq.runtime-generations/1}``. ``now`` dates observations (default the

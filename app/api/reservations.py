@@ -1,4 +1,4 @@
-"""Reservation and preview routes (seed 000; DESIGN.md, "HTTP API")."""
+"""Reservation and preview routes (docs/placement-rules.md; docs/api.md, "HTTP API")."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
   ``text`` and ``jsonb``, and a lone UTF-16 surrogate (``\\ud800`` in JSON) is no character at all.
   Found by fuzzing the API with schemathesis: such strings reached the database and answered 500.
 - A JSON object that names one key twice is ambiguous: the parser would keep the last value silently
-  (two ``tenantId`` fields, two capacity answers for one target, which seed 004 refuses).
+  (two ``tenantId`` fields, two capacity answers for one target, which docs/explain.md refuses).
 
 Both answer 422 ``INVALID_INPUT`` naming the field.
 """

@@ -1,4 +1,4 @@
-"""The one home of a reservation's conditions made by the capacity service (DESIGN.md, "Reservation
+"""The one home of a reservation's conditions made by the capacity service (docs/architecture.md, "Reservation
 lifecycle"): ``{type, status: "True", reason, message}``. ``Unschedulable`` (its reasons, and how a newer
 one replaces the one before), ``Ended`` (``WindowEnded``, ``WindowPassed``) and ``Released``
 (``ReleaseRequested``) are made here;

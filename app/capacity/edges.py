@@ -1,4 +1,4 @@
-"""Wake edges (DESIGN.md, "Reservation lifecycle"): the changes that may let a pending reservation fit,
+"""Wake edges (docs/lifecycle.md): the changes that may let a pending reservation fit,
 sent with PostgreSQL ``NOTIFY`` on one channel inside the transaction that caused them, so an edge is
 heard exactly when (and only if) its cause commits.
 
@@ -8,7 +8,7 @@ and names one tenant for an edge that helps only that tenant (its quota raised, 
 schedulable only for the tenant it is dedicated to). Every replica LISTENs on the channel
 (:mod:`app.capacity.controllers.wake`); PostgreSQL folds identical notifications of one transaction into one.
 
-Which edges can clear which rejection (STYLE.md habit 13), as the callers send them:
+Which edges can clear which rejection (docs/architecture.md), as the callers send them:
 
 =====================================  ==============================================================
 edge (sent by)                         rejections it may clear

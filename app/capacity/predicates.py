@@ -1,4 +1,4 @@
-"""The schedulability rule as SQL (seed 000, "Eligibility filters"): the twins of
+"""The schedulability rule as SQL (docs/placement-rules.md, "Eligibility filters"): the twins of
 :mod:`app.placement.schedulable`. Who reads them, by module:
 
 - :func:`schedulable_sql_tolerating` (its body :func:`schedulable_sql_within`, over a bound array of

@@ -8,7 +8,7 @@
 The commands themselves stay thin in ``app/cli.py``.
 """
 
-# Exit codes of every client command (DESIGN.md, "CLI"); scripts tell "no" from an error by them.
+# Exit codes of every client command (docs/cli.md); scripts tell "no" from an error by them.
 EXIT_OK = 0  # done, or placed / would fit
 EXIT_API_ERROR = 1  # the service answered an error, or could not be reached
 EXIT_USAGE = 2  # the command line is wrong (click uses 2 for its own usage errors too)

@@ -9,7 +9,7 @@ in one place:
 - :class:`Unreachable`: no answer at all (refused, unknown host, timeout, a broken connection); its
   message is one line naming the URL, e.g. ``cannot reach http://127.0.0.1:8000: connection refused``.
 
-Lists page (DESIGN.md, "HTTP API"): ``?limit=&cursor=`` in, ``{items, nextCursor}`` out.
+Lists page (docs/api.md, "HTTP API"): ``?limit=&cursor=`` in, ``{items, nextCursor}`` out.
 :meth:`ServiceClient.items` follows ``nextCursor`` until it is absent or null, so it also reads lists that
 answer in one page without a cursor.
 """

@@ -1,4 +1,4 @@
-"""Output of the client commands: ``-o table|wide|json|yaml`` (DESIGN.md, "CLI").
+"""Output of the client commands: ``-o table|wide|json|yaml`` (docs/cli.md).
 
 - ``json`` and ``yaml`` print the service's answer as it came (a list as ``{"items": [...]}``, every page
   joined), UTF-8 (``×``, not ``\\u00d7``), keys in the service's order;

@@ -1,4 +1,4 @@
-"""Stored job records (seed 004, "Queue history"): the rows behind ``vq.job-history/1``.
+"""Stored job records (docs/explain.md): the rows behind ``vq.job-history/1``.
 
 Plain storage: a record is a JSON object keyed by its job id, with the target it ran on as a column for
 the filter; a newer record of the same job replaces the older one. What a record is (its validation, the

@@ -1,4 +1,4 @@
-"""Row locks and the one lock order (seed 000, "Commit and lock order").
+"""Row locks and the one lock order (docs/placement-rules.md, "Commit and lock order").
 
 Every transaction that locks rows of several of these tables takes them in this order, and only in this
 order, so two transactions never wait on each other in a cycle::

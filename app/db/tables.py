@@ -1,11 +1,12 @@
-"""The capacity model as SQLAlchemy Core tables (DESIGN.md, "Capacity model").
+"""The capacity model as SQLAlchemy Core tables (docs/architecture.md).
 
 Alembic migrations under ``alembic/versions`` create exactly these tables; ``alembic check`` compares
 them. Numeric amounts are ``numeric`` (``Decimal`` in Python) so ``floor(100 * 0.29)`` is 29 everywhere.
 Booking windows are half-open ``tstzrange`` values ``[start, end)``; scalar and quota holdings are
-half-open ``[starts_at, ends_at)`` windows too, counted per instant (DESIGN.md, "Reservation lifecycle").
+half-open ``[starts_at, ends_at)`` windows too, counted per instant (docs/lifecycle.md).
 
-Lock order in every multi-table transaction (seed 000, "Commit and lock order", with issue 15's late
+Lock order in every multi-table transaction (docs/placement-rules.md, "Commit and lock order", with issue
+15's late
 quota charge): reservations (own row) -> pools -> nodes -> devices -> node_resources -> quota_usage, and
 pool_capacity_rollup (inventory only) after node_resources. Cuts, refunds and drops of holdings only
 shrink what is held and take none of these row locks.
@@ -311,7 +312,7 @@ grants = sa.Table(
     sa.Column("resource", sa.Text, primary_key=True),
 )
 
-# seed 004 queue history: job records with scheduler submit/start times, per target
+# docs/explain.md queue history: job records with scheduler submit/start times, per target
 fleet_job_records = sa.Table(
     "fleet_job_records",
     metadata,

@@ -1,5 +1,5 @@
-"""Amounts held over half-open windows ``[starts_at, ends_at)``, counted per instant (DESIGN.md,
-"Reservation lifecycle"): the SQL shared by ``scalar_holdings`` (a node's cpu, memory, ...) and
+"""Amounts held over half-open windows ``[starts_at, ends_at)``, counted per instant (docs/lifecycle.md):
+the SQL shared by ``scalar_holdings`` (a node's cpu, memory, ...) and
 ``quota_holdings`` (a tenant's usage of a pool).
 
 The amount held at an instant ``t`` is the sum of the rows with ``starts_at <= t < ends_at``. The peak over

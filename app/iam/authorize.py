@@ -1,4 +1,4 @@
-"""Authorization: does a principal hold a grant of ``action`` on ``resource``? (DESIGN.md, "HTTP API").
+"""Authorization: does a principal hold a grant of ``action`` on ``resource``? (docs/api.md, "HTTP API").
 
 Actions: ``compute:capacity:read``, ``compute:reservations:create|read|release``,
 ``compute:inventory:write|read``, ``compute:nodes:hello`` (a node agent: Hello and heartbeats of the
@@ -6,7 +6,7 @@ pool's nodes), ``compute:quota:write``, ``compute:placement:explain``, ``compute
 Resources: ``pool:<id>``, ``tenant:<id>``, ``*``. A grant's action may be ``*`` or end in ``:*`` (a
 prefix); its resource may be ``*`` or ``pool:*`` / ``tenant:*``.
 
-Tenant scope (DESIGN.md, "Security rules") lives here, once for every route: a tenant-scoped principal
+Tenant scope (docs/api.md) lives here, once for every route: a tenant-scoped principal
 acts only for its own tenant (another tenant named in a body or path is 403 whatever its grants say),
 and a resource owned by another tenant does not exist for it (404, :func:`authorize_owned`). An admin is
 a principal without a tenant holding ``compute:iam:admin`` on ``*``.

@@ -1,4 +1,4 @@
-"""API keys: random, shown once, stored as a SHA-256 hash (DESIGN.md, "HTTP API").
+"""API keys: random, shown once, stored as a SHA-256 hash (docs/api.md, "HTTP API").
 
 A key looks like ``bck_<43 url-safe characters>`` (256 bits of randomness), so a fast hash is enough:
 nobody can brute-force a 256-bit secret, and the lookup by hash stays one indexed query.

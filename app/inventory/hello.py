@@ -1,6 +1,6 @@
 """Node agents: Hello (register or update a node from its own nvidia-smi output) and heartbeats.
 
-Source rule: DESIGN.md "Node agent and Hello", seed 000 (nodeLabels: the gateway writes each node's system
+Source rule: docs/agent.md, docs/placement-rules.md (nodeLabels: the gateway writes each node's system
 labels at every Hello), issue 14.
 
 Hello (:func:`hello`) creates or updates the node matching ``(poolId, name)``:

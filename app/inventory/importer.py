@@ -3,7 +3,7 @@
 Pure: text in, :class:`ImportedNode` out. The inventory service stores the result (devices, device links,
 labels with source ``system``); see ``docs/inventory-import.md``.
 
-Source rule (DESIGN.md "HTTP API" and issue 2): an imported node without XML names its atoms
+Source rule (docs/api.md, "HTTP API" and issue 2): an imported node without XML names its atoms
 ``<node name>-GPU<i>``; with XML they take the GPU UUIDs, matched to the matrix rows by NVML index order
 (the XML's GPUs sorted by PCI bus id, which is how ``topo -m`` numbers ``GPU<i>``). Links are stored only
 between GPU atoms, in the text nvidia-smi printed, except the 2015-16 ``SOC`` which is stored as its
@@ -32,7 +32,8 @@ __all__ = [
     "normalize_link",
 ]
 
-# Best first, as DESIGN.md's topology scorer and the seed rank them (NV > PIX > PXB > PHB > NODE > SYS).
+# Best first, as docs/architecture.md's topology scorer and the seed rank them (NV > PIX > PXB > PHB > NODE
+# > SYS).
 LINK_RANK: tuple[str, ...] = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 _NV_RE = re.compile(r"NV\d+")
 _ATOM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")

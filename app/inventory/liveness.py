@@ -1,6 +1,6 @@
 """Liveness of agents' nodes: ``heartbeat lost`` after the grace period without a heartbeat.
 
-Source rule: issue 14 / DESIGN.md "Node agent and Hello". A node that has sent Hello (its
+Source rule: issue 14 / docs/agent.md. A node that has sent Hello (its
 ``agent_interval_seconds`` is set) and whose last Hello or heartbeat is older than the grace period
 (``BC_NODE_HEARTBEAT_GRACE`` seconds, or 3 x the interval its Hello carried) gets the NoSchedule reason
 ``heartbeat lost`` in the same transaction as the check. The next good heartbeat or Hello clears it

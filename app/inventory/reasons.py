@@ -1,4 +1,4 @@
-"""NoSchedule reasons of a node (DESIGN.md, "Filters", 1): kept in ``nodes.no_schedule_reasons`` in the
+"""NoSchedule reasons of a node (docs/reasons.md, 1): kept in ``nodes.no_schedule_reasons`` in the
 same transaction as their cause, in this order: ``cordoned``, ``not ready``, ``heartbeat lost``, then
 ``tainted <key>=<value>`` for each NoSchedule / NoExecute taint sorted by key and value."""
 

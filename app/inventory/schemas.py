@@ -1,4 +1,4 @@
-"""Inventory request bodies (DESIGN.md, "HTTP API", Inventory)."""
+"""Inventory request bodies (docs/api.md, "HTTP API", Inventory)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ class TaintBody(BaseModel):
 
 
 class ResourceBody(BaseModel):
-    """A scalar resource: room over a window = floor(allocatable x ratio) - the peak held in it (seed 000,
+    """A scalar resource: room over a window = floor(allocatable x ratio) - the peak held in it
+    (docs/placement-rules.md,
     scalar room, counted per instant)."""
 
     model_config = ConfigDict(extra="forbid")

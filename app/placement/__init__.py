@@ -1,4 +1,4 @@
-"""The pure half of placement (seed 000, "The pipeline"): snapshot in, plan out.
+"""The pure half of placement (docs/placement-rules.md, "The pipeline"): snapshot in, plan out.
 
 Nothing in this package performs I/O, reads a clock or touches SQL; a test enforces that it imports
 no ``sqlalchemy``, ``fastapi``, ``asyncpg`` or ``app.db``.

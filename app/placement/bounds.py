@@ -1,4 +1,5 @@
-"""Upper bounds on the part of a node's score that is not counts only (seed 000, "The shortlist").
+"""Upper bounds on the part of a node's score that is not counts only (docs/placement-rules.md, "The
+shortlist").
 
 The shortlist must prove that no node outside it could reach the top N. A node's total is its
 count-only part (the ``COUNTS`` scorers, :mod:`app.placement.scorers.contract`) plus the weighted

@@ -1,4 +1,5 @@
-"""Frozen data the placement pipeline works on (seed 000, "The pipeline"; DESIGN.md, "Capacity model").
+"""Frozen data the placement pipeline works on (docs/placement-rules.md, "The pipeline";
+docs/architecture.md).
 
 The I/O half (``app/capacity``) builds these from PostgreSQL: the static part of a node
 (:class:`NodeInventory`, cached per pool and inventory version) and its volatile part (:class:`NodeState`,
@@ -21,7 +22,7 @@ SelectorOp = Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Gte", "Lt",
 SELECTOR_OPS: tuple[str, ...] = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Gte", "Lt", "Lte")
 COMPARISON_OPS: frozenset[str] = frozenset({"Gt", "Gte", "Lt", "Lte"})
 SET_OPS: frozenset[str] = frozenset({"In", "NotIn"})
-MAX_EXPRESSIONS = 32  # seed 000, "Device fit and selectors"
+MAX_EXPRESSIONS = 32  # docs/placement-rules.md, "Device fit and selectors"
 MAX_VALUES = 64
 
 NVLINK_ALL = "nvlink-all"
@@ -30,7 +31,7 @@ NVLINK_ALL = "nvlink-all"
 @dataclass(frozen=True, slots=True)
 class MatchExpression:
     """One selector term. ``values`` are strings for In/NotIn, one ``Decimal`` for the comparisons,
-    empty for Exists/DoesNotExist (seed 000, "Device fit and selectors")."""
+    empty for Exists/DoesNotExist (docs/placement-rules.md, "Device fit and selectors")."""
 
     key: str
     op: SelectorOp
@@ -68,7 +69,7 @@ class PlacementRequest:
     """What to place: devices and scalar resources in one pool for the half-open window ``[start, end)``.
 
     ``node_labels`` maps a label key to the wanted value or ``'*'`` (any value); it is set only by
-    modules through the capacity port, never by API callers (seed 000, nodeLabels paragraph).
+    modules through the capacity port, never by API callers (docs/placement-rules.md, nodeLabels paragraph).
     """
 
     tenant_id: str
@@ -122,7 +123,7 @@ class ScalarResource:
 
 @dataclass(frozen=True, slots=True)
 class NodeInventory:
-    """The static part of a node, cached per pool and inventory version (DESIGN.md, "Performance
+    """The static part of a node, cached per pool and inventory version (docs/architecture.md, "Performance
     architecture"). ``links`` maps an ordered pair ``(a, b)`` with ``a < b`` of atom ids to the
     nvidia-smi link text (``NV12``, ``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS``); a missing pair is an
     unknown link. ``label_sources`` maps each label key to ``system`` or ``operator``."""

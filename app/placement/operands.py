@@ -1,5 +1,6 @@
 """Lexical rules shared by the request models (:mod:`app.placement.request`) and the selector grammar
-(:mod:`app.placement.selectors`): the key syntax and decimal comparison operands (seed 000, "Device fit
+(:mod:`app.placement.selectors`): the key syntax and decimal comparison operands (docs/placement-rules.md,
+"Device fit
 and selectors"). A leaf module: it imports nothing of the app, so both can import it without a cycle."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._/-]*$")  # seed 000: letters, digits, ., _, / and -
+KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._/-]*$")  # docs/placement-rules.md: letters, digits, ., _, / and -
 
 
 def parse_decimal_operand(value: Any) -> Decimal | None:

@@ -1,9 +1,10 @@
-"""Scheduler options the pipeline takes (seed 000, "Two placers" and "Scorers"): scorer weights, topN,
+"""Scheduler options the pipeline takes (docs/placement-rules.md, "Two placers" and "Scorers"): scorer
+weights, topN,
 plugins, the seed of the random pick among the best topN, and nodes to skip after a lost commit race.
 
 The service builds one from :class:`app.settings.Settings` (``scheduler_weights``, ``scheduler_top_n``,
 ``scheduler_plugins`` loaded with :func:`app.placement.plugins.load_plugins`); the pipeline never reads
-settings itself (STYLE.md habit 8).
+settings itself (docs/architecture.md).
 """
 
 from __future__ import annotations

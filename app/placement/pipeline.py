@@ -1,4 +1,4 @@
-"""``plan_placement``: the pure half of placement (seed 000, "The pipeline").
+"""``plan_placement``: the pure half of placement (docs/placement-rules.md, "The pipeline").
 
 Snapshot in, plan out: no SQL, no clock, no I/O. For every node of the snapshot the filters run in
 registry order (:mod:`app.placement.filters`) and the first reason rejects it; the survivors are scored

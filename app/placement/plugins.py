@@ -1,4 +1,5 @@
-"""Scheduler plugins (seed 000, "Scorers" and "Atom pick and NVLink"): extra filters, extra scorers,
+"""Scheduler plugins (docs/placement-rules.md, "Scorers" and "Atom pick and NVLink"): extra filters, extra
+scorers,
 per-class atom pickers (``preferAllocation``) and an admit hook, loaded from settings by import path.
 
 A plugin filter is ``(request, node) -> True | {"reason": str}`` (``None``/``True`` pass; a mapping or an
@@ -97,7 +98,7 @@ def define_scheduler_plugin(
     pickers: Iterable[Any] = (),
     admit: AdmitFn | None = None,
 ) -> SchedulerPlugin:
-    """Build a :class:`SchedulerPlugin` (seed 000's ``defineSchedulerPlugin``).
+    """Build a :class:`SchedulerPlugin` (docs/placement-rules.md's ``defineSchedulerPlugin``).
 
     Parts may be the dataclasses above or mappings in the seed's shape: filters ``{"id", "filter"}``,
     scorers ``{"id", "weight"?, "score"}``, pickers ``{"deviceClass", "preferAllocation"}``. Raises

@@ -1,4 +1,4 @@
-"""Spot preemption's victim choice (docs/preemption.md; DESIGN.md, "Reservation lifecycle"): pure, like
+"""Spot preemption's victim choice (docs/preemption.md; docs/lifecycle.md): pure, like
 the rest of the pipeline. Data in (the pool snapshot, the placed spot work overlapping the request's
 window, the scalar holdings of the nodes that hold spot work, ``now``), data out (a
 :class:`PreemptionPlan`, or None when preempting spot work would not make the request fit).

@@ -1,4 +1,4 @@
-"""The reservation / preview request body and its validation (DESIGN.md, "The request").
+"""The reservation / preview request body and its validation (docs/api.md).
 
 ``ReservationRequest`` is the JSON body of ``POST /v1/reservations`` and ``POST /v1/capacity/preview``
 (camelCase as in the spec). ``to_placement_request`` turns a validated body into the frozen
@@ -92,7 +92,7 @@ def parse_duration(value: str | int) -> int:
 
 
 class MatchExpressionBody(BaseModel):
-    """One matchExpression: ``{key, op, values?}`` (seed 000, "Device fit and selectors")."""
+    """One matchExpression: ``{key, op, values?}`` (docs/placement-rules.md, "Device fit and selectors")."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -218,7 +218,7 @@ DURATION_SCHEMA: dict[str, Any] = {
 
 
 class ReservationRequest(BaseModel):
-    """The body of ``POST /v1/reservations`` and ``POST /v1/capacity/preview`` (DESIGN.md, "The request").
+    """The body of ``POST /v1/reservations`` and ``POST /v1/capacity/preview`` (docs/api.md).
 
     At least one device or resource; ``duration`` is ``'90m'``, ``'1d'`` or seconds; ``start`` defaults
     to the database's now. ``nodeLabels`` is refused: only modules set it through the capacity port.

@@ -1,4 +1,5 @@
-"""The one home of the scalar floor (seed 000, "Scalar room"): a node's capacity of a scalar resource is
+"""The one home of the scalar floor (docs/placement-rules.md, "Scalar room"): a node's capacity of a scalar
+resource is
 ``floor(allocatable x ratio)``, in exact ``Decimal`` arithmetic, so 100 x 0.29 is 29 as in the SQL guards
 (``floor(allocatable * ratio)`` over ``numeric``), not 28. Read by the ``scalars`` filter (room = capacity -
 the peak held) and by the inventory's capacity rollup. Pure: no I/O.

@@ -1,4 +1,4 @@
-"""The schedulability rule in Python (seed 000, "Eligibility filters").
+"""The schedulability rule in Python (docs/placement-rules.md, "Eligibility filters").
 
 It exists twice: here, and as the SQL predicates the commit locks with
 (:mod:`app.capacity.predicates`); ``tests/placement/test_schedulable_sql.py`` keeps the two in agreement

@@ -1,5 +1,6 @@
-"""Selectors: the shorthand grammar, its printer, and matching against atoms (seed 000, "Device fit and
-selectors"; DESIGN.md, "Selector shorthand grammar").
+"""Selectors: the shorthand grammar, its printer, and matching against atoms (docs/placement-rules.md,
+"Device fit and
+selectors"; docs/selectors.md).
 
 Shorthand terms are separated by commas outside parentheses; whitespace (space, tab, CR, LF) is free
 around every token::
@@ -298,7 +299,8 @@ def expression_matches(
     node_labels: Mapping[str, str],
     label_sources: Mapping[str, str] | None = None,
 ) -> bool:
-    """Whether one matchExpression holds for ``atom`` on a node with ``node_labels`` (seed 000: device
+    """Whether one matchExpression holds for ``atom`` on a node with ``node_labels``
+    (docs/placement-rules.md: device
     attribute first, then node label; In/NotIn as strings, NotIn true when absent; comparisons numeric,
     a non-number never matches). ``label_sources`` (key -> ``system``/``operator``) gates ``bc.dev/``
     labels; without it such labels are treated as operator-set and ignored."""

@@ -1,4 +1,4 @@
-"""The pending reason (seed 000, "Reading a pending reason"; DESIGN.md, "Filters").
+"""The pending reason (docs/placement-rules.md, "Reading a pending reason"; docs/reasons.md).
 
 ``no node fits (<N> nodes): <count> × <reason>; ...``: identical reasons grouped, most common first,
 ties by reason text, at most five groups. An empty pool answers ``the pool has no nodes``.
@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from app.placement.schedulable import POOL_ARCHIVED
 
 EMPTY_POOL = "the pool has no nodes"
-# The one pending text of an archived pool (seed 000: "stays pending with the pool is archived"), made
+# The one pending text of an archived pool (docs/placement-rules.md: "stays pending with the pool is
+# archived"), made
 # from the nodes' reason: inline and batch placement, preview and the pipeline all answer it.
 ARCHIVED_POOL = f"the {POOL_ARCHIVED}"
 MAX_GROUPS = 5

@@ -1,4 +1,5 @@
-"""The one home of the ``bc.dev/`` system-label rule (seed 000, nodeLabels and requiredCapabilities).
+"""The one home of the ``bc.dev/`` system-label rule (docs/placement-rules.md, nodeLabels and
+requiredCapabilities).
 
 Labels under ``bc.dev/`` are written only by the service itself, with source ``system``, at every Hello of a
 node's agent (:mod:`app.inventory.hello`): ``bc.dev/driver.<id>=<version>`` for each driver the agent
@@ -39,7 +40,8 @@ def label_counts(key: str, source: str | None) -> bool:
 def unmet_label(
     wanted: Iterable[tuple[str, str]], labels: Mapping[str, str], sources: Mapping[str, str]
 ) -> str | None:
-    """The one labels rule (seed 000, nodeLabels): why the first ``(key, value)`` of ``wanted`` (in its
+    """The one labels rule (docs/placement-rules.md, nodeLabels): why the first ``(key, value)`` of
+    ``wanted`` (in its
     order) is not met by a node's ``labels`` (key -> value) and ``sources`` (key -> ``system`` /
     ``operator``), or ``None`` when all are. ``'*'`` asks only that the label exist; a ``bc.dev/`` label
     that is not ``system`` does not exist (:func:`label_counts`). Reasons: ``missing <key>``,
@@ -115,7 +117,8 @@ def refuse_system_attributes(attributes: Iterable[Mapping[str, Any]], path: str 
 def required_capabilities(
     binding: str, resources: Iterable[str], *, enforce_device_limits: bool
 ) -> dict[str, str]:
-    """The node labels capacity asks for on its own reservations (seed 000, requiredCapabilities):
+    """The node labels capacity asks for on its own reservations (docs/placement-rules.md,
+    requiredCapabilities):
     ``binding: kubernetes`` -> ``bc.dev/cap.binding.kubernetes: '*'``; a request that books host
     resources (any scalar, e.g. cpu or memory) -> ``bc.dev/cap.devices.limits: '*'`` when
     ``enforce_device_limits`` (``BC_CAPACITY_ENFORCE_DEVICE_LIMITS``). A node binding asks for neither."""

@@ -1,4 +1,4 @@
-"""Link ranks and the default atom pick (seed 000, "Atom pick and NVLink").
+"""Link ranks and the default atom pick (docs/placement-rules.md, "Atom pick and NVLink").
 
 Links are ranked as nvidia-smi topo prints them: NV (any ``NV#``) > PIX > PXB > PHB > NODE > SYS, and an
 unknown link (no row in ``capacity_device_links``) ranks below SYS. MIG slices of one GPU are NV to each
@@ -11,7 +11,7 @@ class are indexed in atom-id order, so index order is id order and the pick is d
 
 The pick costs 30-500 µs per node in plain Python, and most nodes of a pool are alike, so it is memoized
 by (link-matrix + NUMA signature, free-atom mask, count): a pool of identical hosts then costs a
-dictionary lookup per node (DESIGN.md, "Performance architecture"). The per-node link matrices are
+dictionary lookup per node (docs/scaling.md). The per-node link matrices are
 themselves cached per :class:`NodeInventory` object, which the I/O half keeps per pool and inventory
 version. Both caches are bounded and hold only derived, immutable data, so the pick stays a pure
 function of its inputs.
@@ -28,7 +28,7 @@ from app.placement.model import Atom, NodeInventory
 UNKNOWN, SYS, NODE, PHB, PXB, PIX, NV = range(7)
 LINK_NAMES = {NV: "NV", PIX: "PIX", PXB: "PXB", PHB: "PHB", NODE: "NODE", SYS: "SYS", UNKNOWN: "unknown"}
 _TEXT_RANKS = {"PIX": PIX, "PXB": PXB, "PHB": PHB, "NODE": NODE, "SYS": SYS, "SOC": SYS}
-# DESIGN.md, "Scorers": topology score of a picked set by its worst link; one atom scores 1.
+# docs/reasons.md: topology score of a picked set by its worst link; one atom scores 1.
 LINK_SCORES = {NV: 1.0, PIX: 0.8, PXB: 0.6, PHB: 0.4, NODE: 0.2, SYS: 0.0, UNKNOWN: 0.5}
 
 _MAX_CACHED_NODES = 200_000

@@ -1,5 +1,5 @@
 """Quota: limits per tenant, pool and resource (a device class such as ``gpu``, or a scalar such as
-``cpu``), counted per instant (DESIGN.md, "Reservation lifecycle").
+``cpu``), counted per instant (docs/lifecycle.md).
 
 A reservation holds its amounts over its window (``quota_holdings``); the tenant's usage at an instant is
 the sum of the holdings whose window contains it, and a charge is accepted only if the limit holds at

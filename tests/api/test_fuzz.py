@@ -1,6 +1,6 @@
 """Fuzz the running service from its own OpenAPI document with schemathesis: no input may answer a 5xx,
 every status code is documented, every body matches the schema declared for its status (and content
-type), and unsupported methods answer 405 (DESIGN.md names schemathesis; issue 10, "Done when" 3).
+type), and unsupported methods answer 405 (docs/architecture.md names schemathesis; issue 10, "Done when" 3).
 Path and query parameters also take NUL text (tests/api/fuzz_hooks.py)."""
 
 from __future__ import annotations

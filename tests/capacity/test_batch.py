@@ -1,6 +1,7 @@
 """The batch placer (issue 15; app/capacity/placing/batch.py and app/capacity/queue/worker.py) on real
 PostgreSQL:
-each plan of a batch sees the earlier ones, the multi-row guarded commit loses each of seed 000's races
+each plan of a batch sees the earlier ones, the multi-row guarded commit loses each of
+docs/placement-rules.md's races
 per entry and replans the loser alone, maxAttempts, quota refusals per entry, and a queued reservation
 is never placed into a pool archived after it was queued."""
 

@@ -1,6 +1,7 @@
 """Inventory changes racing placements for real (several connections, one PostgreSQL): once a cordon,
 a foreign dedication, an unhealthy atom or a pool archive has committed, no placement that lands after it
-uses what it took away (seed 000, "Commit and lock order": the guarded commit locks the node and atoms
+uses what it took away (docs/placement-rules.md, "Commit and lock order": the guarded commit locks the node
+and atoms
 FOR SHARE and the pool FOR SHARE; those changes take the rows FOR UPDATE, so either the placement
 committed first or its guarded statement sees the change and loses the race)."""
 

@@ -1,4 +1,5 @@
-"""Each of seed 000's four lost-race reasons, forced deterministically: a second connection changes the
+"""Each of docs/placement-rules.md's four lost-race reasons, forced deterministically: a second connection
+changes the
 row between the plan and the commit; the placer rolls back to the savepoint, excludes the node and
 replans; after maxAttempts the answer is pending with every reason (issue 4, "Done when" 2)."""
 

@@ -1,4 +1,5 @@
-"""The shortlist gives the same ranking as planning the whole pool (seed 000, "The shortlist"; issue 4,
+"""The shortlist gives the same ranking as planning the whole pool (docs/placement-rules.md, "The
+shortlist"; issue 4,
 "Done when" 3), over many random pools on real PostgreSQL; a request with a selector takes it too (issue
 15; tests/capacity/test_shortlist_selectors.py compares those over random pools)."""
 

@@ -1,4 +1,5 @@
-"""Every filter's reason string, in DESIGN.md's order (first failure wins), through plan_placement on
+"""Every filter's reason string, in docs/architecture.md's order (first failure wins), through
+plan_placement on
 one node; plus ineligibility, scalar room (the Decimal floor cases) and the registry order."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pure half imports no I/O module (STYLE.md habit 2; issue 3, done-when 3)."""
+"""The pure half imports no I/O module (docs/architecture.md; issue 3, done-when 3)."""
 
 from __future__ import annotations
 

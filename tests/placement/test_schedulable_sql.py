@@ -1,4 +1,5 @@
-"""The schedulability rule exists twice (seed 000): in Python (app/placement/schedulable.py) and as the
+"""The schedulability rule exists twice (docs/placement-rules.md): in Python (app/placement/schedulable.py)
+and as the
 SQL predicates the commit locks with (app/capacity/predicates.py). Over generated nodes (NoSchedule
 reasons incl. dedications to several tenants, duplicates, leasable, archived pools), each predicate
 selects exactly the nodes its Python twin accepts, on real PostgreSQL.

@@ -1,4 +1,4 @@
-"""Inventory answers: pools, nodes, devices, links (DESIGN.md, "HTTP API", response shapes)."""
+"""Inventory answers: pools, nodes, devices, links (docs/api.md, "HTTP API", response shapes)."""
 
 from __future__ import annotations
 

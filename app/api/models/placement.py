@@ -1,4 +1,5 @@
-"""Placement answers (seed 004): vq.placement-explanation/1, the fleet build, vq.placement-compare/1 and
+"""Placement answers (docs/explain.md): vq.placement-explanation/1, the fleet build, vq.placement-compare/1
+and
 the stored job records (``vq.job-history/1``, modelled in :mod:`app.fleet.history`).
 
 The vq.* documents keep their own snake_case field names. Optional fields the document leaves out are

@@ -1,4 +1,5 @@
-"""Reservation and preview answers (DESIGN.md, "HTTP API", response shapes; seed 000, preview)."""
+"""Reservation and preview answers (docs/api.md, "HTTP API", response shapes; docs/placement-rules.md,
+preview)."""
 
 from __future__ import annotations
 

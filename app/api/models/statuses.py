@@ -7,7 +7,7 @@ from enum import StrEnum
 
 
 class ReservationStatus(StrEnum):
-    """Where a reservation is in its lifecycle (DESIGN.md, "Reservation lifecycle")."""
+    """Where a reservation is in its lifecycle (docs/lifecycle.md)."""
 
     queued = "queued"
     pending = "pending"

@@ -1,4 +1,5 @@
-"""The kinds of seed 000's four lost-race reasons (the ``reason`` label of ``bc_lost_races_total``), in
+"""The kinds of docs/placement-rules.md's four lost-race reasons (the ``reason`` label of
+``bc_lost_races_total``), in
 the reasons' order: one home, imported by the guarded commit and the metrics (which the commit's quota
 charge imports, so they cannot live in :mod:`app.capacity.commit.single` itself)."""
 

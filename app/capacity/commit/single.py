@@ -1,4 +1,5 @@
-"""The guarded commit of planned nodes (seed 000, "Commit and lock order"), in two round trips a node.
+"""The guarded commit of planned nodes (docs/placement-rules.md, "Commit and lock order"), in two round
+trips a node.
 
 Inside ``SAVEPOINT capacity_place_<attempt>`` every guard re-checks what the plan assumed and answers
 with fewer rows instead of raising. The guards are parts (CTEs) of two statements, in this order:
@@ -6,7 +7,7 @@ with fewer rows instead of raising. The guards are parts (CTEs) of two statement
 the lock statement (:func:`lock_statement`), one ``SELECT`` whose parts run left to right:
 
 1. the node is still schedulable for the tenant (``FOR SHARE OF n``), and its labels the request asks
-   for, re-read under that lock (a label that went away is a lost race, seed 000 nodeLabels
+   for, re-read under that lock (a label that went away is a lost race, docs/placement-rules.md nodeLabels
    paragraph): :func:`node_lost`;
 2. the picked atoms are still healthy and bookable (``FOR SHARE``): :func:`atoms_lost`;
 3. the node's ``node_resources`` rows of the requested scalars (``FOR UPDATE``): they serialize the
@@ -39,7 +40,7 @@ A short answer rolls back to the savepoint (which also drops the locks taken in 
 among them) and returns a :class:`LostRace` with one of the four reasons; the placer excludes the node
 or reads it again and replans. Under READ COMMITTED two conflicting booking inserts may also end in a
 deadlock (40P01) or an exclusion violation (23P01) instead of DO NOTHING: both are the same lost race,
-never a 500 (DESIGN.md, "Concurrency facts"). The savepoint is not released: ``COMMIT`` keeps it, one
+never a 500 (docs/architecture.md). The savepoint is not released: ``COMMIT`` keeps it, one
 round trip fewer.
 
 Lock order (every capacity path, docs/lifecycle.md): the reservation's own row -> pools (``FOR SHARE``,
@@ -113,7 +114,8 @@ class Committed:
 
 @dataclass(frozen=True, slots=True)
 class LostRace:
-    """The commit lost a race; ``reason`` is one of seed 000's four texts (naming the node), ``kind`` its
+    """The commit lost a race; ``reason`` is one of docs/placement-rules.md's four texts (naming the node),
+    ``kind`` its
     bounded class, one of :data:`LOST_RACE_KINDS` (the ``reason`` label of ``bc_lost_races_total``)."""
 
     node_id: str
@@ -308,7 +310,8 @@ def lock_statement(whole_node: bool, with_labels: bool, with_quota: bool) -> Pre
         .where(
             nodes.c.id == _NODE,
             nodes.c.pool_id == _POOL,
-            # a whole-node lease ignores NoSchedule reasons but dedications (seed 000, leasableSqlFor)
+            # a whole-node lease ignores NoSchedule reasons but dedications (docs/placement-rules.md,
+            # leasableSqlFor)
             leasable_sql_within(_OWN) if whole_node else schedulable_sql_within(_TOLERATED),
         )
         .with_for_update(read=True, of=nodes)

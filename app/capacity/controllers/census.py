@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.capacity.predicates import may_be_schedulable_sql
 from app.db.tables import device_bookings, devices, nodes, pools, reservations
 
-# every status a reservation can have (DESIGN.md, "Reservation lifecycle")
+# every status a reservation can have (docs/lifecycle.md)
 RESERVATION_STATUSES = ("queued", "pending", "placed", "released", "preempted", "ended")
 # an atom's state now, in this precedence: booked (a booking holds it now, whatever else is true),
 # unhealthy (unhealthy or unbookable), unschedulable (its node is schedulable for no tenant), free

@@ -1,5 +1,5 @@
 """The lifecycle controller: a small registry of periodic tasks, one controller per service process
-(DESIGN.md, "Reservation lifecycle").
+(docs/lifecycle.md).
 
 Every service process runs the same tasks; each task must therefore be safe with several replicas
 (claim rows with ``FOR UPDATE SKIP LOCKED``, write with guarded statements), so that a task done by one

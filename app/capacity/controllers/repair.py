@@ -1,4 +1,4 @@
-"""BookingRepair (DESIGN.md, "Reservation lifecycle"; seed 000 names it): work booked on an atom that
+"""BookingRepair (docs/lifecycle.md; docs/placement-rules.md names it): work booked on an atom that
 turned unhealthy or unbookable is moved for the rest of its window.
 
 The health route and the node agents' edges (:func:`app.inventory.agent_hooks.on_atoms_unavailable`)
@@ -192,7 +192,7 @@ async def _repair(
         exclusion_reasons=dict.fromkeys(others, "repair tries the same node first"),
     )
     repair: Repair
-    inline = placer(INLINE)  # BookingRepair always places inline (seed 000)
+    inline = placer(INLINE)  # BookingRepair always places inline (docs/placement-rules.md)
     context = PlacementContext(now, cache, same_node_only, row.id, config.max_attempts, config.shortlist_min)
     outcome = await inline.place(conn, request, context)
     result = SAME_NODE

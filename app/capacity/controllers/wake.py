@@ -1,4 +1,4 @@
-"""The wake-edge controller (DESIGN.md, "Reservation lifecycle"; seed 000, ``mayBeSchedulableSql``).
+"""The wake-edge controller (docs/lifecycle.md; docs/placement-rules.md, ``mayBeSchedulableSql``).
 
 A pending reservation holds nothing and waits. It is planned again when an edge may make it fit
 (:mod:`app.capacity.edges` lists them and sends them with ``NOTIFY`` in the transaction that

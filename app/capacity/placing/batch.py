@@ -1,4 +1,5 @@
-"""Plan and commit a batch of one pool's reservations in one transaction (seed 000, "Two placers";
+"""Plan and commit a batch of one pool's reservations in one transaction (docs/placement-rules.md, "Two
+placers";
 docs/scaling.md): the pool-lease queue worker (:mod:`app.capacity.queue.worker`) and the bulk create
 (:mod:`app.capacity.reservations.bulk`) both come here.
 
@@ -27,7 +28,7 @@ commit's, :mod:`app.db.locks`):
    locks the ``node_resources`` rows and one holds the scalars, each window's holds on a (node,
    resource) guarded with their total (those that do not fit whole go one at a time,
    :func:`_hold_scalars`). A losing entry's rows are deleted; the others stay;
-4. **replan** the losers without the lost node (or with it re-read, seed 000's rule in
+4. **replan** the losers without the lost node (or with it re-read, docs/placement-rules.md's rule in
    :mod:`app.capacity.placing.inline`), up to ``max_attempts``; then pending with ``Unschedulable after <n>
    conflicting attempts: ...``;
 5. **preempt** (``BatchOptions.preemption``): a regular entry left pending because nothing fit is placed

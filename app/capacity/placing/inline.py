@@ -1,9 +1,9 @@
-"""The inline placer (seed 000, "Two placers", "Commit and lock order").
+"""The inline placer (docs/placement-rules.md, "Two placers", "Commit and lock order").
 
 Plan on plain reads, take the pool row lock (``FOR SHARE``, :class:`~app.db.locks.PoolShare`) right
 before the first commit, commit the chosen candidate with guarded statements inside
 ``SAVEPOINT capacity_place_<attempt>``; a lost race
-replans on fresh reads, at most ``max_attempts`` times (DESIGN.md, "Reservation lifecycle": a lost race
+replans on fresh reads, at most ``max_attempts`` times (docs/lifecycle.md: a lost race
 re-reads the node it lost on). After ``an atom on <node> was booked concurrently`` or ``<resource> on
 <node> ran out`` the node stays a candidate: the replan reads its bookings and holdings again and may
 choose it again (other atoms, or what is left), and rejects it (``fits``/``scalars``) only when the

@@ -1,4 +1,4 @@
-"""Spot preemption, the I/O half (docs/preemption.md; DESIGN.md, "Reservation lifecycle").
+"""Spot preemption, the I/O half (docs/preemption.md; docs/lifecycle.md).
 
 A regular (``spot: false``) request that the inline placer could not place is planned again with the
 placed spot work overlapping its window counted as free (the pure choice is

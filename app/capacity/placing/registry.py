@@ -1,4 +1,4 @@
-"""One placer contract, two placers (seed 000, "Two placers"; docs/scaling.md).
+"""One placer contract, two placers (docs/placement-rules.md, "Two placers"; docs/scaling.md).
 
 A placer has an ``id`` and ``place(conn, request, context) -> Placed | Pending | Queued``, called inside
 the caller's open transaction with the reservation row already written:
@@ -69,7 +69,8 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class PlacementContext:
-    """Everything a placer needs beside the connection and the request (seed 000, PlacementContext).
+    """Everything a placer needs beside the connection and the request (docs/placement-rules.md,
+    PlacementContext).
 
     ``now``: the database clock (``SELECT now()`` or the reservation row's ``created_at``).
     ``options``: the scheduler plugins, scorer weights, topN and the seeded random's seed (derived per
@@ -183,7 +184,8 @@ def placer(placer_id: str) -> Placer:
 
 
 def must_place_inline(request: PlacementRequest | ReservationRequest) -> bool:
-    """Gangs and whole-node leases always place inline (seed 000): they need an answer at once. The one
+    """Gangs and whole-node leases always place inline (docs/placement-rules.md): they need an answer at
+    once. The one
     rule, for a placement request or the create body it comes from (both carry ``gang`` and
     ``binding``)."""
     return request.gang is not None or request.binding == "node"

@@ -1,4 +1,4 @@
-"""The shortlist (seed 000, "The shortlist") and the one entry point that plans a request.
+"""The shortlist (docs/placement-rules.md, "The shortlist") and the one entry point that plans a request.
 
 Loading every node of a large pool for each request is expensive. When a request has no selectors, no
 gang and no plugin scorers, the placer first finds every schedulable node with enough free atoms and

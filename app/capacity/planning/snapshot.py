@@ -1,4 +1,4 @@
-"""Snapshot reads for the pipeline (DESIGN.md, "Performance architecture").
+"""Snapshot reads for the pipeline (docs/scaling.md).
 
 The static part of a pool (nodes' names, labels, devices with attributes and NUMA nodes, links) is
 cached in process per pool and ``pools.inventory_version``; every inventory change bumps the version in

@@ -1,5 +1,6 @@
 """Reservation rows in and out for the batch paths (pool-lease queue, bulk create): the multi-row
-insert with idempotency, and the multi-row status update of decided reservations (seed 000; the inline
+insert with idempotency, and the multi-row status update of decided reservations (docs/placement-rules.md;
+the inline
 create of :mod:`app.capacity.reservations.service` writes its single row itself)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The pool-lease queue (seed 000, "Two placers"; docs/scaling.md): enqueue, the batch worker every
+"""The pool-lease queue (docs/placement-rules.md, "Two placers"; docs/scaling.md): enqueue, the batch
+worker every
 replica runs, and the long-poll of ``GET /v1/reservations/{id}?waitSeconds=N``.
 
 - **enqueue** (:func:`create`): with ``BC_CAPACITY_PLACER=pool-lease`` a plain reservation is written

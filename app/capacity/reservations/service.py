@@ -1,4 +1,4 @@
-"""Reservations service: create (idempotent), get, list, release, and preview (seed 000).
+"""Reservations service: create (idempotent), get, list, release, and preview (docs/placement-rules.md).
 
 create: one transaction; the whole POST takes at most 10 round trips to PostgreSQL, pool pre-pings
 included (issue 15, tests/api/test_round_trips.py). The reservation row is inserted first with ``ON
@@ -17,7 +17,7 @@ placed is stored ``pending`` with its Unschedulable condition (reason ``NoFit``)
 and refunded in the same transaction: quota holdings always equal the tenant's placed reservations,
 each over its window.
 
-Time (DESIGN.md, "Reservation lifecycle"): bookings, scalar holdings and quota are held over the
+Time (docs/lifecycle.md): bookings, scalar holdings and quota are held over the
 reservation's window only, so a placed reservation stops counting at its end by itself; the lifecycle
 controller then moves it to ``ended`` (:func:`end_reservations`). ``start`` is at most ``max_lead``
 ahead of the database clock.
@@ -94,7 +94,8 @@ class CapacityConfig:
     max_lead: timedelta = MAX_LEAD
     # BC_CAPACITY_PREEMPTION: a regular request that does not fit may preempt spot work
     preemption: bool = True
-    # BC_CAPACITY_PLACER / BC_CAPACITY_MAX_BATCH (seed 000, "Two placers"; app/capacity/placing/registry.py)
+    # BC_CAPACITY_PLACER / BC_CAPACITY_MAX_BATCH (docs/placement-rules.md, "Two placers";
+    # app/capacity/placing/registry.py)
     placer: str = "inline"
     max_batch: int = 64
 
@@ -728,7 +729,8 @@ async def preview(
                     "score": round(c.score, 6),
                     "scores": {k: round(v, 6) for k, v in c.scores.items()},
                 }
-                # a gang preview shows the members of the best gang (seed 000, "Previewing a placement")
+                # a gang preview shows the members of the best gang (docs/placement-rules.md, "Previewing a
+                # placement")
                 for c in (plan.members or plan.ranked[:PREVIEW_CANDIDATES])
             ],
         },

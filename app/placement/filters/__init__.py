@@ -1,5 +1,5 @@
-"""The filter registry: ONE ordered tuple (DESIGN.md, "Filters"; the order and the reason strings are
-normative, seed 000). A node is rejected by the first filter that returns a reason.
+"""The filter registry: ONE ordered tuple (docs/reasons.md; the order and the reason strings are
+normative, docs/placement-rules.md). A node is rejected by the first filter that returns a reason.
 
 Each entry is a module with ``NAME``, ``REQUEST_READS`` and ``NODE_READS`` (the request and node fields
 it reads, :mod:`app.placement.reads`; the batch memo key is derived from them, docs/extending.md, "What a

@@ -1,4 +1,5 @@
-"""Filter 2, ``labels``: the request's ``node_labels`` (seed 000, nodeLabels), by the one labels rule
+"""Filter 2, ``labels``: the request's ``node_labels`` (docs/placement-rules.md, nodeLabels), by the one
+labels rule
 (:func:`app.placement.system_labels.unmet_label`): ``'*'`` asks only that the label exist; a ``bc.dev/``
 label counts only when its source is ``system``.
 Reasons: ``labels: missing <key>``, ``labels: <key> is <value>, want <wanted>``."""

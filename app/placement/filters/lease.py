@@ -1,5 +1,5 @@
 """Filter 9, ``lease`` (``binding: node`` only): a whole-node lease takes every atom and all scalar room of
-the node for its window (DESIGN.md, "Reservation lifecycle"), so it cannot take a node that holds
+the node for its window (docs/lifecycle.md), so it cannot take a node that holds
 anything in that window. Reasons: ``lease: <n> of <total> atoms booked in the window``, ``lease:
 <resource> holds <n> in the window``. Other bindings pass. :func:`whole_node` is what a lease claims."""
 

@@ -1,6 +1,7 @@
 """Filter 4, ``scalars``: room = floor(allocatable x ratio) - allocated, ``allocated`` being the peak
 held over the request's window (holdings are counted per instant), in ``Decimal`` so that
-100 x 0.29 is 29 as in the SQL guard (seed 000, "Scalar room"); negative room is 0 and a resource the
+100 x 0.29 is 29 as in the SQL guard (docs/placement-rules.md, "Scalar room"); negative room is 0 and a
+resource the
 node lacks has room 0. Reason: ``scalars: <resource> needs <n>, <room> free``."""
 
 from __future__ import annotations

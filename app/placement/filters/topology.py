@@ -1,5 +1,5 @@
 """Filter 7, ``topology``: a ``topology: 'nvlink-all'`` request for more than one atom needs the default
-pick's worst link to be NV (seed 000, "Atom pick and NVLink").
+pick's worst link to be NV (docs/placement-rules.md, "Atom pick and NVLink").
 Reason: ``topology: no NVLink-complete set of <n> <class>``.
 
 It computes the default pick itself (memoized in :func:`app.placement.topology.pick`, so the picker's

@@ -1,4 +1,4 @@
-"""The scorer registry: ONE ordered tuple (DESIGN.md, "Scorers"). Each entry is a module declaring
+"""The scorer registry: ONE ordered tuple (docs/reasons.md). Each entry is a module declaring
 ``NAME``, ``DEFAULT_WEIGHT``, ``DEPENDS`` and its kind's function (:mod:`app.placement.scorers.contract`);
 a node's total is sum(weight x score). Adding a scorer: write its module, add it to ``SCORERS`` below
 (docs/extending.md). The default weights, the shortlist's count-only key, the bound on the rest and

@@ -1,4 +1,4 @@
-"""The scorer contract (DESIGN.md, "Scorers"; issue 16): a scorer declares what its score depends on, and
+"""The scorer contract (docs/reasons.md; issue 16): a scorer declares what its score depends on, and
 everything else that must agree with it is derived from that declaration, never written a second time.
 
 A scorer is a module with ``NAME`` (its id, also the weight's key), ``DEFAULT_WEIGHT``, ``DEPENDS`` (one
