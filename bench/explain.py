@@ -1,4 +1,4 @@
-"""Benchmark: ``placement explain`` over fleets of 100, 1,000 and 10,000 targets (seed 004).
+"""Benchmark: ``placement explain`` over fleets of 100, 1,000 and 10,000 targets (docs/explain.md).
 
 A mixed fleet: scheduler lanes and daemon hosts, about a third of them rejected (stale, another OS,
 lacking the account or too small), the rest ranked, some with unknown components. Prints the median of
