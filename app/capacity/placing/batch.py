@@ -1070,7 +1070,8 @@ def _during(p: _Planned) -> Any:
 
 
 def _lost(p: _Planned, kind: str, resource: str | None = None) -> LostRace:
-    """The lost-race reason (docs/placement-rules.md, "Commit and lock order") of ``kind`` for the planned node."""
+    """The lost-race reason of ``kind`` for the planned node (docs/placement-rules.md, "Commit and lock
+    order")."""
     c = p.candidate
     text = {
         NOT_SCHEDULABLE: f"{c.node_name} is no longer schedulable",
