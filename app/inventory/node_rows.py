@@ -76,7 +76,8 @@ def check_label_count(total: int, system: int) -> None:
     """Raise InvalidInput (path ``labels``) when a node would hold more than MAX_LABELS labels."""
     if total > MAX_LABELS:
         raise InvalidInput(
-            f"a node holds at most {MAX_LABELS} labels ({total} with its {system} system labels)",
+            f"a node holds at most {MAX_LABELS} labels ({total} with its {system} system "
+            f"label{'' if system == 1 else 's'})",
             path="labels",
         )
 
