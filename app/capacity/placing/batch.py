@@ -61,6 +61,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.capacity.commit.lost_races import unschedulable_after
 from app.capacity.commit.single import (
     ATOM_BOOKED,
     ATOM_UNHEALTHY,
@@ -143,30 +144,6 @@ HOLD_SCALAR = hold_if(
 _NODES = sa.bindparam("node_ids", type_=pg.ARRAY(sa.Text))
 _ATOM_IDS = sa.bindparam("atom_ids", type_=pg.ARRAY(sa.Text))
 _TOLERATED = sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text))  # predicates.tolerated_reasons(tenant)
-
-
-@cache
-def lock_nodes_statement(skip_locked: bool) -> Prepared:
-    """The batch's node guard for one tenant, built and compiled once per variant::
-
-    SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
-     WHERE n.id = ANY(:node_ids) AND n.pool_id = :pool_id
-       AND <schedulable tolerating :tolerated>             -- predicates.schedulable_sql_within
-     ORDER BY n.id FOR SHARE OF n [SKIP LOCKED]            -- a missing node: no longer schedulable
-    """
-    return Prepared(
-        sa.select(nodes.c.id)
-        .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
-        .where(
-            nodes.c.id == sa.any_(_NODES),
-            nodes.c.pool_id == sa.bindparam("pool_id", type_=sa.Text),
-            schedulable_sql_within(
-                sa.cast(sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text)), pg.ARRAY(sa.Text))
-            ),
-        )
-        .order_by(nodes.c.id)
-        .with_for_update(read=True, of=nodes, skip_locked=skip_locked)
-    )
 
 
 TOLERATED_SEPARATOR = "\n"  # joins a tenant's tolerated reasons in one text (no reason holds a newline)
@@ -494,8 +471,7 @@ async def _plan_and_commit(
                 p.entry.outcome = Placed((result,), (p.token,))
     for e in entries:
         if e.undecided:  # every attempt lost a race
-            reasons = "; ".join(r.reason for r in e.lost)
-            e.outcome = Pending(f"Unschedulable after {len(e.lost)} conflicting attempts: {reasons}")
+            e.outcome = Pending(unschedulable_after([r.reason for r in e.lost]))
     return first
 
 

@@ -36,6 +36,7 @@ from datetime import datetime
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.capacity.commit.lost_races import unschedulable_after
 from app.capacity.commit.single import (
     ATOM_UNHEALTHY,
     LOST_RACE_SQLSTATES,
@@ -175,8 +176,7 @@ async def _place_inline(
         lost.append(outcome)
         if outcome.kind not in EXCLUDING_KINDS and attempt < max_attempts:
             await _hold_node_for_retry(conn, outcome.node_id)
-    reasons = "; ".join(r.reason for r in lost)
-    return Pending(f"Unschedulable after {len(lost)} conflicting attempts: {reasons}")
+    return Pending(unschedulable_after([r.reason for r in lost]))
 
 
 place_inline = record_placement("inline", _result)(_place_inline)
