@@ -61,20 +61,17 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.commit.lost_races import unschedulable_after
-from app.capacity.commit.single import (
+from app.capacity.commit.lost_races import (
     ATOM_BOOKED,
     ATOM_UNHEALTHY,
     LOST_RACE_SQLSTATES,
     NOT_SCHEDULABLE,
     SCALAR_RAN_OUT,
-    Committed,
     LostRace,
-    QuotaCharge,
-    commit_placements,
     labels_hold,
-    sqlstate,
+    unschedulable_after,
 )
+from app.capacity.commit.single import Committed, QuotaCharge, commit_placements
 from app.capacity.placing import preemption
 from app.capacity.placing.inline import (
     EXCLUDING_KINDS,
@@ -108,6 +105,7 @@ from app.db.tables import (
     quota_usage,
     scalar_holdings,
 )
+from app.db.tx import sqlstate
 from app.db.unnest import bound_rows
 from app.db.windows import hold_if, holding_params, room_for, window
 from app.errors import QuotaExceeded

@@ -36,21 +36,18 @@ from datetime import datetime
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.commit.lost_races import unschedulable_after
-from app.capacity.commit.single import (
+from app.capacity.commit.lost_races import (
     ATOM_UNHEALTHY,
     LOST_RACE_SQLSTATES,
-    NO_EXTRAS,
     NOT_SCHEDULABLE,
-    CommitExtras,
-    Committed,
     LostRace,
-    commit_placements,
-    sqlstate,
+    unschedulable_after,
 )
+from app.capacity.commit.single import NO_EXTRAS, CommitExtras, Committed, commit_placements
 from app.capacity.planning.shortlist import plan_request
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.db.locks import PoolShare, lock_node
+from app.db.tx import sqlstate
 from app.errors import NotFound
 from app.observability.metrics import LOST_RACES, record_placement
 from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
