@@ -51,7 +51,6 @@ locks its members in node id order and charges quota with its last member.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from functools import cache
@@ -72,6 +71,7 @@ from app.capacity.commit.lost_races import (
     node_lost,
     scalars_lost,
 )
+from app.capacity.commit.shapes import NO_EXTRAS, CommitExtras, Committed, QuotaCharge
 from app.capacity.predicates import (
     leasable_sql_within,
     own_dedication,
@@ -96,54 +96,6 @@ from app.db.windows import room_for, window
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
 from app.quota import service as quota
-
-
-@dataclass(frozen=True, slots=True)
-class Committed:
-    """The allocation written for a candidate: ``{id, nodeId, atoms, resources, start, end}``."""
-
-    allocation_id: str
-    node_id: str
-    atoms: tuple[str, ...]
-    resources: Mapping[str, Decimal]
-    classes: Mapping[str, Decimal] = field(default_factory=dict)  # atoms per device class
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaCharge:
-    """What the commit charges to the tenant's quota with its last node: ``amounts`` (resource ->
-    amount > 0) over ``[start, end)`` for ``reservation_id``. A refused charge raises 409."""
-
-    tenant_id: str
-    pool_id: str
-    reservation_id: str
-    amounts: Mapping[str, Decimal]
-    start: datetime
-    end: datetime
-
-    @property
-    def wanted(self) -> dict[str, Decimal]:
-        return {r: Decimal(n) for r, n in self.amounts.items() if Decimal(n) > 0}
-
-
-@dataclass(frozen=True, slots=True)
-class MarkPlaced:
-    """Mark the reservation ``placed`` (conditions ``[]``, ``ends_at`` = ``end``) with the last node's
-    writes, so the caller needs no statement of its own."""
-
-    reservation_id: str
-    end: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class CommitExtras:
-    """What rides along with the last node's statements: the quota charge and the placed mark."""
-
-    charge: QuotaCharge | None = None
-    mark: MarkPlaced | None = None
-
-
-NO_EXTRAS = CommitExtras()
 
 
 async def commit_placements(

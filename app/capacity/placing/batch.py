@@ -71,7 +71,8 @@ from app.capacity.commit.lost_races import (
     labels_hold,
     unschedulable_after,
 )
-from app.capacity.commit.single import Committed, QuotaCharge, commit_placements
+from app.capacity.commit.shapes import Committed, QuotaCharge
+from app.capacity.commit.single import commit_placements
 from app.capacity.placing import preemption
 from app.capacity.placing.inline import (
     EXCLUDING_KINDS,

@@ -43,7 +43,8 @@ from app.capacity.commit.lost_races import (
     LostRace,
     unschedulable_after,
 )
-from app.capacity.commit.single import NO_EXTRAS, CommitExtras, Committed, commit_placements
+from app.capacity.commit.shapes import NO_EXTRAS, CommitExtras, Committed
+from app.capacity.commit.single import commit_placements
 from app.capacity.planning.shortlist import plan_request
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.db.locks import PoolShare, lock_node

@@ -43,7 +43,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.commit.cuts import cut_allocations
 from app.capacity.commit.lost_races import ATOM_UNHEALTHY, NOT_SCHEDULABLE, LostRace, booked_concurrently
-from app.capacity.commit.single import CommitExtras, Committed, QuotaCharge, commit_placements
+from app.capacity.commit.shapes import CommitExtras, Committed, QuotaCharge
+from app.capacity.commit.single import commit_placements
 from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import Placed, plan_seed
 from app.capacity.planning.snapshot import PoolCache, read_snapshot

@@ -46,7 +46,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit.cuts import cut_allocations
-from app.capacity.commit.single import CommitExtras, Committed, MarkPlaced, QuotaCharge
+from app.capacity.commit.shapes import CommitExtras, Committed, MarkPlaced, QuotaCharge
 from app.capacity.conditions import (
     NO_FIT,
     ended_condition,
