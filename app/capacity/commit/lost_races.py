@@ -45,6 +45,21 @@ class LostRace:
     kind: str
 
 
+def not_schedulable(node_id: str, node_name: str) -> LostRace:
+    """The lost race ``<node> is no longer schedulable`` (kind ``not_schedulable``)."""
+    return LostRace(node_id, f"{node_name} is no longer schedulable", NOT_SCHEDULABLE)
+
+
+def atom_unhealthy(node_id: str, node_name: str) -> LostRace:
+    """The lost race ``an atom on <node> turned unhealthy or unbookable`` (kind ``atom_unhealthy``)."""
+    return LostRace(node_id, f"an atom on {node_name} turned unhealthy or unbookable", ATOM_UNHEALTHY)
+
+
+def scalar_ran_out(node_id: str, node_name: str, resource: str) -> LostRace:
+    """The lost race ``<resource> on <node> ran out`` (kind ``scalar_ran_out``)."""
+    return LostRace(node_id, f"{resource} on {node_name} ran out", SCALAR_RAN_OUT)
+
+
 def atom_booked(node_id: str, node_name: str) -> LostRace:
     """The lost race ``an atom on <node> was booked concurrently`` (kind ``atom_booked``)."""
     return LostRace(node_id, f"an atom on {node_name} was booked concurrently", ATOM_BOOKED)
@@ -76,7 +91,7 @@ def node_lost(locked: Any, request: PlacementRequest, candidate: Candidate) -> L
         still = labels_hold(request.node_labels, have)
     if still:
         return None
-    return LostRace(candidate.node_id, f"{candidate.node_name} is no longer schedulable", NOT_SCHEDULABLE)
+    return not_schedulable(candidate.node_id, candidate.node_name)
 
 
 def atoms_lost(locked: Any, candidate: Candidate) -> LostRace | None:
@@ -85,8 +100,7 @@ def atoms_lost(locked: Any, candidate: Candidate) -> LostRace | None:
     unhealthy or unbookable``."""
     if len(locked.atom_classes or ()) == len(candidate.atoms):
         return None
-    reason = f"an atom on {candidate.node_name} turned unhealthy or unbookable"
-    return LostRace(candidate.node_id, reason, ATOM_UNHEALTHY)
+    return atom_unhealthy(candidate.node_id, candidate.node_name)
 
 
 def scalars_lost(locked: Any, candidate: Candidate) -> LostRace | None:
@@ -96,7 +110,7 @@ def scalars_lost(locked: Any, candidate: Candidate) -> LostRace | None:
     if locked.scalars == len(candidate.resources):
         return None
     first = sorted(candidate.resources)[0]
-    return LostRace(candidate.node_id, f"{first} on {candidate.node_name} ran out", SCALAR_RAN_OUT)
+    return scalar_ran_out(candidate.node_id, candidate.node_name, first)
 
 
 def bookings_lost(written: Any, candidate: Candidate) -> LostRace | None:
@@ -116,4 +130,4 @@ def holdings_lost(written: Any, candidate: Candidate) -> LostRace | None:
     missing = [r for r in sorted(candidate.resources) if r not in held]
     if not missing:
         return None
-    return LostRace(candidate.node_id, f"{missing[0]} on {candidate.node_name} ran out", SCALAR_RAN_OUT)
+    return scalar_ran_out(candidate.node_id, candidate.node_name, missing[0])

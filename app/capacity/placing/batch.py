@@ -68,7 +68,11 @@ from app.capacity.commit.lost_races import (
     NOT_SCHEDULABLE,
     SCALAR_RAN_OUT,
     LostRace,
+    atom_booked,
+    atom_unhealthy,
     labels_hold,
+    not_schedulable,
+    scalar_ran_out,
     unschedulable_after,
 )
 from app.capacity.commit.shapes import Committed, QuotaCharge
@@ -1044,12 +1048,14 @@ def _during(p: _Planned) -> Any:
 
 
 def _lost(p: _Planned, kind: str, resource: str | None = None) -> LostRace:
-    """Seed 000's lost-race reason of ``kind`` for the planned node."""
+    """The lost race of ``kind`` on the planned node, with the texts of
+    :mod:`app.capacity.commit.lost_races` (``resource`` names what ran out)."""
     c = p.candidate
-    text = {
-        NOT_SCHEDULABLE: f"{c.node_name} is no longer schedulable",
-        ATOM_UNHEALTHY: f"an atom on {c.node_name} turned unhealthy or unbookable",
-        ATOM_BOOKED: f"an atom on {c.node_name} was booked concurrently",
-        SCALAR_RAN_OUT: f"{resource} on {c.node_name} ran out",
-    }[kind]
-    return LostRace(c.node_id, text, kind)
+    if kind == NOT_SCHEDULABLE:
+        return not_schedulable(c.node_id, c.node_name)
+    if kind == ATOM_UNHEALTHY:
+        return atom_unhealthy(c.node_id, c.node_name)
+    if kind == ATOM_BOOKED:
+        return atom_booked(c.node_id, c.node_name)
+    assert kind == SCALAR_RAN_OUT and resource is not None
+    return scalar_ran_out(c.node_id, c.node_name, resource)
