@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.commit.single import LOST_RACE_KINDS
+from app.capacity.commit.lost_races import LOST_RACE_KINDS
 from app.capacity.placing.inline import Placed, place_inline
 from app.capacity.planning.snapshot import PoolCache
 from app.db.engine import create_engine

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.commit.single import NOT_SCHEDULABLE
+from app.capacity.commit.lost_races import NOT_SCHEDULABLE
 from app.capacity.placing.batch import BatchEntry, BatchOptions, place_batch
 from app.capacity.placing.inline import Pending, Placed
 from app.capacity.planning import shortlist

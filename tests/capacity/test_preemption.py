@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.commit.single import ATOM_BOOKED, LostRace
+from app.capacity.commit.lost_races import ATOM_BOOKED, LostRace
 from app.capacity.placing import preemption
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.reservations.service import (

@@ -12,10 +12,11 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.commit.single import CommitExtras, QuotaCharge, sqlstate
+from app.capacity.commit.shapes import CommitExtras, QuotaCharge
 from app.capacity.placing.inline import Placed, place_inline
 from app.capacity.planning.snapshot import PoolCache
 from app.db.tables import quota_holdings, quota_usage
+from app.db.tx import sqlstate
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
 from app.quota.service import set_limits

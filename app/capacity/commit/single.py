@@ -52,7 +52,6 @@ locks its members in node id order and charges quota with its last member.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from functools import cache
@@ -64,13 +63,16 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.commit.lost_races import (  # noqa: F401  (LOST_RACE_KINDS: re-exported)
-    ATOM_BOOKED,
-    ATOM_UNHEALTHY,
-    LOST_RACE_KINDS,
-    NOT_SCHEDULABLE,
-    SCALAR_RAN_OUT,
+from app.capacity.commit.lost_races import (
+    LostRace,
+    atoms_lost,
+    booked_concurrently,
+    bookings_lost,
+    holdings_lost,
+    node_lost,
+    scalars_lost,
 )
+from app.capacity.commit.shapes import NO_EXTRAS, CommitExtras, Committed, QuotaCharge
 from app.capacity.predicates import (
     leasable_sql_within,
     own_dedication,
@@ -90,95 +92,11 @@ from app.db.tables import (
     reservations,
     scalar_holdings,
 )
-from app.db.tx import sqlstate
 from app.db.unnest import wanted_amounts
 from app.db.windows import room_for, window
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
-from app.placement.system_labels import unmet_label
 from app.quota import service as quota
-
-LOST_RACE_SQLSTATES = frozenset({"40P01", "23P01"})  # deadlock detected, exclusion violation
-
-
-@dataclass(frozen=True, slots=True)
-class Committed:
-    """The allocation written for a candidate: ``{id, nodeId, atoms, resources, start, end}``."""
-
-    allocation_id: str
-    node_id: str
-    atoms: tuple[str, ...]
-    resources: Mapping[str, Decimal]
-    classes: Mapping[str, Decimal] = field(default_factory=dict)  # atoms per device class
-
-
-@dataclass(frozen=True, slots=True)
-class LostRace:
-    """The commit lost a race; ``reason`` is one of docs/placement-rules.md's four texts (naming the node),
-    ``kind`` its
-    bounded class, one of :data:`LOST_RACE_KINDS` (the ``reason`` label of ``bc_lost_races_total``)."""
-
-    node_id: str
-    reason: str
-    kind: str
-
-
-def atom_booked(node_id: str, node_name: str) -> LostRace:
-    """The lost race ``an atom on <node> was booked concurrently`` (kind ``atom_booked``)."""
-    return LostRace(node_id, f"an atom on {node_name} was booked concurrently", ATOM_BOOKED)
-
-
-def booked_concurrently(exc: DBAPIError, node_id: str, node_name: str) -> LostRace:
-    """A guarded statement on the node failed on a lock (a deadlock or a lock conflict,
-    :data:`LOST_RACE_SQLSTATES`): the race for its atoms was lost (:func:`atom_booked`). Any other
-    error is raised again."""
-    if sqlstate(exc) not in LOST_RACE_SQLSTATES:
-        raise exc
-    return atom_booked(node_id, node_name)
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaCharge:
-    """What the commit charges to the tenant's quota with its last node: ``amounts`` (resource ->
-    amount > 0) over ``[start, end)`` for ``reservation_id``. A refused charge raises 409."""
-
-    tenant_id: str
-    pool_id: str
-    reservation_id: str
-    amounts: Mapping[str, Decimal]
-    start: datetime
-    end: datetime
-
-    @property
-    def wanted(self) -> dict[str, Decimal]:
-        return {r: Decimal(n) for r, n in self.amounts.items() if Decimal(n) > 0}
-
-
-@dataclass(frozen=True, slots=True)
-class MarkPlaced:
-    """Mark the reservation ``placed`` (conditions ``[]``, ``ends_at`` = ``end``) with the last node's
-    writes, so the caller needs no statement of its own."""
-
-    reservation_id: str
-    end: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class CommitExtras:
-    """What rides along with the last node's statements: the quota charge and the placed mark."""
-
-    charge: QuotaCharge | None = None
-    mark: MarkPlaced | None = None
-
-
-NO_EXTRAS = CommitExtras()
-
-
-def labels_hold(wanted: Mapping[str, str], have: Mapping[str, tuple[str, str]]) -> bool:
-    """Do the node's labels (key -> (value, source)) satisfy ``wanted`` (``'*'`` = any value)? The one
-    labels rule, :func:`app.placement.system_labels.unmet_label`, found nothing unmet."""
-    held = [(k, have[k]) for k in wanted if k in have]
-    return unmet_label(wanted.items(), {k: v for k, (v, _) in held}, {k: s for k, (_, s) in held}) is None
 
 
 async def commit_placements(
@@ -373,39 +291,6 @@ async def run_lock_statement(
     return (await statement.run(conn, params)).one()
 
 
-def node_lost(locked: Any, request: PlacementRequest, candidate: Candidate) -> LostRace | None:
-    """Guard 1: ``SELECT n.id FROM nodes n JOIN pools p ... WHERE n.id = :node AND <schedulable> FOR
-    SHARE OF n`` found no row, or the node's labels (re-read under that lock) no longer satisfy the
-    request's nodeLabels: ``<node> is no longer schedulable``."""
-    still = locked.node == 1
-    if still and request.node_labels:
-        have = {k: (v, s) for k, v, s in (locked.labels or ())}
-        still = labels_hold(request.node_labels, have)
-    if still:
-        return None
-    return LostRace(candidate.node_id, f"{candidate.node_name} is no longer schedulable", NOT_SCHEDULABLE)
-
-
-def atoms_lost(locked: Any, candidate: Candidate) -> LostRace | None:
-    """Guard 2: ``SELECT id, class FROM devices WHERE id = ANY(:atoms) AND node_id = :node AND healthy
-    AND bookable ORDER BY id FOR SHARE`` found fewer rows than atoms: ``an atom on <node> turned
-    unhealthy or unbookable``."""
-    if len(locked.atom_classes or ()) == len(candidate.atoms):
-        return None
-    reason = f"an atom on {candidate.node_name} turned unhealthy or unbookable"
-    return LostRace(candidate.node_id, reason, ATOM_UNHEALTHY)
-
-
-def scalars_lost(locked: Any, candidate: Candidate) -> LostRace | None:
-    """Guard 3: ``SELECT resource FROM node_resources WHERE node_id = :node AND resource = ANY(:scalars)
-    ORDER BY resource FOR UPDATE`` found fewer rows than requested resources (the node has no such
-    resource any more): ``<resource> on <node> ran out``, naming the first in sorted order."""
-    if locked.scalars == len(candidate.resources):
-        return None
-    first = sorted(candidate.resources)[0]
-    return LostRace(candidate.node_id, f"{first} on {candidate.node_name} ran out", SCALAR_RAN_OUT)
-
-
 def quota_unlocked(locked: Any, wanted: Mapping[str, Decimal]) -> bool:
     """Guard 4: ``<LOCK_USAGE>`` locked fewer ``quota_usage`` rows than charged resources: a first
     charge, whose rows the caller inserts and locks (:func:`app.quota.service.lock_first_usage_rows`)."""
@@ -568,26 +453,6 @@ async def run_write_statement(
         assert extras.mark.reservation_id == reservation_id and extras.mark.end == end
     statement = write_statement(with_quota, extras.mark is not None)
     return (await statement.run(conn, params)).one()
-
-
-def bookings_lost(written: Any, candidate: Candidate) -> LostRace | None:
-    """Write 6: ``INSERT INTO device_bookings ... ON CONFLICT DO NOTHING RETURNING device_id`` returned
-    fewer rows than atoms booked (the picked ones and a lease's held ones): ``an atom on <node> was
-    booked concurrently``."""
-    if written.booked == len(candidate.booked_atoms):
-        return None
-    return atom_booked(candidate.node_id, candidate.node_name)
-
-
-def holdings_lost(written: Any, candidate: Candidate) -> LostRace | None:
-    """Write 7: ``INSERT INTO scalar_holdings ... WHERE peak + n <= floor(allocatable * ratio)
-    RETURNING resource`` left a resource out: ``<resource> on <node> ran out`` (the first in sorted
-    order)."""
-    held = set(written.held or ())
-    missing = [r for r in sorted(candidate.resources) if r not in held]
-    if not missing:
-        return None
-    return LostRace(candidate.node_id, f"{missing[0]} on {candidate.node_name} ran out", SCALAR_RAN_OUT)
 
 
 async def quota_refused(conn: AsyncConnection, written: Any, charge: QuotaCharge) -> None:

@@ -43,7 +43,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.commit.single import QuotaCharge
+from app.capacity.commit.shapes import QuotaCharge
 from app.capacity.conditions import NO_FIT, QUOTA_EXCEEDED, UNSCHEDULABLE, with_unschedulable
 from app.capacity.controllers.listener import ListeningController
 from app.capacity.controllers.repair import REPAIR_PREFIX

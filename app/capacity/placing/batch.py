@@ -62,19 +62,22 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.commit.single import (
+from app.capacity.commit.lost_races import (
     ATOM_BOOKED,
     ATOM_UNHEALTHY,
     LOST_RACE_SQLSTATES,
     NOT_SCHEDULABLE,
     SCALAR_RAN_OUT,
-    Committed,
     LostRace,
-    QuotaCharge,
-    commit_placements,
+    atom_booked,
+    atom_unhealthy,
     labels_hold,
-    sqlstate,
+    not_schedulable,
+    scalar_ran_out,
+    unschedulable_after,
 )
+from app.capacity.commit.shapes import Committed, QuotaCharge
+from app.capacity.commit.single import commit_placements
 from app.capacity.placing import preemption
 from app.capacity.placing.inline import (
     EXCLUDING_KINDS,
@@ -108,6 +111,7 @@ from app.db.tables import (
     quota_usage,
     scalar_holdings,
 )
+from app.db.tx import sqlstate
 from app.db.unnest import bound_rows
 from app.db.windows import hold_if, holding_params, room_for, window
 from app.errors import QuotaExceeded
@@ -144,30 +148,6 @@ HOLD_SCALAR = hold_if(
 _NODES = sa.bindparam("node_ids", type_=pg.ARRAY(sa.Text))
 _ATOM_IDS = sa.bindparam("atom_ids", type_=pg.ARRAY(sa.Text))
 _TOLERATED = sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text))  # predicates.tolerated_reasons(tenant)
-
-
-@cache
-def lock_nodes_statement(skip_locked: bool) -> Prepared:
-    """The batch's node guard for one tenant, built and compiled once per variant::
-
-    SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id
-     WHERE n.id = ANY(:node_ids) AND n.pool_id = :pool_id
-       AND <schedulable tolerating :tolerated>             -- predicates.schedulable_sql_within
-     ORDER BY n.id FOR SHARE OF n [SKIP LOCKED]            -- a missing node: no longer schedulable
-    """
-    return Prepared(
-        sa.select(nodes.c.id)
-        .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
-        .where(
-            nodes.c.id == sa.any_(_NODES),
-            nodes.c.pool_id == sa.bindparam("pool_id", type_=sa.Text),
-            schedulable_sql_within(
-                sa.cast(sa.bindparam("tolerated", type_=pg.ARRAY(sa.Text)), pg.ARRAY(sa.Text))
-            ),
-        )
-        .order_by(nodes.c.id)
-        .with_for_update(read=True, of=nodes, skip_locked=skip_locked)
-    )
 
 
 TOLERATED_SEPARATOR = "\n"  # joins a tenant's tolerated reasons in one text (no reason holds a newline)
@@ -495,8 +475,7 @@ async def _plan_and_commit(
                 p.entry.outcome = Placed((result,), (p.token,))
     for e in entries:
         if e.undecided:  # every attempt lost a race
-            reasons = "; ".join(r.reason for r in e.lost)
-            e.outcome = Pending(f"Unschedulable after {len(e.lost)} conflicting attempts: {reasons}")
+            e.outcome = Pending(unschedulable_after([r.reason for r in e.lost]))
     return first
 
 
@@ -1070,13 +1049,14 @@ def _during(p: _Planned) -> Any:
 
 
 def _lost(p: _Planned, kind: str, resource: str | None = None) -> LostRace:
-    """The lost-race reason of ``kind`` for the planned node (docs/placement-rules.md, "Commit and lock
-    order")."""
+    """The lost race of ``kind`` on the planned node, with the texts of
+    :mod:`app.capacity.commit.lost_races` (``resource`` names what ran out)."""
     c = p.candidate
-    text = {
-        NOT_SCHEDULABLE: f"{c.node_name} is no longer schedulable",
-        ATOM_UNHEALTHY: f"an atom on {c.node_name} turned unhealthy or unbookable",
-        ATOM_BOOKED: f"an atom on {c.node_name} was booked concurrently",
-        SCALAR_RAN_OUT: f"{resource} on {c.node_name} ran out",
-    }[kind]
-    return LostRace(c.node_id, text, kind)
+    if kind == NOT_SCHEDULABLE:
+        return not_schedulable(c.node_id, c.node_name)
+    if kind == ATOM_UNHEALTHY:
+        return atom_unhealthy(c.node_id, c.node_name)
+    if kind == ATOM_BOOKED:
+        return atom_booked(c.node_id, c.node_name)
+    assert kind == SCALAR_RAN_OUT and resource is not None
+    return scalar_ran_out(c.node_id, c.node_name, resource)

@@ -36,20 +36,19 @@ from datetime import datetime
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.commit.single import (
+from app.capacity.commit.lost_races import (
     ATOM_UNHEALTHY,
     LOST_RACE_SQLSTATES,
-    NO_EXTRAS,
     NOT_SCHEDULABLE,
-    CommitExtras,
-    Committed,
     LostRace,
-    commit_placements,
-    sqlstate,
+    unschedulable_after,
 )
+from app.capacity.commit.shapes import NO_EXTRAS, CommitExtras, Committed
+from app.capacity.commit.single import commit_placements
 from app.capacity.planning.shortlist import plan_request
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.db.locks import PoolShare, lock_node
+from app.db.tx import sqlstate
 from app.errors import NotFound
 from app.observability.metrics import LOST_RACES, record_placement
 from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
@@ -175,8 +174,7 @@ async def _place_inline(
         lost.append(outcome)
         if outcome.kind not in EXCLUDING_KINDS and attempt < max_attempts:
             await _hold_node_for_retry(conn, outcome.node_id)
-    reasons = "; ".join(r.reason for r in lost)
-    return Pending(f"Unschedulable after {len(lost)} conflicting attempts: {reasons}")
+    return Pending(unschedulable_after([r.reason for r in lost]))
 
 
 place_inline = record_placement("inline", _result)(_place_inline)

@@ -42,16 +42,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.commit.cuts import cut_allocations
-from app.capacity.commit.single import (
-    ATOM_UNHEALTHY,
-    NOT_SCHEDULABLE,
-    CommitExtras,
-    Committed,
-    LostRace,
-    QuotaCharge,
-    booked_concurrently,
-    commit_placements,
-)
+from app.capacity.commit.lost_races import ATOM_UNHEALTHY, NOT_SCHEDULABLE, LostRace, booked_concurrently
+from app.capacity.commit.shapes import CommitExtras, Committed, QuotaCharge
+from app.capacity.commit.single import commit_placements
 from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import Placed, plan_seed
 from app.capacity.planning.snapshot import PoolCache, read_snapshot

@@ -26,7 +26,7 @@ from typing import Protocol
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.commit.single import NO_EXTRAS, CommitExtras, MarkPlaced, QuotaCharge
+from app.capacity.commit.shapes import NO_EXTRAS, CommitExtras, MarkPlaced, QuotaCharge
 from app.capacity.placing.inline import Pending, Placed, place_inline, place_woken
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.db.tables import reservations

@@ -23,8 +23,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.commit.lost_races import ATOM_BOOKED
-from app.capacity.commit.single import LOST_RACE_SQLSTATES, sqlstate
+from app.capacity.commit.lost_races import ATOM_BOOKED, LOST_RACE_SQLSTATES
 from app.capacity.placing.batch import BatchEntry, batch_options, place_batch
 from app.capacity.placing.inline import Pending, Placed, db_now
 from app.capacity.placing.registry import must_place_inline
@@ -44,6 +43,7 @@ from app.capacity.reservations.service import (
     with_warnings,
 )
 from app.db.locks import wait_for_pool_lease
+from app.db.tx import sqlstate
 from app.errors import AppError, InvalidInput
 from app.observability.metrics import LOST_RACES, PLACEMENT_BATCH_SIZE, count_batch_attempts
 from app.placement.request import ReservationRequest

@@ -46,7 +46,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit.cuts import cut_allocations
-from app.capacity.commit.single import CommitExtras, Committed, MarkPlaced, QuotaCharge, sqlstate
+from app.capacity.commit.shapes import CommitExtras, Committed, MarkPlaced, QuotaCharge
 from app.capacity.conditions import (
     NO_FIT,
     ended_condition,
@@ -64,7 +64,7 @@ from app.capacity.reservations.access import reservation_not_found, visible
 from app.db.locks import PoolShare, lock_pool, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import TS, allocations, pools, reservations
-from app.db.tx import reads, run_again_on_deadlock
+from app.db.tx import reads, run_again_on_deadlock, sqlstate
 from app.errors import IdempotencyKeyReused, InvalidInput
 from app.iam.authorize import exists_for
 from app.ids import new_id
