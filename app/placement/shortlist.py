@@ -1,5 +1,5 @@
 """The shortlist's pure ranking (docs/architecture.md; the rule is in the I/O half's
-:mod:`app.capacity.planning.shortlist` docstring): which requests the shortlist applies to, its size K,
+:mod:`app.capacity.planning.plan` docstring): which requests the shortlist applies to, its size K,
 the :class:`Exceptions` value the narrow reads produce, the count-score ranking of a pool's inventory
 index (:func:`shortlist_rows`: alike free nodes grouped by atom counts, selector matches memoized per
 static node signature, nodeLabels checks), and the completeness proof (:func:`pick_ceiling`,

@@ -15,7 +15,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.planning.shortlist import plan_request, read_exceptions
+from app.capacity.planning.exceptions import read_exceptions
+from app.capacity.planning.plan import plan_request
 from app.capacity.planning.snapshot import PoolCache, read_pool_head, read_snapshot
 from app.db.tables import devices
 from app.inventory import service as inventory

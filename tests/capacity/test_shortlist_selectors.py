@@ -10,7 +10,7 @@ from decimal import Decimal
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.planning.shortlist import plan_request
+from app.capacity.planning.plan import plan_request
 from app.capacity.planning.snapshot import PoolCache, read_pool_head, read_snapshot
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, NodeCreate

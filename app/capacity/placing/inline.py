@@ -47,7 +47,7 @@ from app.capacity.commit.single import (
     commit_placements,
     sqlstate,
 )
-from app.capacity.planning.shortlist import plan_request
+from app.capacity.planning.plan import plan_request
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.db.locks import PoolShare, lock_node
 from app.errors import NotFound
