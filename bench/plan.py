@@ -115,15 +115,15 @@ def timed(req: PlacementRequest, snapshot: PoolSnapshot, repeat: int) -> tuple[f
 def preview_plan(req: PlacementRequest, snapshot: PoolSnapshot, repeat: int) -> tuple[float, float, str]:
     """(p50 ms, p99 ms, path) of the preview's plan: shortlist rows on the cached inventory, then the
     pipeline on the shortlisted nodes (falling back to the whole pool when not provably complete)."""
-    from app.capacity.planning.shortlist import (
+    from app.placement.model import PoolInventory
+    from app.placement.shortlist import (
         Exceptions,
-        _pick_ceiling,
-        _provably_complete,
+        pick_ceiling,
+        provably_complete,
         shortlist_applies,
         shortlist_rows,
         shortlist_size,
     )
-    from app.capacity.planning.snapshot import PoolInventory
 
     options = SchedulerOptions(seed=7)
     inventory = PoolInventory(
@@ -144,7 +144,7 @@ def preview_plan(req: PlacementRequest, snapshot: PoolSnapshot, repeat: int) -> 
             rows = shortlist_rows(inventory, req, options, free, k + 1)
             inside = PoolSnapshot(id=snapshot.id, nodes=tuple(states[node_id] for node_id, _ in rows[:k]))
             plan = plan_placement(req, inside, options)
-            if _provably_complete(plan, rows, k, needed, _pick_ceiling(inventory, req, options)):
+            if provably_complete(plan, rows, k, needed, pick_ceiling(inventory, req, options)):
                 path = "shortlist"
         if path == "full":
             plan_placement(req, snapshot, options)

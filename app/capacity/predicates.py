@@ -3,7 +3,7 @@
 
 - :func:`schedulable_sql_tolerating` (its body :func:`schedulable_sql_within`, over a bound array of
   tolerated reasons): the guarded commit (:mod:`app.capacity.commit.single`, step 1, ``FOR SHARE`` of the
-  node) and the shortlist's eligibility column (:mod:`app.capacity.planning.shortlist`);
+  node) and the shortlist's eligibility column (:mod:`app.capacity.planning.exceptions`);
 - :func:`leasable_sql_for` (its body :func:`leasable_sql_within`, over a bound own dedication): the
   guarded commit of a whole-node lease (:mod:`app.capacity.commit.single`);
 - :func:`may_be_schedulable_sql`: a node's wake edge (:func:`app.capacity.edges.notify_node`)

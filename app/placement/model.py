@@ -227,3 +227,19 @@ class Rejections:
 
     by_node: Mapping[str, str]
     summary: str
+
+
+@dataclass(frozen=True, slots=True)
+class PoolInventory:
+    """The cached static part of one pool at one inventory version: node id -> NodeInventory."""
+
+    version: int
+    nodes: dict[str, NodeInventory]
+    order: tuple[str, ...]
+    # scalar resources each node has a row for (rows come and go only with inventory changes)
+    resource_names: dict[str, frozenset[str]] = field(default_factory=dict)
+    # node id -> resource -> floor(allocatable x ratio): both columns change only with inventory changes
+    capacities: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+    name: str = ""  # the pool's name (names never change), for messages
+    # derived values that depend only on this static inventory (e.g. the shortlist's score ceilings)
+    memo: dict[Any, Any] = field(default_factory=dict)

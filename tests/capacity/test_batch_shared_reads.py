@@ -1,4 +1,4 @@
-"""A batch's plans share their reads (issue 15; app/capacity/planning/shortlist.py ``SharedReads``): one
+"""A batch's plans share their reads (issue 15; app/capacity/planning/shared_reads.py ``SharedReads``): one
 exceptions read per (window, resource names, tenant) group, counted with the round-trip counter; each
 plan sees the earlier plans of the batch (atoms and scalar amounts) only where the windows overlap, so
 an entry that no longer fits is decided pending at plan time instead of losing a race at the commit;
@@ -17,7 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.capacity.commit.lost_races import SCALAR_RAN_OUT
 from app.capacity.placing.batch import BatchEntry, BatchOptions, place_batch
 from app.capacity.placing.inline import Pending, Placed
-from app.capacity.planning.shortlist import SharedReads, exceptions_statement
+from app.capacity.planning.exceptions import exceptions_statement
+from app.capacity.planning.shared_reads import SharedReads
 from app.capacity.planning.snapshot import PoolCache, read_pool_head
 from app.db.tables import quota_holdings, scalar_holdings
 from app.placement.model import DeviceRequest, PlacementRequest

@@ -1,4 +1,5 @@
-"""A worker's consecutive batches of one pool share their reads (issue 15; app/capacity/planning/shortlist.py
+"""A worker's consecutive batches of one pool share their reads (issue 15;
+app/capacity/planning/shared_reads.py
 ``WarmReads``): the next batch of an unchanged pool sends no exceptions read and counts the earlier
 batches' committed plans; a booking made elsewhere between batches is caught by the guarded commit and
 the entry replanned on fresh reads, never double-booked; a release elsewhere never makes a pending
@@ -18,8 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.capacity.commit.lost_races import NOT_SCHEDULABLE
 from app.capacity.placing.batch import BatchEntry, BatchOptions, place_batch
 from app.capacity.placing.inline import Pending, Placed
-from app.capacity.planning import shortlist
-from app.capacity.planning.shortlist import WarmSlot
+from app.capacity.planning import shared_reads
+from app.capacity.planning.shared_reads import WarmSlot
 from app.capacity.planning.snapshot import PoolCache, read_pool_head
 from app.capacity.queue import worker as queue
 from app.capacity.reservations.service import CapacityConfig
@@ -157,7 +158,7 @@ async def test_a_stale_or_smaller_read_is_read_again(
         await _batch(engine, cache, pool, slot, await _entries(engine, pool, [_request(pool, start, cpu=4)]))
         == 1
     )
-    monkeypatch.setattr(shortlist, "WARM_SECONDS", 0.0)
+    monkeypatch.setattr(shared_reads, "WARM_SECONDS", 0.0)
     assert (
         await _batch(engine, cache, pool, slot, await _entries(engine, pool, [_request(pool, start, cpu=2)]))
         == 1

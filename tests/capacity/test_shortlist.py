@@ -16,7 +16,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.planning.shortlist import plan_request, read_exceptions, shortlist_applies, shortlist_rows
+from app.capacity.planning.exceptions import read_exceptions
+from app.capacity.planning.plan import plan_request
 from app.capacity.planning.snapshot import PoolCache, read_pool_head, read_snapshot
 from app.db.tables import devices
 from app.inventory import service as inventory
@@ -26,6 +27,7 @@ from app.placement.options import SchedulerOptions
 from app.placement.pipeline import plan_placement
 from app.placement.scorers import SCORERS
 from app.placement.scorers.contract import COUNTS, NODE, PICK
+from app.placement.shortlist import shortlist_applies, shortlist_rows
 from tests.capacity.helpers import book, db_time, make_pool_with_nodes
 from tests.factories import node_body
 

@@ -10,13 +10,14 @@ from decimal import Decimal
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.planning.shortlist import plan_request, selector_matches
+from app.capacity.planning.plan import plan_request
 from app.capacity.planning.snapshot import PoolCache, read_pool_head, read_snapshot
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, NodeCreate
 from app.placement.model import DeviceRequest, MatchExpression, PlacementRequest, Selector
 from app.placement.options import SchedulerOptions
 from app.placement.pipeline import plan_placement
+from app.placement.shortlist import selector_matches
 from tests.capacity.helpers import book, db_time, make_pool_with_nodes
 from tests.capacity.test_shortlist import _comparable
 

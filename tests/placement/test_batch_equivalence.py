@@ -3,7 +3,7 @@
 Random sequences of requests (topology, selectors, tenants against dedications and cordons, scalar
 resources, nodeLabels, whole-node leases, spot, gangs, overlapping windows) are planned twice over the
 same pool: one at a time, each on fresh node snapshots and without a memo (what a single create does),
-and as one batch does it (``app/capacity/planning/shortlist.py``'s groups): per window, a node keeps its
+and as one batch does it (``app/capacity/planning/shared_reads.py``'s groups): per window, a node keeps its
 snapshot
 object until a plan changes it, and the plans of the window share one memo store. Each plan's decision
 (the nodes and atoms chosen, or the pending reason) must be the same on both paths.

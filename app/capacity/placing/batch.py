@@ -9,14 +9,14 @@ commit's, :mod:`app.db.locks`):
 1. **read the pool row** (a plain read: the head the plans share): an archived pool (archived after the
    reservation was queued, or before) leaves every entry pending with ``the pool is archived``;
 2. **plan** the entries one after another, oldest first, on reads they share
-   (:class:`~app.capacity.planning.shortlist.SharedReads`, issue 15): the pool row read as their head, one
+   (:class:`~app.capacity.planning.shared_reads.SharedReads`, issue 15): the pool row read as their head, one
    exceptions read per group of window, resource names and tenant, each plan seeing the earlier plans
    of the attempt (their atoms booked and their scalar amounts held where the windows overlap) and
    what other plans of this process assumed meanwhile (their atoms are assumed booked in the
    :class:`~app.capacity.planning.snapshot.PoolCache`, which memoizes rankings per label set); what earlier
    attempts wrote is read back in this transaction. A queue worker's first attempt also plans on the
    pool's warm reads from its previous batch (``WarmSlot``,
-   :class:`~app.capacity.planning.shortlist.WarmReads`);
+   :class:`~app.capacity.planning.shared_reads.WarmReads`);
 3. **lock the pool row** ``FOR SHARE`` right before the first commit (:class:`~app.db.locks.PoolShare`,
    docs/placement-rules.md, "The pipeline": the critical section is the commit alone, so inventory
    changes never wait for the plans):
@@ -86,13 +86,13 @@ from app.capacity.placing.inline import (
     db_now,
     plan_seed,
 )
-from app.capacity.planning.shortlist import (
+from app.capacity.planning.plan import plan_request
+from app.capacity.planning.shared_reads import (
     WARM_SLACK,
     BatchPlanned,
     SharedReads,
     WarmReads,
     WarmSlot,
-    plan_request,
 )
 from app.capacity.planning.snapshot import PoolCache, PoolHead, read_pool_head
 from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
@@ -374,7 +374,8 @@ async def place_batch(
     """Decide every entry of ``pool_id`` in ``conn``'s transaction (steps 1-5 above); returns the cache
     assumption tokens of the committed atoms: forget them once the transaction has ended.
 
-    ``warm``: the pool's :class:`~app.capacity.planning.shortlist.WarmReads` from the caller's previous batch
+    ``warm``: the pool's :class:`~app.capacity.planning.shared_reads.WarmReads`
+    from the caller's previous batch
     (the first attempt plans on them where still usable) and, on return, this batch's for the next
     one, left only when every entry was decided on the first attempt's plans (none lost a race, was
     refused quota or preempted); the caller clears it when the transaction does not commit."""
@@ -722,7 +723,7 @@ async def _plan_all(
     shared: SharedReads,
 ) -> list[_Planned] | None:
     """Plan ``todo`` one after another on reads they share
-    (:class:`~app.capacity.planning.shortlist.SharedReads`:
+    (:class:`~app.capacity.planning.shared_reads.SharedReads`:
     one exceptions read per group of window, resource names and tenant, this attempt's earlier plans
     counted as booked and held where the windows overlap; earlier attempts' winners are read back from
     this transaction); each plan's atoms are also assumed booked in the cache for the other plans of

@@ -45,7 +45,7 @@ from app.capacity.commit.lost_races import (
 )
 from app.capacity.commit.shapes import NO_EXTRAS, CommitExtras, Committed
 from app.capacity.commit.single import commit_placements
-from app.capacity.planning.shortlist import plan_request
+from app.capacity.planning.plan import plan_request
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.db.locks import PoolShare, lock_node
 from app.db.tx import sqlstate

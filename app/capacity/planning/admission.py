@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.planning.snapshot import PoolCache, PoolHead, PoolInventory
+from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.errors import InvalidInput, Unsatisfiable
 from app.placement.intake import IntakeVerdict, PoolShapes, judge, pool_shapes
-from app.placement.model import PlacementRequest
+from app.placement.model import PlacementRequest, PoolInventory
 
 SHAPES = "intake-shapes"  # PoolInventory.memo key of the pool's PoolShapes
 

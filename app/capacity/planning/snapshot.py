@@ -15,7 +15,7 @@ import itertools
 import json
 from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -41,6 +41,7 @@ from app.placement.model import (
     NodeInventory,
     NodeSnapshot,
     NodeState,
+    PoolInventory,
     PoolSnapshot,
     ScalarResource,
     selectable_attributes,
@@ -58,22 +59,6 @@ class PoolHead:
     id: str
     archived: bool
     inventory_version: int
-
-
-@dataclass(frozen=True, slots=True)
-class PoolInventory:
-    """The cached static part of one pool at one inventory version: node id -> NodeInventory."""
-
-    version: int
-    nodes: dict[str, NodeInventory]
-    order: tuple[str, ...]
-    # scalar resources each node has a row for (rows come and go only with inventory changes)
-    resource_names: dict[str, frozenset[str]] = field(default_factory=dict)
-    # node id -> resource -> floor(allocatable x ratio): both columns change only with inventory changes
-    capacities: dict[str, dict[str, Decimal]] = field(default_factory=dict)
-    name: str = ""  # the pool's name (names never change), for messages
-    # derived values that depend only on this static inventory (e.g. the shortlist's score ceilings)
-    memo: dict[Any, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,9 @@ replica runs, and the long-poll of ``GET /v1/reservations/{id}?waitSeconds=N``.
   replicas' batches never race each other for atoms), claims up to ``maxBatch`` queued reservations
   oldest first with ``FOR UPDATE SKIP LOCKED`` and decides them in that transaction
   (:func:`app.capacity.placing.batch.place_batch`); a batch that took ``maxBatch`` is followed by another at
-  once. The worker keeps each pool's batch reads warm (:class:`app.capacity.planning.shortlist.WarmReads`,
-  one :class:`~app.capacity.planning.shortlist.WarmSlot` per pool): its next batch of an unchanged pool plans
+  once. The worker keeps each pool's batch reads warm (:class:`app.capacity.planning.shared_reads.WarmReads`,
+  one :class:`~app.capacity.planning.shared_reads.WarmSlot` per pool):
+  its next batch of an unchanged pool plans
   on the last committed batch's exceptions read and locks known quota rows in one statement.
   No debounce: the edges that arrive during a batch make the next run, which claims everything
   queued by then. The claim also counts the pool's queued rows it could not take: while another worker
@@ -56,7 +57,7 @@ from app.capacity.placing.registry import (
     queue_edge,
 )
 from app.capacity.planning.admission import admit
-from app.capacity.planning.shortlist import WarmSlot
+from app.capacity.planning.shared_reads import WarmSlot
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.capacity.queue.intake import Decision, decided_params, decided_update
 from app.capacity.reservations.access import reservation_named, reservation_not_found
@@ -289,7 +290,7 @@ async def work_batch(
 ) -> int:
     """Claim and decide up to ``config.max_batch`` queued reservations of ``pool_id`` in one
     transaction; returns how many were claimed (0: none claimable). ``warm``: the pool's reads kept
-    from the caller's previous batch (:class:`~app.capacity.planning.shortlist.WarmReads`), left for the
+    from the caller's previous batch (:class:`~app.capacity.planning.shared_reads.WarmReads`), left for the
     next."""
     return (await _work_batch(engine, cache, config, pool_id, warm))[0]
 

@@ -58,7 +58,7 @@ from app.capacity.edges import notify_pool
 from app.capacity.placing import preemption
 from app.capacity.placing.inline import Pending, Placed, db_now, place_inline
 from app.capacity.planning.admission import admit, read_verdict, refusal
-from app.capacity.planning.shortlist import plan_request
+from app.capacity.planning.plan import plan_request
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.capacity.reservations.access import reservation_not_found, visible
 from app.db.locks import PoolShare, lock_pool, pool_not_found

@@ -5,7 +5,7 @@ a node's total is sum(weight x score). Adding a scorer: write its module, add it
 the shared-score key are derived from the declarations.
 
 ``count_score`` / ``count_score_many`` are the part of the total that depends only on counts (the
-``COUNTS`` scorers): the SQL shortlist (``app/capacity/planning/shortlist.py``) ranks by them.
+``COUNTS`` scorers): the SQL shortlist (``app/placement/shortlist.py``) ranks by them.
 """
 
 from __future__ import annotations

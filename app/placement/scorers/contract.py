@@ -8,7 +8,7 @@ of the three kinds below) and the function that kind names:
   request, where ``total_class_atoms`` is the node's atoms of the requested class (selector aside) and
   ``busy_before`` those not free for the window. The score is the mean over device requests (0.0 for a
   request without devices). These scorers form the shortlist's ranking key
-  (:meth:`ScorerSet.count_score_many`, mirrored by ``app/capacity/planning/shortlist.py``).
+  (:meth:`ScorerSet.count_score_many`, mirrored by ``app/placement/shortlist.py``).
 - ``PICK``: ``share(pick: Pick) -> float`` in 0..1, reading only the :class:`~app.placement.topology.Pick`
   (indices, worst link, NUMA spread); optionally ``ceiling(topology: ClassTopology, count) -> float``,
   an upper bound of ``share`` over every pick of ``count`` atoms of that class (used on hosts too big to
