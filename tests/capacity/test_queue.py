@@ -11,9 +11,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.queue import worker as queue
-from app.capacity.reservations.service import CapacityConfig, _view, create_reservation, read_view
+from app.capacity.reservations.service import _view, create_reservation, read_view
 from app.db import locks
 from app.db.tables import reservations
 from app.errors import IdempotencyKeyReused, NotFound

@@ -44,6 +44,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.controllers.listener import ListeningController
 from app.capacity.placing.batch import BatchEntry, batch_options, place_batch
 from app.capacity.placing.inline import Pending, Placed
@@ -58,19 +59,15 @@ from app.capacity.planning.admission import admit
 from app.capacity.planning.shortlist import WarmSlot
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.capacity.queue.intake import Decision, decided_params, decided_update
+from app.capacity.requests import check_start, placement_request, quota_amounts, spec_hash
 from app.capacity.reservations.access import reservation_named, reservation_not_found
 from app.capacity.reservations.service import (
-    CapacityConfig,
     _committed_view,
     _condition,
     _shape,
-    check_start,
     create_reservation,
     idempotent_answer,
-    placement_request,
-    quota_amounts,
     read_view,
-    spec_hash,
     with_warnings,
 )
 from app.db.locks import pool_lease, pool_not_found

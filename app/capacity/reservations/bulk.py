@@ -25,22 +25,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit.lost_races import ATOM_BOOKED
 from app.capacity.commit.single import LOST_RACE_SQLSTATES, sqlstate
+from app.capacity.config import CapacityConfig
 from app.capacity.placing.batch import BatchEntry, batch_options, place_batch
 from app.capacity.placing.inline import Pending, Placed, db_now
 from app.capacity.placing.registry import must_place_inline
 from app.capacity.planning.admission import admit
 from app.capacity.planning.snapshot import PoolCache, PoolHead, read_pool_head
 from app.capacity.queue.intake import Decision, Written, delete_unwritten, insert_reservations, mark_decided
+from app.capacity.requests import check_start, placement_request, quota_amounts
 from app.capacity.reservations.service import (
-    CapacityConfig,
     _committed_view,
     _condition,
     _shape,
     _view,
-    check_start,
     create_reservation,
-    placement_request,
-    quota_amounts,
     with_warnings,
 )
 from app.db.locks import wait_for_pool_lease

@@ -31,12 +31,9 @@ quota_usage; docs/lifecycle.md).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Awaitable, Callable
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -54,12 +51,14 @@ from app.capacity.conditions import (
     unschedulable_condition,
     window_passed_condition,
 )
+from app.capacity.config import END_BATCH, PREVIEW_CANDIDATES, CapacityConfig
 from app.capacity.edges import notify_pool
 from app.capacity.placing import preemption
 from app.capacity.placing.inline import Pending, Placed, db_now, place_inline
 from app.capacity.planning.admission import admit, read_verdict, refusal
 from app.capacity.planning.shortlist import plan_request
 from app.capacity.planning.snapshot import PoolCache, PoolHead
+from app.capacity.requests import check_start, placement_request, quota_amounts, spec_hash
 from app.capacity.reservations.access import reservation_not_found, visible
 from app.db.locks import PoolShare, lock_pool, pool_not_found
 from app.db.prepared import Prepared
@@ -70,80 +69,11 @@ from app.iam.authorize import exists_for
 from app.ids import new_id
 from app.jsonnum import num
 from app.placement.model import Candidate, PlacementRequest, Plan
-from app.placement.options import SchedulerOptions
-from app.placement.request import ReservationRequest, to_placement_request
+from app.placement.request import ReservationRequest
 from app.placement.summary import ARCHIVED_POOL
 from app.quota import service as quota
 
-PREVIEW_CANDIDATES = 10
-START_SKEW = timedelta(seconds=60)  # a start this far behind the database clock is still "now"
-MAX_LEAD = timedelta(days=366)  # BC_CAPACITY_MAX_LEAD: how far ahead a window may start
-END_BATCH = 100  # reservations ended per statement of the lifecycle sweep
 FOREIGN_KEY_VIOLATION = "23503"
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityConfig:
-    """What the capacity service needs from settings: scheduler options and ``max_attempts``."""
-
-    options: SchedulerOptions
-    max_attempts: int = 3
-    shortlist_min: int = 48
-    # BC_CAPACITY_ENFORCE_DEVICE_LIMITS: host resources need bc.dev/cap.devices.limits (requiredCapabilities)
-    enforce_device_limits: bool = False
-    max_lead: timedelta = MAX_LEAD
-    # BC_CAPACITY_PREEMPTION: a regular request that does not fit may preempt spot work
-    preemption: bool = True
-    # BC_CAPACITY_PLACER / BC_CAPACITY_MAX_BATCH (seed 000, "Two placers"; app/capacity/placing/registry.py)
-    placer: str = "inline"
-    max_batch: int = 64
-
-
-def placement_request(
-    config: CapacityConfig,
-    body: ReservationRequest,
-    now: datetime,
-    node_labels: Mapping[str, str] | None = None,
-) -> PlacementRequest:
-    """The capacity port's entry point from a reservation body to a PlacementRequest: a module's
-    ``node_labels`` plus capacity's requiredCapabilities under ``config`` (create, preview, and the
-    re-place / repair paths all build their request here)."""
-    return to_placement_request(
-        body, now, enforce_device_limits=config.enforce_device_limits, node_labels=node_labels
-    )
-
-
-def spec_hash(spec: Mapping[str, Any]) -> str:
-    """SHA-256 of the canonical JSON of a reservation spec (idempotent retries compare it)."""
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def quota_amounts(request: PlacementRequest) -> dict[str, Decimal]:
-    """What a request charges: atoms per device class and scalar amounts, times gang members."""
-    members = request.gang.members if request.gang else 1
-    amounts: dict[str, Decimal] = defaultdict(Decimal)
-    for d in request.devices:
-        amounts[d.device_class] += Decimal(d.count * members)
-    for name, n in request.resources.items():
-        amounts[name] += Decimal(n) * members
-    return dict(amounts)
-
-
-def check_start(body: ReservationRequest, now: datetime, max_lead: timedelta = MAX_LEAD) -> None:
-    """Raise InvalidInput (path ``start``) for a window that starts in the past (more than 60 s behind
-    the database clock, to allow for client clock skew) or more than ``max_lead`` ahead of it."""
-    if body.start is None:
-        return
-    if body.start < now - START_SKEW:
-        raise InvalidInput(
-            f"start {body.start.isoformat()} is in the past (now {now.isoformat()})", path="start"
-        )
-    if body.start > now + max_lead:
-        raise InvalidInput(
-            f"start {body.start.isoformat()} is more than {max_lead.days} days ahead "
-            f"(now {now.isoformat()}, at most {(now + max_lead).isoformat()})",
-            path="start",
-        )
 
 
 def with_warnings(view: dict[str, Any], warnings: tuple[str, ...]) -> dict[str, Any]:
