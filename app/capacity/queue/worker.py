@@ -34,7 +34,7 @@ import functools
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -58,6 +58,7 @@ from app.capacity.placing.registry import (
 from app.capacity.planning.admission import admit
 from app.capacity.planning.shortlist import WarmSlot
 from app.capacity.planning.snapshot import PoolCache, PoolHead
+from app.capacity.queue.decided import decided_payloads, parse_decided
 from app.capacity.queue.intake import Decision, decided_params, decided_update
 from app.capacity.requests import check_start, placement_request, quota_amounts, spec_hash
 from app.capacity.reservations.access import reservation_named, reservation_not_found
@@ -91,7 +92,6 @@ BUSY_RETRY = 0.5  # seconds: queued rows another worker holds are looked at agai
 LISTENER_RETRY = 1.0
 RECHECK_SECONDS = 1.0  # a long-poll re-reads at least this often (a release sends no decided edge)
 MAX_WAIT_SECONDS = 30
-PAYLOAD_BYTES = 7900  # a bc_decided payload stays under NOTIFY's 8000-byte limit
 READ = "compute:reservations:read"
 # ``status = 'queued'`` with the literal in the SQL text, so that even a generic plan of the prepared
 # statement can use the partial index ix_reservations_queued (a bound status could not prove its WHERE)
@@ -369,35 +369,6 @@ async def decide(conn: AsyncConnection, decisions: list[Decision], views: list[d
     notifications as NOTIFY's 8000-byte payload limit needs (:func:`decided_payloads`)."""
     if decisions:
         await DECIDE.run(conn, {**decided_params(decisions), "payloads": decided_payloads(views)})
-
-
-def decided_payloads(views: list[dict[str, Any]], limit: int = PAYLOAD_BYTES) -> list[str]:
-    """The ``bc_decided`` payloads of ``views``: lines ``<id>\t<view JSON>``, each payload under
-    ``limit`` bytes; a view too long for one payload is sent as its bare ``<id>`` (its waiters read it)."""
-    payloads: list[str] = []
-    lines: list[str] = []
-    size = 0
-    for view in views:
-        line = f"{view['id']}\t{json.dumps(view, separators=(',', ':'))}"
-        n = len(line.encode())
-        if n >= limit:
-            line, n = view["id"], len(view["id"].encode())
-        if lines and size + 1 + n >= limit:
-            payloads.append("\n".join(lines))
-            lines, size = [], 0
-        lines.append(line)
-        size += n + (1 if size else 0)
-    if lines:
-        payloads.append("\n".join(lines))
-    return payloads
-
-
-def parse_decided(payload: str) -> Iterator[tuple[str, str]]:
-    """``(reservation id, view JSON or "")`` per line of a ``bc_decided`` payload, the JSON not parsed."""
-    for line in payload.split("\n"):
-        rid, _, view = line.partition("\t")
-        if rid:
-            yield rid, view
 
 
 async def pools_with_queued(conn: AsyncConnection, pool_id: str | None = None) -> list[str]:
