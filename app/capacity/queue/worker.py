@@ -62,15 +62,8 @@ from app.capacity.queue.decided import decided_payloads, parse_decided
 from app.capacity.queue.intake import Decision, decided_params, decided_update
 from app.capacity.requests import check_start, placement_request, quota_amounts, spec_hash
 from app.capacity.reservations.access import reservation_named, reservation_not_found
-from app.capacity.reservations.service import (
-    _committed_view,
-    _condition,
-    _shape,
-    create_reservation,
-    idempotent_answer,
-    read_view,
-    with_warnings,
-)
+from app.capacity.reservations.service import _condition, create_reservation, idempotent_answer, with_warnings
+from app.capacity.views import committed_view, read_view, row_view
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
@@ -128,7 +121,7 @@ async def create(
         request = placement_request(config, body, row.created_at)
         head = PoolHead(row.pool_id, row.pool_archived, row.inventory_version)  # read by the enqueue
         warnings = await admit(conn, cache, head, request)  # raising rolls the row back
-        return with_warnings(_shape(row, []), warnings), True
+        return with_warnings(row_view(row, []), warnings), True
 
 
 # INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key)
@@ -340,8 +333,8 @@ def _decided_view(row: Any, decision: Decision, entry: BatchEntry | None) -> dic
     wrote."""
     allocs: list[dict[str, Any]] = []
     if decision.status == "placed" and entry is not None and isinstance(entry.outcome, Placed):
-        allocs = [_committed_view(a, entry.request) for a in entry.outcome.allocations]
-    return {**_shape(row, allocs), "status": decision.status, "conditions": decision.conditions}
+        allocs = [committed_view(a, entry.request) for a in entry.outcome.allocations]
+    return {**row_view(row, allocs), "status": decision.status, "conditions": decision.conditions}
 
 
 def _observe(rows: list[Any], decisions: list[Decision], now: Any) -> None:
@@ -502,7 +495,7 @@ class QueueWorker(ListeningController[str]):
 
 
 async def _read_view(engine: AsyncEngine, reservation_id: str) -> dict[str, Any] | None:
-    """:func:`~app.capacity.reservations.service.read_view` as one round trip: autocommit spares BEGIN and
+    """:func:`~app.capacity.views.read_view` as one round trip: autocommit spares BEGIN and
     ROLLBACK."""
     async with engine.connect() as conn:
         conn = await conn.execution_options(isolation_level="AUTOCOMMIT")

@@ -33,14 +33,8 @@ from app.capacity.planning.admission import admit
 from app.capacity.planning.snapshot import PoolCache, PoolHead, read_pool_head
 from app.capacity.queue.intake import Decision, Written, delete_unwritten, insert_reservations, mark_decided
 from app.capacity.requests import check_start, placement_request, quota_amounts
-from app.capacity.reservations.service import (
-    _committed_view,
-    _condition,
-    _shape,
-    _view,
-    create_reservation,
-    with_warnings,
-)
+from app.capacity.reservations.service import _condition, create_reservation, with_warnings
+from app.capacity.views import committed_view, reservation_view, row_view
 from app.db.locks import wait_for_pool_lease
 from app.errors import AppError, InvalidInput
 from app.observability.metrics import LOST_RACES, PLACEMENT_BATCH_SIZE, count_batch_attempts
@@ -198,11 +192,11 @@ def _decision(entry: BatchEntry) -> Decision:
 
 def _placed_view(row: Any, entry: BatchEntry) -> dict[str, Any]:
     allocs = (
-        [_committed_view(a, entry.request) for a in entry.outcome.allocations]
+        [committed_view(a, entry.request) for a in entry.outcome.allocations]
         if isinstance(entry.outcome, Placed)
         else []
     )
-    return _shape(row, allocs)
+    return row_view(row, allocs)
 
 
 async def _retry_answer(
@@ -215,4 +209,4 @@ async def _retry_answer(
             if entry.refused is not None:
                 return failed(entry.refused)
             return ItemResult(200, _placed_view(rows[entry.reservation_id], entry))
-    return ItemResult(200, await _view(conn, w.row))
+    return ItemResult(200, await reservation_view(conn, w.row))

@@ -31,10 +31,8 @@ quota_usage; docs/lifecycle.md).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -43,7 +41,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit.cuts import cut_allocations
-from app.capacity.commit.single import CommitExtras, Committed, MarkPlaced, QuotaCharge, sqlstate
+from app.capacity.commit.single import CommitExtras, MarkPlaced, QuotaCharge, sqlstate
 from app.capacity.conditions import (
     NO_FIT,
     ended_condition,
@@ -60,6 +58,14 @@ from app.capacity.planning.shortlist import plan_request
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.capacity.requests import check_start, placement_request, quota_amounts, spec_hash
 from app.capacity.reservations.access import reservation_not_found, visible
+from app.capacity.views import (
+    committed_view,
+    placed_view,
+    read_allocations,
+    read_view,
+    reservation_view,
+    row_view,
+)
 from app.db.locks import PoolShare, lock_pool, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import TS, allocations, pools, reservations
@@ -67,8 +73,7 @@ from app.db.tx import reads, run_again_on_deadlock
 from app.errors import IdempotencyKeyReused, InvalidInput
 from app.iam.authorize import exists_for
 from app.ids import new_id
-from app.jsonnum import num
-from app.placement.model import Candidate, PlacementRequest, Plan
+from app.placement.model import Candidate, Plan
 from app.placement.request import ReservationRequest
 from app.placement.summary import ARCHIVED_POOL
 from app.quota import service as quota
@@ -157,16 +162,16 @@ async def _create(
             )
             if by_preemption is not None:
                 assumptions.extend(by_preemption.placed.assumptions)
-                allocs = [_committed_view(a, request) for a in by_preemption.placed.allocations]
+                allocs = [committed_view(a, request) for a in by_preemption.placed.allocations]
                 conditions = [by_preemption.condition]
                 await _mark_placed(conn, reservation_id, request.end, conditions)
                 return with_warnings(
-                    _placed_view(body, reservation_id, spec, created_at, allocs, conditions), warnings
+                    placed_view(body, reservation_id, spec, created_at, allocs, conditions), warnings
                 ), True
         if isinstance(outcome, Placed):
             assumptions.extend(outcome.assumptions)
-            allocs = [_committed_view(a, request) for a in outcome.allocations]
-            return with_warnings(_placed_view(body, reservation_id, spec, created_at, allocs), warnings), True
+            allocs = [committed_view(a, request) for a in outcome.allocations]
+            return with_warnings(placed_view(body, reservation_id, spec, created_at, allocs), warnings), True
         assert isinstance(outcome, Pending)
         # archived while preemption planned: the lock saw it, and the answer is the archived pool's
         reason = ARCHIVED_POOL if pool_share.archived else outcome.reason
@@ -245,7 +250,7 @@ async def idempotent_answer(conn: AsyncConnection, body: ReservationRequest, dig
             f"idempotency key {body.idempotencyKey} was used with another body",
             {"idempotencyKey": body.idempotencyKey, "reservationId": existing.id},
         )
-    return await _view(conn, existing)
+    return await reservation_view(conn, existing)
 
 
 _RESERVATION_ID = sa.bindparam("reservation_id", type_=sa.Text)
@@ -297,136 +302,7 @@ async def _store_pending(conn: AsyncConnection, charge: QuotaCharge, reason: str
     await quota.refund(conn, charge.reservation_id)
     params = {"reservation_id": charge.reservation_id, "conditions": _condition(reason)}
     row = (await STORE_PENDING.run(conn, params)).one()  # prepared
-    return _shape(row, [])
-
-
-def _placed_view(
-    body: ReservationRequest,
-    reservation_id: str,
-    spec: dict[str, Any],
-    created_at: datetime,
-    allocs: list[dict[str, Any]],
-    conditions: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The view of a reservation just placed, from what the create wrote (what :func:`_shape` would read
-    back: the commit marked the row ``placed``, with no conditions or, after a preemption, the
-    preemptor's ``Preempted`` condition)."""
-    return {
-        "id": reservation_id,
-        "tenantId": body.tenantId,
-        "poolId": body.poolId,
-        "status": "placed",
-        "idempotencyKey": body.idempotencyKey,
-        "spec": spec,
-        "allocations": allocs,
-        "conditions": conditions or [],
-        "createdAt": created_at.isoformat(),
-        "releasedAt": None,
-    }
-
-
-def _committed_view(a: Committed, request: PlacementRequest) -> dict[str, Any]:
-    """The view of an allocation just written (what :func:`_allocations` would read back)."""
-    assert request.start is not None and request.end is not None
-    return {
-        "id": a.allocation_id,
-        "nodeId": a.node_id,
-        "atoms": list(a.atoms),
-        "resources": {k: num(Decimal(v)) for k, v in a.resources.items()},
-        "start": request.start.isoformat(),
-        "end": request.end.isoformat(),
-        "releasedAt": None,
-    }
-
-
-def _allocation_view(
-    allocation_id: str, node_id: str, atoms: Any, resources: Any, during: Any, released_at: Any
-) -> dict[str, Any]:
-    """An allocation as the API shows it (``Allocation``), from its stored columns."""
-    return {
-        "id": allocation_id,
-        "nodeId": node_id,
-        "atoms": list(atoms),
-        "resources": {k: num(Decimal(v)) for k, v in (resources or {}).items()},
-        "start": during.lower.isoformat(),
-        "end": during.upper.isoformat(),
-        "releasedAt": released_at.isoformat() if released_at else None,
-    }
-
-
-async def _allocations(conn: AsyncConnection, reservation_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    if not reservation_ids:
-        return out
-    rows = (
-        await conn.execute(
-            sa.select(allocations)
-            .where(allocations.c.reservation_id.in_(reservation_ids))
-            .order_by(allocations.c.created_at, allocations.c.id)
-        )
-    ).all()
-    for a in rows:
-        out[a.reservation_id].append(
-            _allocation_view(a.id, a.node_id, a.atoms, a.resources, a.during, a.released_at)
-        )
-    return out
-
-
-# the allocation columns of :func:`read_view`, labelled apart from the reservation's
-_ALLOCATION_COLUMNS = (
-    allocations.c.id.label("a_id"),
-    allocations.c.node_id.label("a_node_id"),
-    allocations.c.atoms.label("a_atoms"),
-    allocations.c.resources.label("a_resources"),
-    allocations.c.during.label("a_during"),
-    allocations.c.released_at.label("a_released_at"),
-)
-
-
-# SELECT r.*, a.id, a.node_id, a.atoms, a.resources, a.during, a.released_at
-#   FROM reservations r LEFT JOIN allocations a ON a.reservation_id = r.id
-#  WHERE r.id = :reservation_id ORDER BY a.created_at, a.id
-READ_VIEW = Prepared(
-    sa.select(reservations, *_ALLOCATION_COLUMNS)
-    .select_from(reservations.outerjoin(allocations, allocations.c.reservation_id == reservations.c.id))
-    .where(reservations.c.id == sa.bindparam("reservation_id", type_=sa.Text))
-    .order_by(allocations.c.created_at, allocations.c.id)
-)
-
-
-async def read_view(conn: AsyncConnection, reservation_id: str) -> dict[str, Any] | None:
-    """The view of a reservation (``Reservation``: the row and its allocations) in one statement
-    (:data:`READ_VIEW`, prepared), None when there is none. No visibility check: callers authorize on
-    its ``tenantId``."""
-    rows = (await READ_VIEW.run(conn, {"reservation_id": reservation_id})).all()
-    if not rows:
-        return None
-    allocs = [
-        _allocation_view(r.a_id, r.a_node_id, r.a_atoms, r.a_resources, r.a_during, r.a_released_at)
-        for r in rows
-        if r.a_id is not None
-    ]
-    return _shape(rows[0], allocs)
-
-
-def _shape(row: Any, allocs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "tenantId": row.tenant_id,
-        "poolId": row.pool_id,
-        "status": row.status,
-        "idempotencyKey": row.idempotency_key,
-        "spec": row.spec,
-        "allocations": allocs,
-        "conditions": row.conditions or [],
-        "createdAt": row.created_at.isoformat(),
-        "releasedAt": row.released_at.isoformat() if row.released_at else None,
-    }
-
-
-async def _view(conn: AsyncConnection, row: Any) -> dict[str, Any]:
-    allocs = await _allocations(conn, [row.id])
-    return _shape(row, allocs.get(row.id, []))
+    return row_view(row, [])
 
 
 @reads
@@ -467,8 +343,8 @@ async def list_reservations(
         stmt = stmt.where(sa.tuple_(reservations.c.created_at, reservations.c.id) < sa.tuple_(*after))
     rows = (await conn.execute(stmt)).all()
     page, more = rows[:limit], len(rows) > limit
-    allocs = await _allocations(conn, [r.id for r in page])
-    items = [_shape(r, allocs.get(r.id, [])) for r in page]
+    allocs = await read_allocations(conn, [r.id for r in page])
+    items = [row_view(r, allocs.get(r.id, [])) for r in page]
     return {"items": items, "next": (items[-1]["createdAt"], items[-1]["id"]) if more else None}
 
 
@@ -489,7 +365,7 @@ async def release_reservation(
         if not visible(row, tenant_id):
             raise reservation_not_found(reservation_id)
         if row.status in ("released", "preempted", "ended"):
-            return await _view(conn, row)
+            return await reservation_view(conn, row)
         at = now if now is not None else await db_now(conn)
         if row.status == "placed":
             await quota.cut_holdings(conn, row.id, at)  # shrinks only: no quota_usage lock
@@ -506,7 +382,7 @@ async def release_reservation(
             )
         )
         row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).one()
-        return await _view(conn, row)
+        return await reservation_view(conn, row)
 
 
 async def _live_allocations(conn: AsyncConnection, reservation_id: str) -> list[Any]:
