@@ -15,6 +15,9 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.commit.single import Committed
+from app.capacity.placing.batch import BatchEntry
+from app.capacity.placing.inline import Placed
+from app.capacity.queue.intake import Decision
 from app.db.prepared import Prepared
 from app.db.tables import allocations, reservations
 from app.jsonnum import num
@@ -154,3 +157,13 @@ async def reservation_view(conn: AsyncConnection, row: Any) -> dict[str, Any]:
     """A ``Reservation`` view from a ``reservations`` row, its allocations read (one statement)."""
     allocs = await read_allocations(conn, [row.id])
     return row_view(row, allocs.get(row.id, []))
+
+
+def decided_view(row: Any, decision: Decision, entry: BatchEntry | None) -> dict[str, Any]:
+    """The view of a reservation a batch decided (what :func:`read_view` reads back after COMMIT): the
+    claimed row with the decision's status and conditions and, when placed, the allocations the batch
+    wrote."""
+    allocs: list[dict[str, Any]] = []
+    if decision.status == "placed" and entry is not None and isinstance(entry.outcome, Placed):
+        allocs = [committed_view(a, entry.request) for a in entry.outcome.allocations]
+    return {**row_view(row, allocs), "status": decision.status, "conditions": decision.conditions}

@@ -63,7 +63,7 @@ from app.capacity.queue.intake import Decision, decided_params, decided_update
 from app.capacity.requests import check_start, placement_request, quota_amounts, spec_hash
 from app.capacity.reservations.access import reservation_named, reservation_not_found
 from app.capacity.reservations.service import _condition, create_reservation, idempotent_answer, with_warnings
-from app.capacity.views import committed_view, read_view, row_view
+from app.capacity.views import decided_view, read_view, row_view
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
@@ -315,7 +315,7 @@ async def _work_batch(
             decisions = [
                 _decision(entries.get(r.id), r, passed_reason if r.id in passed else None) for r in rows
             ]
-            views = [_decided_view(r, d, entries.get(r.id)) for r, d in zip(rows, decisions, strict=True)]
+            views = [decided_view(r, d, entries.get(r.id)) for r, d in zip(rows, decisions, strict=True)]
             await decide(conn, decisions, views)
             _observe(rows, decisions, now)
         planning = False  # committed
@@ -325,16 +325,6 @@ async def _work_batch(
             warm.reads = None
         for token in tokens:
             cache.forget(pool_id, token)
-
-
-def _decided_view(row: Any, decision: Decision, entry: BatchEntry | None) -> dict[str, Any]:
-    """The view of a reservation a batch decided (what :func:`read_view` reads back after COMMIT): the
-    claimed row with the decision's status and conditions and, when placed, the allocations the batch
-    wrote."""
-    allocs: list[dict[str, Any]] = []
-    if decision.status == "placed" and entry is not None and isinstance(entry.outcome, Placed):
-        allocs = [committed_view(a, entry.request) for a in entry.outcome.allocations]
-    return {**row_view(row, allocs), "status": decision.status, "conditions": decision.conditions}
 
 
 def _observe(rows: list[Any], decisions: list[Decision], now: Any) -> None:
