@@ -44,6 +44,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.capacity.conditions import no_fit_conditions
 from app.capacity.config import CapacityConfig
 from app.capacity.controllers.listener import ListeningController
 from app.capacity.placing.batch import BatchEntry, batch_options, place_batch
@@ -62,7 +63,7 @@ from app.capacity.queue.decided import decided_payloads, parse_decided
 from app.capacity.queue.intake import Decision, decided_params, decided_update
 from app.capacity.requests import check_start, placement_request, quota_amounts, spec_hash
 from app.capacity.reservations.access import reservation_named, reservation_not_found
-from app.capacity.reservations.service import _condition, create_reservation, idempotent_answer, with_warnings
+from app.capacity.reservations.service import create_reservation, idempotent_answer, with_warnings
 from app.capacity.views import decided_view, read_view, row_view
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
@@ -253,7 +254,7 @@ def _decision(entry: BatchEntry | None, row: Any, reason: str | None = None) -> 
     """The queued row's decision: placed (over its window), pending with the plan's reason, or pending
     with ``QuotaExceeded`` when the charge was refused."""
     if entry is None:
-        return Decision(row.id, "pending", _condition(reason or ""))
+        return Decision(row.id, "pending", no_fit_conditions(reason or ""))
     if entry.refused is not None:
         return Decision(
             row.id,
@@ -270,7 +271,7 @@ def _decision(entry: BatchEntry | None, row: Any, reason: str | None = None) -> 
     if isinstance(entry.outcome, Placed):
         return Decision(row.id, "placed", entry.conditions, entry.request.end)
     assert isinstance(entry.outcome, Pending)
-    return Decision(row.id, "pending", _condition(entry.outcome.reason))
+    return Decision(row.id, "pending", no_fit_conditions(entry.outcome.reason))
 
 
 async def work_batch(

@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit.lost_races import ATOM_BOOKED
 from app.capacity.commit.single import LOST_RACE_SQLSTATES, sqlstate
+from app.capacity.conditions import no_fit_conditions
 from app.capacity.config import CapacityConfig
 from app.capacity.placing.batch import BatchEntry, batch_options, place_batch
 from app.capacity.placing.inline import Pending, Placed, db_now
@@ -33,7 +34,7 @@ from app.capacity.planning.admission import admit
 from app.capacity.planning.snapshot import PoolCache, PoolHead, read_pool_head
 from app.capacity.queue.intake import Decision, Written, delete_unwritten, insert_reservations, mark_decided
 from app.capacity.requests import check_start, placement_request, quota_amounts
-from app.capacity.reservations.service import _condition, create_reservation, with_warnings
+from app.capacity.reservations.service import create_reservation, with_warnings
 from app.capacity.views import committed_view, reservation_view, row_view
 from app.db.locks import wait_for_pool_lease
 from app.errors import AppError, InvalidInput
@@ -187,7 +188,7 @@ def _decision(entry: BatchEntry) -> Decision:
     if isinstance(entry.outcome, Placed):
         return Decision(entry.reservation_id, "placed", entry.conditions, entry.request.end)
     assert isinstance(entry.outcome, Pending)
-    return Decision(entry.reservation_id, "pending", _condition(entry.outcome.reason))
+    return Decision(entry.reservation_id, "pending", no_fit_conditions(entry.outcome.reason))
 
 
 def _placed_view(row: Any, entry: BatchEntry) -> dict[str, Any]:

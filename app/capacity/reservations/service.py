@@ -43,10 +43,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.capacity.commit.cuts import cut_allocations
 from app.capacity.commit.single import CommitExtras, MarkPlaced, QuotaCharge, sqlstate
 from app.capacity.conditions import (
-    NO_FIT,
     ended_condition,
+    no_fit_conditions,
     released_condition,
-    unschedulable_condition,
     window_passed_condition,
 )
 from app.capacity.config import END_BATCH, PREVIEW_CANDIDATES, CapacityConfig
@@ -86,10 +85,6 @@ def with_warnings(view: dict[str, Any], warnings: tuple[str, ...]) -> dict[str, 
     if warnings:
         view["warnings"] = list(warnings)
     return view
-
-
-def _condition(reason: str) -> list[dict[str, Any]]:
-    return [unschedulable_condition(NO_FIT, reason)]
 
 
 @run_again_on_deadlock
@@ -300,7 +295,7 @@ async def _store_pending(conn: AsyncConnection, charge: QuotaCharge, reason: str
         charge.end,
     )
     await quota.refund(conn, charge.reservation_id)
-    params = {"reservation_id": charge.reservation_id, "conditions": _condition(reason)}
+    params = {"reservation_id": charge.reservation_id, "conditions": no_fit_conditions(reason)}
     row = (await STORE_PENDING.run(conn, params)).one()  # prepared
     return row_view(row, [])
 
