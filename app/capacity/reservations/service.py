@@ -19,8 +19,9 @@ each over its window.
 
 Time (DESIGN.md, "Reservation lifecycle"): bookings, scalar holdings and quota are held over the
 reservation's window only, so a placed reservation stops counting at its end by itself; the lifecycle
-controller then moves it to ``ended`` (:func:`end_reservations`). ``start`` is at most ``max_lead``
-ahead of the database clock.
+controller then moves it to ``ended``
+(:func:`app.capacity.controllers.lifecycle.end_reservations`). ``start`` is at most ``max_lead`` ahead
+of the database clock.
 
 release: locks the reservation row, cuts its quota holdings, then its bookings and scalar holdings, at
 the release instant: what had not started is removed, what had is kept as history up to that instant.
@@ -43,12 +44,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.capacity.commit.cuts import cut_allocations
 from app.capacity.commit.single import CommitExtras, MarkPlaced, QuotaCharge, sqlstate
 from app.capacity.conditions import (
-    ended_condition,
     no_fit_conditions,
     released_condition,
-    window_passed_condition,
 )
-from app.capacity.config import END_BATCH, PREVIEW_CANDIDATES, CapacityConfig
+from app.capacity.config import PREVIEW_CANDIDATES, CapacityConfig
 from app.capacity.edges import notify_pool
 from app.capacity.placing import preemption
 from app.capacity.placing.inline import Pending, Placed, db_now, place_inline
@@ -401,82 +400,6 @@ async def free_allocations(conn: AsyncConnection, live: list[Any], pool_id: str,
         return
     await lock_pool(conn, pool_id, for_update=False)
     await cut_allocations(conn, [a.id for a in live], at)  # app.capacity.commit.cuts
-
-
-async def end_reservations(
-    engine: AsyncEngine, now: datetime | None = None, limit: int = END_BATCH
-) -> list[str]:
-    """Move placed reservations whose window is over at ``now`` (default: the database clock) to
-    ``ended`` with the condition ``Ended`` / ``WindowEnded``; returns their ids, oldest end first.
-
-    Safe with several replicas: the rows are claimed with ``FOR UPDATE SKIP LOCKED``, so two sweeps never
-    wait for each other, and a row another sweep ended meanwhile no longer matches ``status = 'placed'``
-    when its lock is taken (PostgreSQL re-checks a locked row), so each reservation is ended once.
-    Nothing is refunded: its bookings and holdings stopped counting at the end of their window."""
-    async with engine.begin() as conn:
-        at = now if now is not None else await db_now(conn)
-        # SELECT id, ends_at, conditions FROM reservations
-        #  WHERE status = 'placed' AND ends_at <= :now ORDER BY ends_at LIMIT :limit FOR UPDATE SKIP LOCKED
-        due = (
-            await conn.execute(
-                sa.select(
-                    reservations.c.id,
-                    reservations.c.pool_id,
-                    reservations.c.ends_at,
-                    reservations.c.conditions,
-                )
-                .where(reservations.c.status == "placed", reservations.c.ends_at <= at)
-                .order_by(reservations.c.ends_at)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
-        ).all()
-        await _mark_ended(conn, [(r.id, r.conditions, ended_condition(r.ends_at)) for r in due])
-        for pool_id in sorted({r.pool_id for r in due}):
-            await notify_pool(conn, pool_id)  # wake edge: an end (what was held stopped counting)
-    return [r.id for r in due]
-
-
-async def end_passed_windows(
-    engine: AsyncEngine, now: datetime | None = None, limit: int = END_BATCH
-) -> list[str]:
-    """Move pending reservations with an explicit ``start`` at or before ``now`` (default: the database
-    clock) to ``ended`` with the condition ``Ended`` / ``WindowPassed``; returns their ids, oldest start
-    first. A pending reservation holds nothing, so nothing is freed. Replica-safe as
-    :func:`end_reservations` (``FOR UPDATE SKIP LOCKED``, then ``status = 'pending'`` re-checked)."""
-    start = sa.cast(reservations.c.spec["start"].astext, TS)
-    async with engine.begin() as conn:
-        at = now if now is not None else await db_now(conn)
-        # SELECT id, (spec->>'start')::timestamptz AS start, conditions FROM reservations
-        #  WHERE status = 'pending' AND spec->>'start' IS NOT NULL AND (spec->>'start')::timestamptz <= :now
-        #  ORDER BY 2 LIMIT :limit FOR UPDATE SKIP LOCKED
-        due = (
-            await conn.execute(
-                sa.select(reservations.c.id, start.label("start"), reservations.c.conditions)
-                .where(
-                    reservations.c.status == "pending",
-                    reservations.c.spec["start"].astext.is_not(None),
-                    start <= at,
-                )
-                .order_by(start)
-                .limit(limit)
-                .with_for_update(of=reservations, skip_locked=True)
-            )
-        ).all()
-        await _mark_ended(conn, [(r.id, r.conditions, window_passed_condition(r.start)) for r in due])
-    return [r.id for r in due]
-
-
-async def _mark_ended(
-    conn: AsyncConnection, rows: list[tuple[str, list[dict[str, Any]] | None, dict[str, Any]]]
-) -> None:
-    """Set each claimed ``(id, conditions, ended condition)`` reservation ``ended``, the condition added."""
-    for reservation_id, conditions, ended in rows:
-        await conn.execute(
-            sa.update(reservations)
-            .where(reservations.c.id == reservation_id)
-            .values(status="ended", conditions=[*(conditions or []), ended], updated_at=sa.func.now())
-        )
 
 
 async def preview(
