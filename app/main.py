@@ -18,12 +18,12 @@ from app.api.deps import Services
 from app.api.errors import install_error_handlers
 from app.api.guard import RequestGuard
 from app.api.text_guard import check_json_body
+from app.capacity.config import CapacityConfig
 from app.capacity.controllers.lifecycle import Lifecycle, LifecycleTask, default_tasks
 from app.capacity.controllers.repair_first import BOOKING_REPAIR, REPAIR_LISTENER, RepairController
 from app.capacity.controllers.wake import LISTENER_RETRY, WAKE_LISTENER, WAKE_PENDING, WakeController
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.queue.worker import QUEUE_LISTENER, QUEUE_WORKER, QueueWorker
-from app.capacity.reservations.service import CapacityConfig
 from app.db.engine import create_engine, migrate_async, resolve_database_url
 from app.iam.key_cache import PrincipalCache
 from app.inventory.liveness_task import HEARTBEAT_LIVENESS, sweep_once

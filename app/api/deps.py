@@ -8,8 +8,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig
 from app.errors import Unauthenticated
 from app.iam.authorize import Principal
 from app.iam.key_cache import PrincipalCache

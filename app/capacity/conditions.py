@@ -37,6 +37,12 @@ def unschedulable_condition(reason: str, message: str) -> dict[str, Any]:
     return condition(UNSCHEDULABLE, reason, message)
 
 
+def no_fit_conditions(message: str) -> list[dict[str, Any]]:
+    """The conditions of a request stored ``pending``: one Unschedulable condition, reason ``NoFit``,
+    with ``message`` (the planner's reason text)."""
+    return [unschedulable_condition(NO_FIT, message)]
+
+
 def ended_condition(end: datetime) -> dict[str, Any]:
     """The condition of a placed reservation whose window is over."""
     return condition(ENDED, WINDOW_ENDED, f"the window ended at {end.isoformat()}")

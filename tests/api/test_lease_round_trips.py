@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.capacity.controllers.wake import WakeController
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.queue import worker as queue
+from app.capacity.queue.decided import decided_payloads, parse_decided
 from tests.api.test_authorization import build_world
 from tests.conftest import ADMIN_KEY, settings_for
 from tests.factories import add_node, gpu_node, make_pool, reservation
@@ -169,9 +170,9 @@ async def test_a_bare_id_wakes_the_long_poll_which_reads(
 def test_decided_payloads_stay_under_the_limit_and_parse_back() -> None:
     views = [{"id": f"res_{i:03}", "status": "placed", "pad": "x" * 300} for i in range(40)]
     views.append({"id": "res_huge", "status": "placed", "pad": "x" * 9000})
-    payloads = queue.decided_payloads(views, limit=2000)
+    payloads = decided_payloads(views, limit=2000)
     assert len(payloads) > 1 and all(len(p.encode()) < 2000 for p in payloads)
-    lines = [line for p in payloads for line in queue.parse_decided(p)]
+    lines = [line for p in payloads for line in parse_decided(p)]
     assert [rid for rid, _ in lines] == [v["id"] for v in views]
     assert lines[-1] == ("res_huge", "")  # too long: the bare id
     assert all(text for _, text in lines[:-1])

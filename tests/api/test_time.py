@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.capacity.reservations.service import end_reservations, release_reservation
+from app.capacity.controllers.lifecycle import end_reservations
+from app.capacity.reservations.service import release_reservation
 from tests.factories import add_node, gpu_node, make_pool, reservation
 
 SECOND = timedelta(seconds=1)

@@ -9,9 +9,10 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.placing.inline import Placed, place_inline
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig, create_reservation
+from app.capacity.reservations.service import create_reservation
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest

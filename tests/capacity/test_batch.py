@@ -15,11 +15,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.placing.batch import BatchEntry, BatchOptions, place_batch
 from app.capacity.placing.inline import Pending, Placed
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.queue import worker as queue
-from app.capacity.reservations.service import CapacityConfig
 from app.db.tables import device_bookings, quota_holdings, reservations, scalar_holdings
 from app.inventory import service as inventory
 from app.placement.model import DeviceRequest, PlacementRequest

@@ -17,13 +17,13 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity.commit.lost_races import NOT_SCHEDULABLE
+from app.capacity.config import CapacityConfig
 from app.capacity.placing.batch import BatchEntry, BatchOptions, place_batch
 from app.capacity.placing.inline import Pending, Placed
 from app.capacity.planning import shared_reads
 from app.capacity.planning.shared_reads import WarmSlot
 from app.capacity.planning.snapshot import PoolCache, read_pool_head
 from app.capacity.queue import worker as queue
-from app.capacity.reservations.service import CapacityConfig
 from app.db.tables import device_bookings, nodes, pools, quota_holdings, scalar_holdings
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest

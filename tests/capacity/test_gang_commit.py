@@ -8,9 +8,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.placing.inline import Pending, Placed, place_inline
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig, create_reservation, release_reservation
+from app.capacity.reservations.service import create_reservation, release_reservation
 from app.inventory import service as inventory
 from app.placement.model import DeviceRequest, Gang, PlacementRequest
 from app.placement.options import SchedulerOptions

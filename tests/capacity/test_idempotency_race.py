@@ -8,8 +8,9 @@ import asyncio
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig, create_reservation
+from app.capacity.reservations.service import create_reservation
 from app.errors import IdempotencyKeyReused
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest

@@ -15,8 +15,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig, create_reservation
+from app.capacity.reservations.service import create_reservation
 from app.db.tables import allocations, device_bookings
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, TaintBody

@@ -17,10 +17,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.controllers import repair
 from app.capacity.placing.inline import Pending, place_inline
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig, create_reservation
+from app.capacity.reservations.service import create_reservation
 from app.inventory.schemas import NodeCreate
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions

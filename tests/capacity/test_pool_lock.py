@@ -19,10 +19,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.placing.batch import BatchEntry, BatchOptions, place_batch
 from app.capacity.placing.inline import Pending, Placed
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig, create_reservation
+from app.capacity.reservations.service import create_reservation
 from app.db.tables import allocations, device_bookings, nodes, quota_holdings, scalar_holdings
 from app.inventory import service as inventory
 from app.placement.model import Candidate, DeviceRequest, PlacementRequest

@@ -9,13 +9,13 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity.commit.lost_races import ATOM_BOOKED, LostRace
+from app.capacity.config import CapacityConfig
 from app.capacity.placing import preemption
 from app.capacity.planning.snapshot import PoolCache
+from app.capacity.requests import placement_request
 from app.capacity.reservations.service import (
-    CapacityConfig,
     create_reservation,
     get_reservation,
-    placement_request,
     preview,
     release_reservation,
 )

@@ -11,9 +11,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.queue import worker as queue
-from app.capacity.reservations.service import CapacityConfig, _view, create_reservation, read_view
+from app.capacity.reservations.service import create_reservation
+from app.capacity.views import read_view, reservation_view
 from app.db import locks
 from app.db.tables import reservations
 from app.errors import IdempotencyKeyReused, NotFound
@@ -104,7 +106,7 @@ async def test_the_one_statement_view_is_the_view_of_two_reads(clean_db: AsyncEn
     async with engine.connect() as conn:
         for rid in (placed["id"], queued["id"]):
             row = (await conn.execute(sa.select(reservations).where(reservations.c.id == rid))).one()
-            assert await read_view(conn, rid) == await _view(conn, row)
+            assert await read_view(conn, rid) == await reservation_view(conn, row)
         assert await read_view(conn, "res_nope") is None
     assert placed["status"] == "placed" and len(placed["allocations"][0]["atoms"]) == 2
 

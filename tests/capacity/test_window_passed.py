@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.controllers.lifecycle import end_passed_windows
 from app.capacity.edges import WAKE_CHANNEL
-from app.capacity.reservations.service import end_passed_windows
 from tests.factories import add_node, gpu_node, make_pool, reservation
 
 

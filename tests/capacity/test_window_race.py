@@ -11,8 +11,9 @@ from decimal import Decimal
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig, create_reservation, release_reservation
+from app.capacity.reservations.service import create_reservation, release_reservation
 from app.errors import QuotaExceeded
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest

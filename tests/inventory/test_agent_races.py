@@ -11,8 +11,9 @@ from datetime import timedelta
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig, create_reservation
+from app.capacity.reservations.service import create_reservation
 from app.db.tables import allocations, devices, nodes, pool_capacity_rollup
 from app.inventory import service as inventory
 from app.inventory.hello import heartbeat, hello

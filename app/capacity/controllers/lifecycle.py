@@ -18,11 +18,94 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.reservations.service import end_passed_windows, end_reservations
+from app.capacity.conditions import ended_condition, window_passed_condition
+from app.capacity.config import END_BATCH
+from app.capacity.edges import notify_pool
+from app.capacity.placing.inline import db_now
+from app.db.tables import TS, reservations
+
+
+async def end_reservations(
+    engine: AsyncEngine, now: datetime | None = None, limit: int = END_BATCH
+) -> list[str]:
+    """Move placed reservations whose window is over at ``now`` (default: the database clock) to
+    ``ended`` with the condition ``Ended`` / ``WindowEnded``; returns their ids, oldest end first.
+
+    Safe with several replicas: the rows are claimed with ``FOR UPDATE SKIP LOCKED``, so two sweeps never
+    wait for each other, and a row another sweep ended meanwhile no longer matches ``status = 'placed'``
+    when its lock is taken (PostgreSQL re-checks a locked row), so each reservation is ended once.
+    Nothing is refunded: its bookings and holdings stopped counting at the end of their window."""
+    async with engine.begin() as conn:
+        at = now if now is not None else await db_now(conn)
+        # SELECT id, ends_at, conditions FROM reservations
+        #  WHERE status = 'placed' AND ends_at <= :now ORDER BY ends_at LIMIT :limit FOR UPDATE SKIP LOCKED
+        due = (
+            await conn.execute(
+                sa.select(
+                    reservations.c.id,
+                    reservations.c.pool_id,
+                    reservations.c.ends_at,
+                    reservations.c.conditions,
+                )
+                .where(reservations.c.status == "placed", reservations.c.ends_at <= at)
+                .order_by(reservations.c.ends_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+        ).all()
+        await _mark_ended(conn, [(r.id, r.conditions, ended_condition(r.ends_at)) for r in due])
+        for pool_id in sorted({r.pool_id for r in due}):
+            await notify_pool(conn, pool_id)  # wake edge: an end (what was held stopped counting)
+    return [r.id for r in due]
+
+
+async def end_passed_windows(
+    engine: AsyncEngine, now: datetime | None = None, limit: int = END_BATCH
+) -> list[str]:
+    """Move pending reservations with an explicit ``start`` at or before ``now`` (default: the database
+    clock) to ``ended`` with the condition ``Ended`` / ``WindowPassed``; returns their ids, oldest start
+    first. A pending reservation holds nothing, so nothing is freed. Replica-safe as
+    :func:`end_reservations` (``FOR UPDATE SKIP LOCKED``, then ``status = 'pending'`` re-checked)."""
+    start = sa.cast(reservations.c.spec["start"].astext, TS)
+    async with engine.begin() as conn:
+        at = now if now is not None else await db_now(conn)
+        # SELECT id, (spec->>'start')::timestamptz AS start, conditions FROM reservations
+        #  WHERE status = 'pending' AND spec->>'start' IS NOT NULL AND (spec->>'start')::timestamptz <= :now
+        #  ORDER BY 2 LIMIT :limit FOR UPDATE SKIP LOCKED
+        due = (
+            await conn.execute(
+                sa.select(reservations.c.id, start.label("start"), reservations.c.conditions)
+                .where(
+                    reservations.c.status == "pending",
+                    reservations.c.spec["start"].astext.is_not(None),
+                    start <= at,
+                )
+                .order_by(start)
+                .limit(limit)
+                .with_for_update(of=reservations, skip_locked=True)
+            )
+        ).all()
+        await _mark_ended(conn, [(r.id, r.conditions, window_passed_condition(r.start)) for r in due])
+    return [r.id for r in due]
+
+
+async def _mark_ended(
+    conn: AsyncConnection, rows: list[tuple[str, list[dict[str, Any]] | None, dict[str, Any]]]
+) -> None:
+    """Set each claimed ``(id, conditions, ended condition)`` reservation ``ended``, the condition added."""
+    for reservation_id, conditions, ended in rows:
+        await conn.execute(
+            sa.update(reservations)
+            .where(reservations.c.id == reservation_id)
+            .values(status="ended", conditions=[*(conditions or []), ended], updated_at=sa.func.now())
+        )
+
 
 log = logging.getLogger("better_compute.lifecycle")
 

@@ -20,8 +20,8 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig
 
 H = TypeVar("H")  # what a controller remembers of an edge it heard
 

@@ -33,11 +33,13 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.conditions import NO_FIT, with_unschedulable
+from app.capacity.config import CapacityConfig
 from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import Placed, db_now
 from app.capacity.placing.registry import INLINE, PlacementContext, placer
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig, free_allocations, placement_request
+from app.capacity.requests import placement_request
+from app.capacity.reservations.service import free_allocations
 from app.db.tables import allocations, device_bookings, devices, nodes, reservations
 from app.observability.metrics import REPAIRS
 from app.placement.request import ReservationRequest

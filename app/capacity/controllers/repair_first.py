@@ -37,11 +37,11 @@ from collections.abc import Callable, Mapping
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.capacity.config import CapacityConfig
 from app.capacity.controllers.listener import ListeningController
 from app.capacity.controllers.repair import Repair, broken_reservations, repair_broken
 from app.capacity.edges import REPAIR_CHANNEL
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig
 from app.db.tables import reservations
 
 log = logging.getLogger("better_compute.repair")

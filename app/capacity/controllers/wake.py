@@ -45,13 +45,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit.shapes import QuotaCharge
 from app.capacity.conditions import NO_FIT, QUOTA_EXCEEDED, UNSCHEDULABLE, with_unschedulable
+from app.capacity.config import CapacityConfig
 from app.capacity.controllers.listener import ListeningController
 from app.capacity.controllers.repair import REPAIR_PREFIX
 from app.capacity.edges import WAKE_CHANNEL, parse_wake_payload
 from app.capacity.placing.inline import Placed, db_now
 from app.capacity.placing.registry import INLINE, WAKE, Admission, PlacementContext, placer
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import CapacityConfig, placement_request, quota_amounts
+from app.capacity.requests import placement_request, quota_amounts
 from app.db.tables import reservations
 from app.errors import QuotaExceeded
 from app.observability.metrics import WAKE_EDGES_HEARD, WAKE_WAIT, WAKES

@@ -78,6 +78,7 @@ from app.capacity.commit.lost_races import (
 )
 from app.capacity.commit.shapes import Committed, QuotaCharge
 from app.capacity.commit.single import commit_placements
+from app.capacity.config import CapacityConfig
 from app.capacity.placing import preemption
 from app.capacity.placing.inline import (
     EXCLUDING_KINDS,
@@ -96,7 +97,6 @@ from app.capacity.planning.shared_reads import (
 )
 from app.capacity.planning.snapshot import PoolCache, PoolHead, read_pool_head
 from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
-from app.capacity.reservations.service import CapacityConfig
 from app.db.locks import PoolShare
 from app.db.prepared import Prepared
 from app.db.tables import (

@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.reservations.service import spec_hash
+from app.capacity.requests import spec_hash
 from app.db.prepared import Prepared
 from app.db.tables import TS, pools, reservations
 from app.db.unnest import bound_rows

@@ -36,7 +36,7 @@ import functools
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -46,6 +46,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.capacity.conditions import no_fit_conditions
+from app.capacity.config import CapacityConfig
 from app.capacity.controllers.listener import ListeningController
 from app.capacity.placing.batch import BatchEntry, batch_options, place_batch
 from app.capacity.placing.inline import Pending, Placed
@@ -59,22 +61,12 @@ from app.capacity.placing.registry import (
 from app.capacity.planning.admission import admit
 from app.capacity.planning.shared_reads import WarmSlot
 from app.capacity.planning.snapshot import PoolCache, PoolHead
+from app.capacity.queue.decided import decided_payloads, parse_decided
 from app.capacity.queue.intake import Decision, decided_params, decided_update
+from app.capacity.requests import check_start, placement_request, quota_amounts, spec_hash
 from app.capacity.reservations.access import reservation_named, reservation_not_found
-from app.capacity.reservations.service import (
-    CapacityConfig,
-    _committed_view,
-    _condition,
-    _shape,
-    check_start,
-    create_reservation,
-    idempotent_answer,
-    placement_request,
-    quota_amounts,
-    read_view,
-    spec_hash,
-    with_warnings,
-)
+from app.capacity.reservations.service import create_reservation, idempotent_answer, with_warnings
+from app.capacity.views import decided_view, read_view, row_view
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
@@ -96,7 +88,6 @@ BUSY_RETRY = 0.5  # seconds: queued rows another worker holds are looked at agai
 LISTENER_RETRY = 1.0
 RECHECK_SECONDS = 1.0  # a long-poll re-reads at least this often (a release sends no decided edge)
 MAX_WAIT_SECONDS = 30
-PAYLOAD_BYTES = 7900  # a bc_decided payload stays under NOTIFY's 8000-byte limit
 READ = "compute:reservations:read"
 # ``status = 'queued'`` with the literal in the SQL text, so that even a generic plan of the prepared
 # statement can use the partial index ix_reservations_queued (a bound status could not prove its WHERE)
@@ -133,7 +124,7 @@ async def create(
         request = placement_request(config, body, row.created_at)
         head = PoolHead(row.pool_id, row.pool_archived, row.inventory_version)  # read by the enqueue
         warnings = await admit(conn, cache, head, request)  # raising rolls the row back
-        return with_warnings(_shape(row, []), warnings), True
+        return with_warnings(row_view(row, []), warnings), True
 
 
 # INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key)
@@ -265,7 +256,7 @@ def _decision(entry: BatchEntry | None, row: Any, reason: str | None = None) -> 
     """The queued row's decision: placed (over its window), pending with the plan's reason, or pending
     with ``QuotaExceeded`` when the charge was refused."""
     if entry is None:
-        return Decision(row.id, "pending", _condition(reason or ""))
+        return Decision(row.id, "pending", no_fit_conditions(reason or ""))
     if entry.refused is not None:
         return Decision(
             row.id,
@@ -282,7 +273,7 @@ def _decision(entry: BatchEntry | None, row: Any, reason: str | None = None) -> 
     if isinstance(entry.outcome, Placed):
         return Decision(row.id, "placed", entry.conditions, entry.request.end)
     assert isinstance(entry.outcome, Pending)
-    return Decision(row.id, "pending", _condition(entry.outcome.reason))
+    return Decision(row.id, "pending", no_fit_conditions(entry.outcome.reason))
 
 
 async def work_batch(
@@ -327,7 +318,7 @@ async def _work_batch(
             decisions = [
                 _decision(entries.get(r.id), r, passed_reason if r.id in passed else None) for r in rows
             ]
-            views = [_decided_view(r, d, entries.get(r.id)) for r, d in zip(rows, decisions, strict=True)]
+            views = [decided_view(r, d, entries.get(r.id)) for r, d in zip(rows, decisions, strict=True)]
             await decide(conn, decisions, views)
             _observe(rows, decisions, now)
         planning = False  # committed
@@ -337,16 +328,6 @@ async def _work_batch(
             warm.reads = None
         for token in tokens:
             cache.forget(pool_id, token)
-
-
-def _decided_view(row: Any, decision: Decision, entry: BatchEntry | None) -> dict[str, Any]:
-    """The view of a reservation a batch decided (what :func:`read_view` reads back after COMMIT): the
-    claimed row with the decision's status and conditions and, when placed, the allocations the batch
-    wrote."""
-    allocs: list[dict[str, Any]] = []
-    if decision.status == "placed" and entry is not None and isinstance(entry.outcome, Placed):
-        allocs = [_committed_view(a, entry.request) for a in entry.outcome.allocations]
-    return {**_shape(row, allocs), "status": decision.status, "conditions": decision.conditions}
 
 
 def _observe(rows: list[Any], decisions: list[Decision], now: Any) -> None:
@@ -374,35 +355,6 @@ async def decide(conn: AsyncConnection, decisions: list[Decision], views: list[d
     notifications as NOTIFY's 8000-byte payload limit needs (:func:`decided_payloads`)."""
     if decisions:
         await DECIDE.run(conn, {**decided_params(decisions), "payloads": decided_payloads(views)})
-
-
-def decided_payloads(views: list[dict[str, Any]], limit: int = PAYLOAD_BYTES) -> list[str]:
-    """The ``bc_decided`` payloads of ``views``: lines ``<id>\t<view JSON>``, each payload under
-    ``limit`` bytes; a view too long for one payload is sent as its bare ``<id>`` (its waiters read it)."""
-    payloads: list[str] = []
-    lines: list[str] = []
-    size = 0
-    for view in views:
-        line = f"{view['id']}\t{json.dumps(view, separators=(',', ':'))}"
-        n = len(line.encode())
-        if n >= limit:
-            line, n = view["id"], len(view["id"].encode())
-        if lines and size + 1 + n >= limit:
-            payloads.append("\n".join(lines))
-            lines, size = [], 0
-        lines.append(line)
-        size += n + (1 if size else 0)
-    if lines:
-        payloads.append("\n".join(lines))
-    return payloads
-
-
-def parse_decided(payload: str) -> Iterator[tuple[str, str]]:
-    """``(reservation id, view JSON or "")`` per line of a ``bc_decided`` payload, the JSON not parsed."""
-    for line in payload.split("\n"):
-        rid, _, view = line.partition("\t")
-        if rid:
-            yield rid, view
 
 
 async def pools_with_queued(conn: AsyncConnection, pool_id: str | None = None) -> list[str]:
@@ -536,7 +488,7 @@ class QueueWorker(ListeningController[str]):
 
 
 async def _read_view(engine: AsyncEngine, reservation_id: str) -> dict[str, Any] | None:
-    """:func:`~app.capacity.reservations.service.read_view` as one round trip: autocommit spares BEGIN and
+    """:func:`~app.capacity.views.read_view` as one round trip: autocommit spares BEGIN and
     ROLLBACK."""
     async with engine.connect() as conn:
         conn = await conn.execution_options(isolation_level="AUTOCOMMIT")

@@ -24,24 +24,17 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit.lost_races import ATOM_BOOKED, LOST_RACE_SQLSTATES
+from app.capacity.conditions import no_fit_conditions
+from app.capacity.config import CapacityConfig
 from app.capacity.placing.batch import BatchEntry, batch_options, place_batch
 from app.capacity.placing.inline import Pending, Placed, db_now
 from app.capacity.placing.registry import must_place_inline
 from app.capacity.planning.admission import admit
 from app.capacity.planning.snapshot import PoolCache, PoolHead, read_pool_head
 from app.capacity.queue.intake import Decision, Written, delete_unwritten, insert_reservations, mark_decided
-from app.capacity.reservations.service import (
-    CapacityConfig,
-    _committed_view,
-    _condition,
-    _shape,
-    _view,
-    check_start,
-    create_reservation,
-    placement_request,
-    quota_amounts,
-    with_warnings,
-)
+from app.capacity.requests import check_start, placement_request, quota_amounts
+from app.capacity.reservations.service import create_reservation, with_warnings
+from app.capacity.views import committed_view, reservation_view, row_view
 from app.db.locks import wait_for_pool_lease
 from app.db.tx import sqlstate
 from app.errors import AppError, InvalidInput
@@ -195,16 +188,16 @@ def _decision(entry: BatchEntry) -> Decision:
     if isinstance(entry.outcome, Placed):
         return Decision(entry.reservation_id, "placed", entry.conditions, entry.request.end)
     assert isinstance(entry.outcome, Pending)
-    return Decision(entry.reservation_id, "pending", _condition(entry.outcome.reason))
+    return Decision(entry.reservation_id, "pending", no_fit_conditions(entry.outcome.reason))
 
 
 def _placed_view(row: Any, entry: BatchEntry) -> dict[str, Any]:
     allocs = (
-        [_committed_view(a, entry.request) for a in entry.outcome.allocations]
+        [committed_view(a, entry.request) for a in entry.outcome.allocations]
         if isinstance(entry.outcome, Placed)
         else []
     )
-    return _shape(row, allocs)
+    return row_view(row, allocs)
 
 
 async def _retry_answer(
@@ -217,4 +210,4 @@ async def _retry_answer(
             if entry.refused is not None:
                 return failed(entry.refused)
             return ItemResult(200, _placed_view(rows[entry.reservation_id], entry))
-    return ItemResult(200, await _view(conn, w.row))
+    return ItemResult(200, await reservation_view(conn, w.row))

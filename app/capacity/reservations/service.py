@@ -19,8 +19,9 @@ each over its window.
 
 Time (docs/lifecycle.md): bookings, scalar holdings and quota are held over the
 reservation's window only, so a placed reservation stops counting at its end by itself; the lifecycle
-controller then moves it to ``ended`` (:func:`end_reservations`). ``start`` is at most ``max_lead``
-ahead of the database clock.
+controller then moves it to ``ended``
+(:func:`app.capacity.controllers.lifecycle.end_reservations`). ``start`` is at most ``max_lead`` ahead
+of the database clock.
 
 release: locks the reservation row, cuts its quota holdings, then its bookings and scalar holdings, at
 the release instant: what had not started is removed, what had is kept as history up to that instant.
@@ -31,13 +32,8 @@ quota_usage; docs/lifecycle.md).
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from decimal import Decimal
+from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -46,21 +42,28 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.commit.cuts import cut_allocations
-from app.capacity.commit.shapes import CommitExtras, Committed, MarkPlaced, QuotaCharge
+from app.capacity.commit.shapes import CommitExtras, MarkPlaced, QuotaCharge
 from app.capacity.conditions import (
-    NO_FIT,
-    ended_condition,
+    no_fit_conditions,
     released_condition,
-    unschedulable_condition,
-    window_passed_condition,
 )
+from app.capacity.config import PREVIEW_CANDIDATES, CapacityConfig
 from app.capacity.edges import notify_pool
 from app.capacity.placing import preemption
 from app.capacity.placing.inline import Pending, Placed, db_now, place_inline
 from app.capacity.planning.admission import admit, read_verdict, refusal
 from app.capacity.planning.plan import plan_request
 from app.capacity.planning.snapshot import PoolCache, PoolHead
+from app.capacity.requests import check_start, placement_request, quota_amounts, spec_hash
 from app.capacity.reservations.access import reservation_not_found, visible
+from app.capacity.views import (
+    committed_view,
+    placed_view,
+    read_allocations,
+    read_view,
+    reservation_view,
+    row_view,
+)
 from app.db.locks import PoolShare, lock_pool, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import TS, allocations, pools, reservations
@@ -68,83 +71,12 @@ from app.db.tx import reads, run_again_on_deadlock, sqlstate
 from app.errors import IdempotencyKeyReused, InvalidInput
 from app.iam.authorize import exists_for
 from app.ids import new_id
-from app.jsonnum import num
-from app.placement.model import Candidate, PlacementRequest, Plan
-from app.placement.options import SchedulerOptions
-from app.placement.request import ReservationRequest, to_placement_request
+from app.placement.model import Candidate, Plan
+from app.placement.request import ReservationRequest
 from app.placement.summary import ARCHIVED_POOL
 from app.quota import service as quota
 
-PREVIEW_CANDIDATES = 10
-START_SKEW = timedelta(seconds=60)  # a start this far behind the database clock is still "now"
-MAX_LEAD = timedelta(days=366)  # BC_CAPACITY_MAX_LEAD: how far ahead a window may start
-END_BATCH = 100  # reservations ended per statement of the lifecycle sweep
 FOREIGN_KEY_VIOLATION = "23503"
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityConfig:
-    """What the capacity service needs from settings: scheduler options and ``max_attempts``."""
-
-    options: SchedulerOptions
-    max_attempts: int = 3
-    shortlist_min: int = 48
-    # BC_CAPACITY_ENFORCE_DEVICE_LIMITS: host resources need bc.dev/cap.devices.limits (requiredCapabilities)
-    enforce_device_limits: bool = False
-    max_lead: timedelta = MAX_LEAD
-    # BC_CAPACITY_PREEMPTION: a regular request that does not fit may preempt spot work
-    preemption: bool = True
-    # BC_CAPACITY_PLACER / BC_CAPACITY_MAX_BATCH (docs/placement-rules.md, "Two placers";
-    # app/capacity/placing/registry.py)
-    placer: str = "inline"
-    max_batch: int = 64
-
-
-def placement_request(
-    config: CapacityConfig,
-    body: ReservationRequest,
-    now: datetime,
-    node_labels: Mapping[str, str] | None = None,
-) -> PlacementRequest:
-    """The capacity port's entry point from a reservation body to a PlacementRequest: a module's
-    ``node_labels`` plus capacity's requiredCapabilities under ``config`` (create, preview, and the
-    re-place / repair paths all build their request here)."""
-    return to_placement_request(
-        body, now, enforce_device_limits=config.enforce_device_limits, node_labels=node_labels
-    )
-
-
-def spec_hash(spec: Mapping[str, Any]) -> str:
-    """SHA-256 of the canonical JSON of a reservation spec (idempotent retries compare it)."""
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def quota_amounts(request: PlacementRequest) -> dict[str, Decimal]:
-    """What a request charges: atoms per device class and scalar amounts, times gang members."""
-    members = request.gang.members if request.gang else 1
-    amounts: dict[str, Decimal] = defaultdict(Decimal)
-    for d in request.devices:
-        amounts[d.device_class] += Decimal(d.count * members)
-    for name, n in request.resources.items():
-        amounts[name] += Decimal(n) * members
-    return dict(amounts)
-
-
-def check_start(body: ReservationRequest, now: datetime, max_lead: timedelta = MAX_LEAD) -> None:
-    """Raise InvalidInput (path ``start``) for a window that starts in the past (more than 60 s behind
-    the database clock, to allow for client clock skew) or more than ``max_lead`` ahead of it."""
-    if body.start is None:
-        return
-    if body.start < now - START_SKEW:
-        raise InvalidInput(
-            f"start {body.start.isoformat()} is in the past (now {now.isoformat()})", path="start"
-        )
-    if body.start > now + max_lead:
-        raise InvalidInput(
-            f"start {body.start.isoformat()} is more than {max_lead.days} days ahead "
-            f"(now {now.isoformat()}, at most {(now + max_lead).isoformat()})",
-            path="start",
-        )
 
 
 def with_warnings(view: dict[str, Any], warnings: tuple[str, ...]) -> dict[str, Any]:
@@ -152,10 +84,6 @@ def with_warnings(view: dict[str, Any], warnings: tuple[str, ...]) -> dict[str, 
     if warnings:
         view["warnings"] = list(warnings)
     return view
-
-
-def _condition(reason: str) -> list[dict[str, Any]]:
-    return [unschedulable_condition(NO_FIT, reason)]
 
 
 @run_again_on_deadlock
@@ -228,16 +156,16 @@ async def _create(
             )
             if by_preemption is not None:
                 assumptions.extend(by_preemption.placed.assumptions)
-                allocs = [_committed_view(a, request) for a in by_preemption.placed.allocations]
+                allocs = [committed_view(a, request) for a in by_preemption.placed.allocations]
                 conditions = [by_preemption.condition]
                 await _mark_placed(conn, reservation_id, request.end, conditions)
                 return with_warnings(
-                    _placed_view(body, reservation_id, spec, created_at, allocs, conditions), warnings
+                    placed_view(body, reservation_id, spec, created_at, allocs, conditions), warnings
                 ), True
         if isinstance(outcome, Placed):
             assumptions.extend(outcome.assumptions)
-            allocs = [_committed_view(a, request) for a in outcome.allocations]
-            return with_warnings(_placed_view(body, reservation_id, spec, created_at, allocs), warnings), True
+            allocs = [committed_view(a, request) for a in outcome.allocations]
+            return with_warnings(placed_view(body, reservation_id, spec, created_at, allocs), warnings), True
         assert isinstance(outcome, Pending)
         # archived while preemption planned: the lock saw it, and the answer is the archived pool's
         reason = ARCHIVED_POOL if pool_share.archived else outcome.reason
@@ -316,7 +244,7 @@ async def idempotent_answer(conn: AsyncConnection, body: ReservationRequest, dig
             f"idempotency key {body.idempotencyKey} was used with another body",
             {"idempotencyKey": body.idempotencyKey, "reservationId": existing.id},
         )
-    return await _view(conn, existing)
+    return await reservation_view(conn, existing)
 
 
 _RESERVATION_ID = sa.bindparam("reservation_id", type_=sa.Text)
@@ -366,138 +294,9 @@ async def _store_pending(conn: AsyncConnection, charge: QuotaCharge, reason: str
         charge.end,
     )
     await quota.refund(conn, charge.reservation_id)
-    params = {"reservation_id": charge.reservation_id, "conditions": _condition(reason)}
+    params = {"reservation_id": charge.reservation_id, "conditions": no_fit_conditions(reason)}
     row = (await STORE_PENDING.run(conn, params)).one()  # prepared
-    return _shape(row, [])
-
-
-def _placed_view(
-    body: ReservationRequest,
-    reservation_id: str,
-    spec: dict[str, Any],
-    created_at: datetime,
-    allocs: list[dict[str, Any]],
-    conditions: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The view of a reservation just placed, from what the create wrote (what :func:`_shape` would read
-    back: the commit marked the row ``placed``, with no conditions or, after a preemption, the
-    preemptor's ``Preempted`` condition)."""
-    return {
-        "id": reservation_id,
-        "tenantId": body.tenantId,
-        "poolId": body.poolId,
-        "status": "placed",
-        "idempotencyKey": body.idempotencyKey,
-        "spec": spec,
-        "allocations": allocs,
-        "conditions": conditions or [],
-        "createdAt": created_at.isoformat(),
-        "releasedAt": None,
-    }
-
-
-def _committed_view(a: Committed, request: PlacementRequest) -> dict[str, Any]:
-    """The view of an allocation just written (what :func:`_allocations` would read back)."""
-    assert request.start is not None and request.end is not None
-    return {
-        "id": a.allocation_id,
-        "nodeId": a.node_id,
-        "atoms": list(a.atoms),
-        "resources": {k: num(Decimal(v)) for k, v in a.resources.items()},
-        "start": request.start.isoformat(),
-        "end": request.end.isoformat(),
-        "releasedAt": None,
-    }
-
-
-def _allocation_view(
-    allocation_id: str, node_id: str, atoms: Any, resources: Any, during: Any, released_at: Any
-) -> dict[str, Any]:
-    """An allocation as the API shows it (``Allocation``), from its stored columns."""
-    return {
-        "id": allocation_id,
-        "nodeId": node_id,
-        "atoms": list(atoms),
-        "resources": {k: num(Decimal(v)) for k, v in (resources or {}).items()},
-        "start": during.lower.isoformat(),
-        "end": during.upper.isoformat(),
-        "releasedAt": released_at.isoformat() if released_at else None,
-    }
-
-
-async def _allocations(conn: AsyncConnection, reservation_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    if not reservation_ids:
-        return out
-    rows = (
-        await conn.execute(
-            sa.select(allocations)
-            .where(allocations.c.reservation_id.in_(reservation_ids))
-            .order_by(allocations.c.created_at, allocations.c.id)
-        )
-    ).all()
-    for a in rows:
-        out[a.reservation_id].append(
-            _allocation_view(a.id, a.node_id, a.atoms, a.resources, a.during, a.released_at)
-        )
-    return out
-
-
-# the allocation columns of :func:`read_view`, labelled apart from the reservation's
-_ALLOCATION_COLUMNS = (
-    allocations.c.id.label("a_id"),
-    allocations.c.node_id.label("a_node_id"),
-    allocations.c.atoms.label("a_atoms"),
-    allocations.c.resources.label("a_resources"),
-    allocations.c.during.label("a_during"),
-    allocations.c.released_at.label("a_released_at"),
-)
-
-
-# SELECT r.*, a.id, a.node_id, a.atoms, a.resources, a.during, a.released_at
-#   FROM reservations r LEFT JOIN allocations a ON a.reservation_id = r.id
-#  WHERE r.id = :reservation_id ORDER BY a.created_at, a.id
-READ_VIEW = Prepared(
-    sa.select(reservations, *_ALLOCATION_COLUMNS)
-    .select_from(reservations.outerjoin(allocations, allocations.c.reservation_id == reservations.c.id))
-    .where(reservations.c.id == sa.bindparam("reservation_id", type_=sa.Text))
-    .order_by(allocations.c.created_at, allocations.c.id)
-)
-
-
-async def read_view(conn: AsyncConnection, reservation_id: str) -> dict[str, Any] | None:
-    """The view of a reservation (``Reservation``: the row and its allocations) in one statement
-    (:data:`READ_VIEW`, prepared), None when there is none. No visibility check: callers authorize on
-    its ``tenantId``."""
-    rows = (await READ_VIEW.run(conn, {"reservation_id": reservation_id})).all()
-    if not rows:
-        return None
-    allocs = [
-        _allocation_view(r.a_id, r.a_node_id, r.a_atoms, r.a_resources, r.a_during, r.a_released_at)
-        for r in rows
-        if r.a_id is not None
-    ]
-    return _shape(rows[0], allocs)
-
-
-def _shape(row: Any, allocs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "tenantId": row.tenant_id,
-        "poolId": row.pool_id,
-        "status": row.status,
-        "idempotencyKey": row.idempotency_key,
-        "spec": row.spec,
-        "allocations": allocs,
-        "conditions": row.conditions or [],
-        "createdAt": row.created_at.isoformat(),
-        "releasedAt": row.released_at.isoformat() if row.released_at else None,
-    }
-
-
-async def _view(conn: AsyncConnection, row: Any) -> dict[str, Any]:
-    allocs = await _allocations(conn, [row.id])
-    return _shape(row, allocs.get(row.id, []))
+    return row_view(row, [])
 
 
 @reads
@@ -538,8 +337,8 @@ async def list_reservations(
         stmt = stmt.where(sa.tuple_(reservations.c.created_at, reservations.c.id) < sa.tuple_(*after))
     rows = (await conn.execute(stmt)).all()
     page, more = rows[:limit], len(rows) > limit
-    allocs = await _allocations(conn, [r.id for r in page])
-    items = [_shape(r, allocs.get(r.id, [])) for r in page]
+    allocs = await read_allocations(conn, [r.id for r in page])
+    items = [row_view(r, allocs.get(r.id, [])) for r in page]
     return {"items": items, "next": (items[-1]["createdAt"], items[-1]["id"]) if more else None}
 
 
@@ -560,7 +359,7 @@ async def release_reservation(
         if not visible(row, tenant_id):
             raise reservation_not_found(reservation_id)
         if row.status in ("released", "preempted", "ended"):
-            return await _view(conn, row)
+            return await reservation_view(conn, row)
         at = now if now is not None else await db_now(conn)
         if row.status == "placed":
             await quota.cut_holdings(conn, row.id, at)  # shrinks only: no quota_usage lock
@@ -577,7 +376,7 @@ async def release_reservation(
             )
         )
         row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).one()
-        return await _view(conn, row)
+        return await reservation_view(conn, row)
 
 
 async def _live_allocations(conn: AsyncConnection, reservation_id: str) -> list[Any]:
@@ -601,82 +400,6 @@ async def free_allocations(conn: AsyncConnection, live: list[Any], pool_id: str,
         return
     await lock_pool(conn, pool_id, for_update=False)
     await cut_allocations(conn, [a.id for a in live], at)  # app.capacity.commit.cuts
-
-
-async def end_reservations(
-    engine: AsyncEngine, now: datetime | None = None, limit: int = END_BATCH
-) -> list[str]:
-    """Move placed reservations whose window is over at ``now`` (default: the database clock) to
-    ``ended`` with the condition ``Ended`` / ``WindowEnded``; returns their ids, oldest end first.
-
-    Safe with several replicas: the rows are claimed with ``FOR UPDATE SKIP LOCKED``, so two sweeps never
-    wait for each other, and a row another sweep ended meanwhile no longer matches ``status = 'placed'``
-    when its lock is taken (PostgreSQL re-checks a locked row), so each reservation is ended once.
-    Nothing is refunded: its bookings and holdings stopped counting at the end of their window."""
-    async with engine.begin() as conn:
-        at = now if now is not None else await db_now(conn)
-        # SELECT id, ends_at, conditions FROM reservations
-        #  WHERE status = 'placed' AND ends_at <= :now ORDER BY ends_at LIMIT :limit FOR UPDATE SKIP LOCKED
-        due = (
-            await conn.execute(
-                sa.select(
-                    reservations.c.id,
-                    reservations.c.pool_id,
-                    reservations.c.ends_at,
-                    reservations.c.conditions,
-                )
-                .where(reservations.c.status == "placed", reservations.c.ends_at <= at)
-                .order_by(reservations.c.ends_at)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
-        ).all()
-        await _mark_ended(conn, [(r.id, r.conditions, ended_condition(r.ends_at)) for r in due])
-        for pool_id in sorted({r.pool_id for r in due}):
-            await notify_pool(conn, pool_id)  # wake edge: an end (what was held stopped counting)
-    return [r.id for r in due]
-
-
-async def end_passed_windows(
-    engine: AsyncEngine, now: datetime | None = None, limit: int = END_BATCH
-) -> list[str]:
-    """Move pending reservations with an explicit ``start`` at or before ``now`` (default: the database
-    clock) to ``ended`` with the condition ``Ended`` / ``WindowPassed``; returns their ids, oldest start
-    first. A pending reservation holds nothing, so nothing is freed. Replica-safe as
-    :func:`end_reservations` (``FOR UPDATE SKIP LOCKED``, then ``status = 'pending'`` re-checked)."""
-    start = sa.cast(reservations.c.spec["start"].astext, TS)
-    async with engine.begin() as conn:
-        at = now if now is not None else await db_now(conn)
-        # SELECT id, (spec->>'start')::timestamptz AS start, conditions FROM reservations
-        #  WHERE status = 'pending' AND spec->>'start' IS NOT NULL AND (spec->>'start')::timestamptz <= :now
-        #  ORDER BY 2 LIMIT :limit FOR UPDATE SKIP LOCKED
-        due = (
-            await conn.execute(
-                sa.select(reservations.c.id, start.label("start"), reservations.c.conditions)
-                .where(
-                    reservations.c.status == "pending",
-                    reservations.c.spec["start"].astext.is_not(None),
-                    start <= at,
-                )
-                .order_by(start)
-                .limit(limit)
-                .with_for_update(of=reservations, skip_locked=True)
-            )
-        ).all()
-        await _mark_ended(conn, [(r.id, r.conditions, window_passed_condition(r.start)) for r in due])
-    return [r.id for r in due]
-
-
-async def _mark_ended(
-    conn: AsyncConnection, rows: list[tuple[str, list[dict[str, Any]] | None, dict[str, Any]]]
-) -> None:
-    """Set each claimed ``(id, conditions, ended condition)`` reservation ``ended``, the condition added."""
-    for reservation_id, conditions, ended in rows:
-        await conn.execute(
-            sa.update(reservations)
-            .where(reservations.c.id == reservation_id)
-            .values(status="ended", conditions=[*(conditions or []), ended], updated_at=sa.func.now())
-        )
 
 
 async def preview(

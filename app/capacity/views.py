@@ -1,0 +1,169 @@
+"""The answer shapes of reservations: the ``Reservation`` and ``Allocation`` views the API shows, built
+from stored rows (:func:`row_view`, :func:`reservation_view`, :func:`read_view`, one prepared statement)
+or from what a create or batch just wrote (:func:`placed_view`, :func:`committed_view`). Views are
+camelCase dicts (the OpenAPI ``Reservation`` schema); no visibility checks here. docs/lifecycle.md.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.capacity.commit.shapes import Committed
+from app.capacity.placing.batch import BatchEntry
+from app.capacity.placing.inline import Placed
+from app.capacity.queue.intake import Decision
+from app.db.prepared import Prepared
+from app.db.tables import allocations, reservations
+from app.jsonnum import num
+from app.placement.model import PlacementRequest
+from app.placement.request import ReservationRequest
+
+
+def placed_view(
+    body: ReservationRequest,
+    reservation_id: str,
+    spec: dict[str, Any],
+    created_at: datetime,
+    allocs: list[dict[str, Any]],
+    conditions: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The view of a reservation just placed, from what the create wrote (what :func:`row_view` would read
+    back: the commit marked the row ``placed``, with no conditions or, after a preemption, the
+    preemptor's ``Preempted`` condition)."""
+    return {
+        "id": reservation_id,
+        "tenantId": body.tenantId,
+        "poolId": body.poolId,
+        "status": "placed",
+        "idempotencyKey": body.idempotencyKey,
+        "spec": spec,
+        "allocations": allocs,
+        "conditions": conditions or [],
+        "createdAt": created_at.isoformat(),
+        "releasedAt": None,
+    }
+
+
+def committed_view(a: Committed, request: PlacementRequest) -> dict[str, Any]:
+    """The view of an allocation just written (what :func:`read_allocations` would read back)."""
+    assert request.start is not None and request.end is not None
+    return {
+        "id": a.allocation_id,
+        "nodeId": a.node_id,
+        "atoms": list(a.atoms),
+        "resources": {k: num(Decimal(v)) for k, v in a.resources.items()},
+        "start": request.start.isoformat(),
+        "end": request.end.isoformat(),
+        "releasedAt": None,
+    }
+
+
+def allocation_view(
+    allocation_id: str, node_id: str, atoms: Any, resources: Any, during: Any, released_at: Any
+) -> dict[str, Any]:
+    """An allocation as the API shows it (``Allocation``), from its stored columns."""
+    return {
+        "id": allocation_id,
+        "nodeId": node_id,
+        "atoms": list(atoms),
+        "resources": {k: num(Decimal(v)) for k, v in (resources or {}).items()},
+        "start": during.lower.isoformat(),
+        "end": during.upper.isoformat(),
+        "releasedAt": released_at.isoformat() if released_at else None,
+    }
+
+
+async def read_allocations(
+    conn: AsyncConnection, reservation_ids: list[str]
+) -> dict[str, list[dict[str, Any]]]:
+    """Allocation views by reservation id for ``reservation_ids``, in creation order (one statement)."""
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    if not reservation_ids:
+        return out
+    rows = (
+        await conn.execute(
+            sa.select(allocations)
+            .where(allocations.c.reservation_id.in_(reservation_ids))
+            .order_by(allocations.c.created_at, allocations.c.id)
+        )
+    ).all()
+    for a in rows:
+        out[a.reservation_id].append(
+            allocation_view(a.id, a.node_id, a.atoms, a.resources, a.during, a.released_at)
+        )
+    return out
+
+
+# the allocation columns of :func:`read_view`, labelled apart from the reservation's
+_ALLOCATION_COLUMNS = (
+    allocations.c.id.label("a_id"),
+    allocations.c.node_id.label("a_node_id"),
+    allocations.c.atoms.label("a_atoms"),
+    allocations.c.resources.label("a_resources"),
+    allocations.c.during.label("a_during"),
+    allocations.c.released_at.label("a_released_at"),
+)
+
+
+# SELECT r.*, a.id, a.node_id, a.atoms, a.resources, a.during, a.released_at
+#   FROM reservations r LEFT JOIN allocations a ON a.reservation_id = r.id
+#  WHERE r.id = :reservation_id ORDER BY a.created_at, a.id
+READ_VIEW = Prepared(
+    sa.select(reservations, *_ALLOCATION_COLUMNS)
+    .select_from(reservations.outerjoin(allocations, allocations.c.reservation_id == reservations.c.id))
+    .where(reservations.c.id == sa.bindparam("reservation_id", type_=sa.Text))
+    .order_by(allocations.c.created_at, allocations.c.id)
+)
+
+
+async def read_view(conn: AsyncConnection, reservation_id: str) -> dict[str, Any] | None:
+    """The view of a reservation (``Reservation``: the row and its allocations) in one statement
+    (:data:`READ_VIEW`, prepared), None when there is none. No visibility check: callers authorize on
+    its ``tenantId``."""
+    rows = (await READ_VIEW.run(conn, {"reservation_id": reservation_id})).all()
+    if not rows:
+        return None
+    allocs = [
+        allocation_view(r.a_id, r.a_node_id, r.a_atoms, r.a_resources, r.a_during, r.a_released_at)
+        for r in rows
+        if r.a_id is not None
+    ]
+    return row_view(rows[0], allocs)
+
+
+def row_view(row: Any, allocs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ``Reservation`` view from a ``reservations`` row and its allocation views."""
+    return {
+        "id": row.id,
+        "tenantId": row.tenant_id,
+        "poolId": row.pool_id,
+        "status": row.status,
+        "idempotencyKey": row.idempotency_key,
+        "spec": row.spec,
+        "allocations": allocs,
+        "conditions": row.conditions or [],
+        "createdAt": row.created_at.isoformat(),
+        "releasedAt": row.released_at.isoformat() if row.released_at else None,
+    }
+
+
+async def reservation_view(conn: AsyncConnection, row: Any) -> dict[str, Any]:
+    """A ``Reservation`` view from a ``reservations`` row, its allocations read (one statement)."""
+    allocs = await read_allocations(conn, [row.id])
+    return row_view(row, allocs.get(row.id, []))
+
+
+def decided_view(row: Any, decision: Decision, entry: BatchEntry | None) -> dict[str, Any]:
+    """The view of a reservation a batch decided (what :func:`read_view` reads back after COMMIT): the
+    claimed row with the decision's status and conditions and, when placed, the allocations the batch
+    wrote."""
+    allocs: list[dict[str, Any]] = []
+    if decision.status == "placed" and entry is not None and isinstance(entry.outcome, Placed):
+        allocs = [committed_view(a, entry.request) for a in entry.outcome.allocations]
+    return {**row_view(row, allocs), "status": decision.status, "conditions": decision.conditions}
