@@ -94,7 +94,8 @@ async def test_inline_create_refuses_what_the_pool_can_never_hold_and_writes_not
     admin_client: httpx.AsyncClient, clean_db: AsyncEngine
 ) -> None:
     pool = await _pool(admin_client)
-    placed = await admin_client.post("/v1/reservations", json=reservation(pool, 2))
+    # 8 GPUs take one of the two 8-GPU hosts whichever the pick chooses, so a 2-node gang of 8 cannot fit now
+    placed = await admin_client.post("/v1/reservations", json=reservation(pool, 8))
     assert placed.status_code == 201 and placed.json()["status"] == "placed"
     before = await _counts(clean_db)
     for body, code, message, path in _refusals(pool):
