@@ -132,3 +132,14 @@ def test_a_capacity_room_imports_only_what_it_may(room: str) -> None:
     for path in sorted((CAPACITY / room).rglob("*.py")):
         forbidden = {m for m in _imports(path) if m.startswith(ROOM_RULES[room])}
         assert not forbidden, f"{path.relative_to(ROOT)} imports {sorted(forbidden)}"
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    found = []
+    for path in sorted((ROOT / "app").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("app"):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private:
+                    found.append(f"{path.relative_to(ROOT)}: from {node.module} import {', '.join(private)}")
+    assert found == []

@@ -46,7 +46,7 @@ from app.placement.model import (
     NodeInventory,
     PlacementRequest,
 )
-from app.placement.selectors import _holds
+from app.placement.selectors import expression_holds
 from app.placement.topology import NV, ClassTopology, node_topology
 
 MAX_CLIQUE_ATOMS = 64  # a class larger than this on one node is not searched for NVLink cliques
@@ -135,7 +135,7 @@ def _may_match(expressions: tuple[MatchExpression, ...], atom: Atom) -> bool:
     static; a key the atom lacks reads a node label, which may change, so it never contradicts)."""
     for expr in expressions:
         value = atom.attributes.get(expr.key)
-        if value is not None and not _holds(expr, value):
+        if value is not None and not expression_holds(expr, value):
             return False
     return True
 

@@ -268,7 +268,7 @@ def lookup(key: str, atom: Atom, node_labels: Mapping[str, str], label_sources: 
     return value
 
 
-def _holds(expr: MatchExpression, value: Any) -> bool:
+def expression_holds(expr: MatchExpression, value: Any) -> bool:
     op = expr.op
     if op == "Exists":
         return value is not _MISSING
@@ -304,7 +304,7 @@ def expression_matches(
     attribute first, then node label; In/NotIn as strings, NotIn true when absent; comparisons numeric,
     a non-number never matches). ``label_sources`` (key -> ``system``/``operator``) gates ``bc.dev/``
     labels; without it such labels are treated as operator-set and ignored."""
-    return _holds(expr, lookup(expr.key, atom, node_labels, label_sources or {}))
+    return expression_holds(expr, lookup(expr.key, atom, node_labels, label_sources or {}))
 
 
 def selector_matches(selector: Selector | None, atom: Atom, node: NodeInventory) -> bool:
@@ -312,4 +312,4 @@ def selector_matches(selector: Selector | None, atom: Atom, node: NodeInventory)
     if selector is None:
         return True
     labels, sources = node.labels, node.label_sources
-    return all(_holds(e, lookup(e.key, atom, labels, sources)) for e in selector.match_expressions)
+    return all(expression_holds(e, lookup(e.key, atom, labels, sources)) for e in selector.match_expressions)
