@@ -139,7 +139,8 @@ def test_no_module_imports_another_modules_private_names() -> None:
     for path in sorted((ROOT / "app").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("app"):
-                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                names = [a.name for a in node.names]
+                private = [n for n in names if n.startswith("_") and not n.startswith("__")]
                 if private:
                     found.append(f"{path.relative_to(ROOT)}: from {node.module} import {', '.join(private)}")
     assert found == []
