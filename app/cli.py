@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 
 from app.agent.cli import agent as agent_command
-from app.api.models.statuses import ReservationStatus
+from app.answers.statuses import ReservationStatus
 from app.client import EXIT_API_ERROR, EXIT_NOT_PLACED, EXIT_USAGE
 from app.client import render as out
 from app.client.api import DEFAULT_SERVER, ServiceClient, ServiceError, Unreachable

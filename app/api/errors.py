@@ -224,7 +224,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ResponseValidationError)
     async def _answer_off_contract(request: Request, exc: ResponseValidationError) -> JSONResponse:
-        # a service answered a shape its route's response model does not declare (app/api/models/):
+        # a service answered a shape its route's response model does not declare (app/answers/):
         # a defect of this service, named in the log so the model (or the service) can be fixed
         problems = [f"{_path(tuple(e.get('loc', ())))}: {e.get('msg', '')}" for e in exc.errors()]
         log.error(

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from app.answers.health import Health, Readiness
 from app.api.deps import Services, current_principal, services
 from app.api.errors import responses
-from app.api.models.health import Health, Readiness
 from app.db.engine import ping
 from app.errors import AppError
 from app.iam.authorize import authorize

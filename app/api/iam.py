@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.answers.iam import ApiKey
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
-from app.api.models.iam import ApiKey
 from app.iam.authorize import Grant
 from app.iam.service import authorize_key_creation, create_api_key, revoke_api_key
 from app.ids import TenantId

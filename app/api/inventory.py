@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query
 
+from app.answers.inventory import ImportedNode, Node, NodeList, Pool, PoolList
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses
-from app.api.models.inventory import ImportedNode, Node, NodeList, Pool, PoolList
 from app.api.paging import CURSOR_QUERY, decode_cursor, envelope, page_after, time_then_id
 from app.iam.authorize import authorize, holds_grant_on
 from app.inventory import service as inventory

@@ -14,9 +14,9 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.answers.placement import Comparison, Explanation, FleetBuild, JobHistory
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
-from app.api.models.placement import Comparison, Explanation, FleetBuild, JobHistory
 from app.db.job_records import job_records, record_job
 from app.errors import InvalidInput, quote_input
 from app.fleet.documents import parse_instant

@@ -8,9 +8,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.answers.quota import Quota, QuotaWritten
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
-from app.api.models.quota import Quota, QuotaWritten
 from app.iam.authorize import authorize
 from app.ids import TenantId
 from app.jsonnum import JsonDecimal

@@ -8,9 +8,9 @@ from fastapi import APIRouter, Depends
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.answers.reservations import ReservationBatch, ReservationBatchRequest
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import json_path, plain_message, responses
-from app.api.models.reservations import ReservationBatch, ReservationBatchRequest
 from app.api.text_guard import unstorable_item
 from app.capacity.reservations import bulk
 from app.errors import AppError, InvalidInput

@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
+from app.answers.reservations import Preview, Reservation, ReservationList, ReservationStatus
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses, unsatisfiable
-from app.api.models.reservations import Preview, Reservation, ReservationList, ReservationStatus
 from app.api.paging import CURSOR_QUERY, cursor_key, envelope, time_then_id
 from app.capacity.queue import worker as svc_queue
 from app.capacity.reservations import service as svc_reservations

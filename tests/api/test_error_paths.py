@@ -103,8 +103,8 @@ def test_plain_message_drops_pydantic_prefixes(message: str, plain: str) -> None
 async def test_an_answer_off_its_model_is_a_logged_internal_error(caplog: pytest.LogCaptureFixture) -> None:
     from fastapi import FastAPI
 
+    from app.answers.quota import Quota
     from app.api.errors import install_error_handlers
-    from app.api.models.quota import Quota
 
     app = FastAPI()
     install_error_handlers(app)

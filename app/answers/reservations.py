@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.models.common import NEXT_CURSOR, ApiModel, Number, Timestamp
-from app.api.models.statuses import ReservationStatus
+from app.answers.common import NEXT_CURSOR, ApiModel, Number, Timestamp
+from app.answers.statuses import ReservationStatus
 
 
 class Condition(ApiModel):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.api.models.common import ApiModel
+from app.answers.common import ApiModel
 
 
 class ApiKey(ApiModel):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from app.api.models.common import NEXT_CURSOR, ApiModel, Number, Timestamp
+from app.answers.common import NEXT_CURSOR, ApiModel, Number, Timestamp
 
 AttributeValue = str | bool | int | float
 

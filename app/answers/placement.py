@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from app.api.models.common import ApiModel, Number, Timestamp
+from app.answers.common import ApiModel, Number, Timestamp
 from app.fleet.build import Outcome, Source
 from app.fleet.history import JobHistory, JobRecord
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from app.api.models.common import ApiModel, Number, Timestamp
+from app.answers.common import ApiModel, Number, Timestamp
 
 
 class PeakUse(ApiModel):

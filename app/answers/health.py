@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from app.api.models.common import ApiModel
+from app.answers.common import ApiModel
 
 
 class Health(ApiModel):
