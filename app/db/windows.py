@@ -25,7 +25,8 @@ events is never above both neighbours' values, so the maximum of the running sum
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +38,21 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 def window(start: datetime, end: datetime) -> Range[datetime]:
     """The half-open booking window ``[start, end)``."""
     return Range(start, end, bounds="[)")
+
+
+def windows_apart(keys: Iterable[tuple[Any, ...]]) -> bool:
+    """Whether, per holder, the distinct windows of ``keys`` (``(*holder, start, end)``, each once) are
+    pairwise apart. Then one guard per (holder, window) with the window's total is exact, as no row of one
+    window counts in another's peak (the batch's scalar holds and quota charges). Sorted by start,
+    windows are apart when each starts at or after the end of the one before."""
+    by_holder: dict[tuple[Any, ...], list[tuple[Any, Any]]] = defaultdict(list)
+    for *holder, start, end in keys:
+        by_holder[tuple(holder)].append((start, end))
+    for windows in by_holder.values():
+        windows.sort()
+        if any(later[0] < earlier[1] for earlier, later in zip(windows, windows[1:], strict=False)):
+            return False
+    return True
 
 
 def overlapping(table: sa.Table, start: datetime, end: datetime) -> list[Any]:

@@ -398,7 +398,7 @@ _ROW_LIMIT = (
     )
     .scalar_subquery()
 )
-# The charges of many reservations of one pool in one statement (a batch, app/capacity/placing/batch.py),
+# The charges of many reservations of one pool in one statement (a batch, app/quota/batch_charge.py),
 # one row
 # per (reservation, resource), each guarded with the total of its (tenant, resource) group (the
 # statement does not see its own rows; the caller groups only charges of one window per tenant and
