@@ -6,13 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from app.placement.schedulable import taint_reason
+
 NO_SCHEDULE_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
-DEDICATED = "dedicated"
-
-
-def taint_reason(key: str, value: str) -> str:
-    """``tainted <key>=<value>``; ``tainted dedicated=acme`` is tolerated by tenant acme only."""
-    return f"tainted {key}={value}"
 
 
 def no_schedule_reasons(

@@ -14,7 +14,16 @@ from __future__ import annotations
 
 from app.placement.model import NodeSnapshot, PoolSnapshot
 
-DEDICATION_PREFIX = "tainted dedicated="
+DEDICATED = "dedicated"  # the taint key of a dedication
+
+
+def taint_reason(key: str, value: str) -> str:
+    """The NoSchedule reason of a taint: ``tainted <key>=<value>``; ``tainted dedicated=acme`` is
+    tolerated by tenant acme only (docs/reasons.md, 1)."""
+    return f"tainted {key}={value}"
+
+
+DEDICATION_PREFIX = taint_reason(DEDICATED, "")
 POOL_ARCHIVED = "pool is archived"
 NOT_LEASABLE = "not leasable"
 

@@ -13,8 +13,8 @@ from app.placement.schedulable import POOL_ARCHIVED
 
 EMPTY_POOL = "the pool has no nodes"
 # The one pending text of an archived pool (docs/placement-rules.md: "stays pending with the pool is
-# archived"), made
-# from the nodes' reason: inline and batch placement, preview and the pipeline all answer it.
+# archived"), made from the nodes' reason: inline and batch placement, preview and the pipeline all answer
+# it.
 ARCHIVED_POOL = f"the {POOL_ARCHIVED}"
 MAX_GROUPS = 5
 

@@ -25,5 +25,11 @@ def check(ctx: PlanContext, work: NodeWork) -> str | None:
     for i, device in enumerate(ctx.devices):
         n_free = free_masks[i].bit_count()
         if n_free < device.count:
-            return f"fits: {n_free} of {work.match_masks[i].bit_count()} {device.device_class} free"
+            return reason(n_free, work.match_masks[i].bit_count(), device.device_class)
     return None
+
+
+def reason(free: int, total: int, device_class: str) -> str:
+    """``fits: <free> of <total> <class> free``: the one home of the text (the picker reports a device
+    request left short by an earlier one of its class with it too)."""
+    return f"fits: {free} of {total} {device_class} free"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.placement.context import NodeWork, PlanContext
+from app.placement.filters import fits
 from app.placement.model import NVLINK_ALL
 from app.placement.topology import NV, Pick, pick, scored_set
 
@@ -52,7 +53,7 @@ def check(ctx: PlanContext, work: NodeWork) -> str | None:
         free = work.free_masks[i] & ~taken.get(device.device_class, 0)
         if free != work.free_masks[i] and free.bit_count() < device.count:
             total = work.match_masks[i].bit_count()
-            return f"fits: {free.bit_count()} of {total} {device.device_class} free"
+            return fits.reason(free.bit_count(), total, device.device_class)
         plugin_picker = ctx.pickers.get(device.device_class)
         if plugin_picker is not None:
             plugin_id, picker = plugin_picker
