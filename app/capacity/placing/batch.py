@@ -120,7 +120,7 @@ from app.observability.metrics import LOST_RACES
 from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
 from app.placement.options import SchedulerOptions
 from app.placement.summary import ARCHIVED_POOL
-from app.quota import service as quota
+from app.quota import charges as quota
 
 _H = holding_params(scalar_holdings)
 # INSERT INTO scalar_holdings (allocation_id, resource, node_id, pool_id, amount, starts_at, ends_at)
