@@ -87,7 +87,7 @@ async def install_demo(database_url: str, bootstrap_key: str | None) -> dict[str
             limits = await get_quota(conn, DEMO_TENANT, pool_id)
             key = None
             if not bootstrap_key:
-                _, key = await create_api_key(conn, "demo-admin", None, [Grant("*", "*")])
+                key = (await create_api_key(conn, "demo-admin", None, [Grant("*", "*")])).key
         return {
             "poolId": pool_id,
             "nodes": summary["nodeCount"],
