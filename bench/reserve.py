@@ -474,7 +474,7 @@ PEAK = """(SELECT coalesce(max(held), 0) FROM (
     SELECT ends_at, -amount FROM {table}
      WHERE {key} AND ends_at > {s} AND starts_at < {e} AND ends_at < {e}
   ) events) running)"""
-# every resource of the charge in one guarded statement (app/quota/service.py)
+# every resource of the charge in one guarded statement (app/quota/charges.py)
 SQL_QUOTA_CHARGE = (
     """
 INSERT INTO quota_holdings (reservation_id, resource, tenant_id, pool_id, amount, starts_at, ends_at)

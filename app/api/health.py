@@ -23,9 +23,9 @@ class NotReady(AppError):
 
 
 @router.get("/healthz", response_model=Health, operation_id="checkHealth")
-async def healthz() -> dict[str, str]:
+async def healthz() -> Health:
     """The process is up."""
-    return {"status": "ok"}
+    return Health(status="ok")
 
 
 @router.get(
@@ -34,13 +34,13 @@ async def healthz() -> dict[str, str]:
     responses={503: {**responses(503)[503], "description": "NOT_READY: the database does not answer"}},
     operation_id="checkReadiness",
 )
-async def readyz(svc: Services = Depends(services)) -> dict[str, str]:
+async def readyz(svc: Services = Depends(services)) -> Readiness:
     """The database answers."""
     try:
         await ping(svc.engine)
     except Exception as exc:  # any failure to reach the database means not ready
         raise NotReady(f"database unavailable: {type(exc).__name__}") from exc
-    return {"status": "ready"}
+    return Readiness(status="ready")
 
 
 @router.get(

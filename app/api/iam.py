@@ -42,8 +42,7 @@ async def create_key(
 ) -> ApiKey:
     key_grants = [Grant(g.action, g.resource) for g in body.grants]
     authorize_key_creation(principal, body.tenantId, key_grants)
-    key_id, key = await create_api_key(svc.engine, body.principal, body.tenantId, key_grants)
-    return ApiKey(id=key_id, key=key, principal=body.principal, tenantId=body.tenantId)
+    return await create_api_key(svc.engine, body.principal, body.tenantId, key_grants)
 
 
 @router.delete(

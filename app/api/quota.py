@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,7 +14,8 @@ from app.api.errors import responses
 from app.iam.authorize import authorize
 from app.ids import TenantId
 from app.jsonnum import JsonDecimal
-from app.quota import service as quota
+from app.quota.limits import replace_limits
+from app.quota.view import quota_view
 
 router = APIRouter(tags=["quota"])
 
@@ -41,11 +42,11 @@ async def set_quota(
     body: QuotaBody,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> QuotaWritten:
     """Replace the tenant's limits in the pool (docs/quota.md, "Writing limits"): 422 at
     ``limits.<name>`` for a name no node of the pool has or a fractional device-class limit."""
     authorize(principal, "compute:quota:write", f"pool:{pool_id}", tenant=tenant_id)
-    return await quota.replace_limits(svc.engine, tenant_id, pool_id, dict(body.limits))
+    return await replace_limits(svc.engine, tenant_id, pool_id, dict(body.limits))
 
 
 @router.get(
@@ -59,6 +60,6 @@ async def get_quota(
     pool_id: str,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> Quota:
     authorize(principal, "compute:reservations:read", f"tenant:{tenant_id}")
-    return await quota.quota_view(svc.engine, tenant_id, pool_id)
+    return await quota_view(svc.engine, tenant_id, pool_id)

@@ -20,7 +20,7 @@ order, so two transactions never wait on each other in a cycle::
 - ``devices`` then ``node_resources``: the guarded commit (:mod:`app.capacity.commit.single`) and an agent's
   Hello (:mod:`app.inventory.hello`), devices in id order.
 - ``quota_usage``: the quota charge rides on the guarded commit's last statement and locks the
-  tenant's rows in sorted resource order (:mod:`app.capacity.commit.single`, :mod:`app.quota.service`), so a
+  tenant's rows in sorted resource order (:mod:`app.capacity.commit.single`, :mod:`app.quota.charges`), so a
   tenant's reserves are serialized for that statement only, not for the plan (issue 15). Refunds
   (release, repair, preemption, end) take no ``quota_usage`` lock: they only shrink what is held. A batch
   (:mod:`app.capacity.placing.batch`) charges its entries last too, after their bookings.

@@ -2,7 +2,7 @@
 (compiled once) writes or locks many rows (:func:`bound_rows`). Amounts per resource are one such pair,
 ``unnest(:names, :amounts) AS wanted(resource, amount)``, so a statement charges or holds several
 resources at once (the guarded commit's scalar holdings, :mod:`app.capacity.commit.single`, and the quota
-charge, :mod:`app.quota.service`)."""
+charge, :mod:`app.quota.charges`)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.answers.iam import ApiKey
 from app.db.tables import api_keys, grants, principals
 from app.db.tx import transaction
 from app.errors import Forbidden, InvalidInput, Unauthenticated, quote_input
@@ -73,8 +74,10 @@ def authorize_key_creation(creator: Principal, tenant_id: str | None, key_grants
 @transaction
 async def create_api_key(
     conn: AsyncConnection, name: str, tenant_id: str | None, key_grants: list[Grant]
-) -> tuple[str, str]:
-    """Create a principal with ``key_grants`` and one key; returns ``(key_id, key)`` (key shown once)."""
+) -> ApiKey:
+    """Create a principal named ``name`` with ``key_grants`` and one key; answers the
+    :class:`~app.answers.iam.ApiKey` whose ``key`` is shown this once (it is stored hashed, app/iam/keys.py;
+    docs/api.md). Raises :class:`~app.errors.InvalidInput` for a grant :func:`validate_grants` refuses."""
     validate_grants(key_grants)
     principal_id = new_id("principal")
     key_id = new_id("key")
@@ -91,7 +94,7 @@ async def create_api_key(
     await conn.execute(
         sa.insert(api_keys).values(id=key_id, principal_id=principal_id, key_hash=hash_key(key))
     )
-    return key_id, key
+    return ApiKey(id=key_id, key=key, principal=name, tenantId=tenant_id)
 
 
 @transaction

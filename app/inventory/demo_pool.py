@@ -30,7 +30,8 @@ from app.inventory.nvsmi_xml import parse_nvidia_smi_log
 from app.inventory.schemas import DriverBody, HeartbeatBody, HelloBody, ResourceBody
 from app.placement.scalar_capacity import scalar_capacity
 from app.placement.system_labels import CAP_BINDING_KUBERNETES, CAP_DEVICES_LIMITS
-from app.quota import service as quota
+from app.quota.limits import set_limits
+from app.quota.view import get_quota
 
 DEMO_POOL = "demo"
 DEMO_TENANT = "demo"
@@ -81,12 +82,12 @@ async def install_demo(database_url: str, bootstrap_key: str | None) -> dict[str
                 )
         async with engine.begin() as conn:
             if created:
-                await quota.set_limits(conn, DEMO_TENANT, pool_id, totals)
+                await set_limits(conn, DEMO_TENANT, pool_id, totals)
             summary = await inventory.get_pool(conn, pool_id)
-            limits = await quota.get_quota(conn, DEMO_TENANT, pool_id)
+            limits = await get_quota(conn, DEMO_TENANT, pool_id)
             key = None
             if not bootstrap_key:
-                _, key = await create_api_key(conn, "demo-admin", None, [Grant("*", "*")])
+                key = (await create_api_key(conn, "demo-admin", None, [Grant("*", "*")])).key
         return {
             "poolId": pool_id,
             "nodes": summary["nodeCount"],

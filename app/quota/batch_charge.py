@@ -1,12 +1,12 @@
 """A batch's quota charges (docs/quota.md, "Charging"; docs/scaling.md): many reservations' charges in
-one transaction, exact as if each were charged alone with :func:`app.quota.service.charge`.
+one transaction, exact as if each were charged alone with :func:`app.quota.charges.charge`.
 
 - :func:`lock_usage` locks every tenant's ``quota_usage`` rows for all the charges at once, tenants and
   resources in sorted order (one statement, :data:`LOCK_BATCH_USAGE`, when the rows are known to exist);
   charging one after another would lock a tenant's rows in the charges' order and deadlock against a
   single charge taking them sorted;
 - :func:`charge_together` writes every charge in one guarded statement
-  (:data:`app.quota.service.HOLD_QUOTA_ROWS`) when they all fit and one guard per window is exact;
+  (:data:`app.quota.charges.HOLD_QUOTA_ROWS`) when they all fit and one guard per window is exact;
 - :func:`charge_one` charges (or only checks) one in a SAVEPOINT, answering the refusal.
 
 A charge is anything with a :class:`Charge`'s fields (the commit's ``QuotaCharge``): the tenant, the pool,
@@ -30,7 +30,7 @@ from app.db.tables import quota_usage
 from app.db.unnest import bound_rows
 from app.db.windows import windows_apart
 from app.errors import QuotaExceeded
-from app.quota import service as quota
+from app.quota import charges as quota
 
 
 class Charge(Protocol):
@@ -107,7 +107,7 @@ async def lock_usage(conn: AsyncConnection, charges: Sequence[Charge], locks: Us
 
 
 async def charge_together(conn: AsyncConnection, charges: Sequence[Charge], keep: bool) -> bool:
-    """Every charge in one statement (:data:`app.quota.service.HOLD_QUOTA_ROWS`) in a SAVEPOINT, their
+    """Every charge in one statement (:data:`app.quota.charges.HOLD_QUOTA_ROWS`) in a SAVEPOINT, their
     ``quota_usage`` rows locked already: True when all fit (kept, or with ``keep=False`` only checked and
     rolled back), which is what charging them one after another would have answered. False (rolled back,
     nothing changed) when one did not fit, or when one tenant charges one resource over windows that

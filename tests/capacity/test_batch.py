@@ -26,7 +26,7 @@ from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
 from app.placement.summary import ARCHIVED_POOL
-from app.quota.service import set_limits
+from app.quota.limits import set_limits
 from tests.capacity.helpers import day_after, db_time, make_pool_with_nodes, node_body, reservation_row
 from tests.capacity.test_lost_races import CASES, RACES_ON_OTHER_NODES, _setup
 

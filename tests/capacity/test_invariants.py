@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.db.tables import allocations, device_bookings, devices, quota_holdings, reservations, scalar_holdings
 from app.db.windows import window
 from app.ids import new_id
-from app.quota.service import set_limits
+from app.quota.limits import set_limits
 from tests.capacity.helpers import book, db_time, make_pool_with_nodes, reservation_row
 from tests.capacity.invariants import CHECKS, violations
 from tests.factories import node_body

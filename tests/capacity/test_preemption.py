@@ -22,7 +22,7 @@ from app.capacity.reservations.service import (
 from app.inventory import service as inventory
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
-from app.quota.service import set_limits
+from app.quota.limits import set_limits
 from tests.capacity.helpers import (
     held_now,
     make_pool_with_nodes,

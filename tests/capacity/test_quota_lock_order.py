@@ -19,7 +19,7 @@ from app.db.tables import quota_holdings, quota_usage
 from app.db.tx import sqlstate
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
-from app.quota.service import set_limits
+from app.quota.limits import set_limits
 from tests.capacity.helpers import db_time, make_pool_with_nodes, node_body, reservation_row
 
 LOCK_NOT_AVAILABLE = "55P03"

@@ -17,7 +17,7 @@ from app.capacity.reservations.service import create_reservation, release_reserv
 from app.errors import QuotaExceeded
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
-from app.quota.service import set_limits
+from app.quota.limits import set_limits
 from tests.capacity.helpers import db_time, make_pool_with_nodes
 from tests.capacity.invariants import CHECKS
 from tests.factories import node_body

@@ -31,7 +31,7 @@ subquery's rows):
    peak + n <= floor(allocatable * ratio) RETURNING``, the peak being the most the node's holdings of
    that resource hold at any instant of ``[start, end)`` (:mod:`app.db.windows`): a resource missing =
    ran out (:func:`holdings_lost`);
-8. when the commit charges quota, the quota holdings (``app.quota.service.HOLD_QUOTA``): a resource
+8. when the commit charges quota, the quota holdings (``app.quota.charges.HOLD_QUOTA``): a resource
    missing = over its limit somewhere in the window, raised as 409 QUOTA_EXCEEDED
    (:func:`quota_refused`);
 9. when asked, the reservation row is marked ``placed`` (:class:`MarkPlaced`).
@@ -96,7 +96,7 @@ from app.db.unnest import wanted_amounts
 from app.db.windows import room_for, window
 from app.ids import new_id
 from app.placement.model import Candidate, PlacementRequest
-from app.quota import service as quota
+from app.quota import charges
 
 
 async def commit_placements(
@@ -159,7 +159,7 @@ async def _commit_node(
     if lost is not None:
         return lost
     if charge is not None and wanted and quota_unlocked(locked, wanted):
-        await quota.lock_first_usage_rows(conn, charge.tenant_id, charge.pool_id, sorted(wanted))
+        await charges.lock_first_usage_rows(conn, charge.tenant_id, charge.pool_id, sorted(wanted))
     allocation_id = new_id("alloc")
     written = await run_write_statement(
         conn, request, candidate, reservation_id, allocation_id, start, end, extras
@@ -214,7 +214,7 @@ def lock_statement(whole_node: bool, with_labels: bool, with_quota: bool) -> Pre
                  AS atom_classes,                                 -- fewer: unhealthy or unbookable
                (SELECT count(*) FROM (SELECT resource FROM node_resources WHERE node_id = :node_id
                   AND resource = ANY(:scalars) ORDER BY resource FOR UPDATE) scalars) AS scalars,
-               (SELECT count(*) FROM (<app.quota.service.LOCK_USAGE>) usage) AS usage
+               (SELECT count(*) FROM (<app.quota.charges.LOCK_USAGE>) usage) AS usage
                                                       -- with a quota charge only; fewer: a first charge
 
     Built and compiled once per shape (``whole_node``: a ``binding: node`` lease, guarded by
@@ -263,7 +263,7 @@ def lock_statement(whole_node: bool, with_labels: bool, with_quota: bool) -> Pre
     columns.append(sa.select(_raw_array(atoms.c.device_class)).scalar_subquery().label("atom_classes"))
     columns.append(_count(scalars).label("scalars"))
     if with_quota:
-        columns.append(_count(quota.LOCK_USAGE.subquery("usage")).label("usage"))
+        columns.append(_count(charges.LOCK_USAGE.subquery("usage")).label("usage"))
     return Prepared(sa.select(*columns))
 
 
@@ -293,7 +293,7 @@ async def run_lock_statement(
 
 def quota_unlocked(locked: Any, wanted: Mapping[str, Decimal]) -> bool:
     """Guard 4: ``<LOCK_USAGE>`` locked fewer ``quota_usage`` rows than charged resources: a first
-    charge, whose rows the caller inserts and locks (:func:`app.quota.service.lock_first_usage_rows`)."""
+    charge, whose rows the caller inserts and locks (:func:`app.quota.charges.lock_first_usage_rows`)."""
     return bool(locked.usage < len(wanted))
 
 
@@ -328,7 +328,7 @@ def write_statement(with_quota: bool, with_mark: bool) -> Prepared:
                    WHERE (<peak of the node's w.resource holdings over [:starts_at, :ends_at),
                           app/db/windows.py>) + w.amount <= floor(nr.allocatable * nr.ratio)
                   RETURNING resource),                               -- one missing: ran out
-         quota AS (<app.quota.service.HOLD_QUOTA>),                  -- one missing: over quota
+         quota AS (<app.quota.charges.HOLD_QUOTA>),                  -- one missing: over quota
          marked AS (UPDATE reservations SET status = 'placed', conditions = '[]', ends_at = :ends_at,
                     updated_at = now() WHERE id = :reservation_id RETURNING id)
     SELECT (SELECT count(*) FROM booked) AS booked,
@@ -396,7 +396,7 @@ def write_statement(with_quota: bool, with_mark: bool) -> Prepared:
     ]
     ctes: list[Any] = [alloc]
     if with_quota:
-        charged = quota.HOLD_QUOTA.cte("quota")
+        charged = charges.HOLD_QUOTA.cte("quota")
         columns.append(sa.select(_raw_array(charged.c.resource)).scalar_subquery().label("quota"))
     if with_mark:
         ctes.append(
@@ -443,7 +443,7 @@ async def run_write_statement(
     charge = extras.charge
     with_quota = charge is not None and bool(charge.wanted)
     if charge is not None and with_quota:
-        held = quota.hold_params(
+        held = charges.hold_params(
             charge.tenant_id, charge.pool_id, charge.reservation_id, charge.wanted, charge.start, charge.end
         )
         # the quota window may differ from the node's (never today): HOLD_QUOTA has its own names
@@ -457,11 +457,11 @@ async def run_write_statement(
 
 async def quota_refused(conn: AsyncConnection, written: Any, charge: QuotaCharge) -> None:
     """Write 8: ``<HOLD_QUOTA> RETURNING resource`` left a charged resource out: raise 409
-    QUOTA_EXCEEDED for the first in sorted order (:func:`app.quota.service.refusal`)."""
+    QUOTA_EXCEEDED for the first in sorted order (:func:`app.quota.charges.refusal`)."""
     wanted = charge.wanted
     held = set(getattr(written, "quota", None) or ())
     refused = next((r for r in sorted(wanted) if r not in held), None)
     if refused is not None:
-        raise await quota.refusal(
+        raise await charges.refusal(
             conn, charge.tenant_id, charge.pool_id, refused, wanted[refused], charge.start, charge.end
         )

@@ -43,7 +43,7 @@ from app.capacity.reservations.service import free_allocations
 from app.db.tables import allocations, device_bookings, devices, nodes, reservations
 from app.observability.metrics import REPAIRS
 from app.placement.request import ReservationRequest
-from app.quota import service as quota
+from app.quota import refunds
 
 REPAIR_BATCH = 100
 SAME_NODE, OTHER_NODE, TO_PENDING = "same_node", "other_node", "pending"
@@ -210,7 +210,7 @@ async def _repair(
         }
     else:
         repair = Repair(row.id, TO_PENDING, old.node_id, tuple(old.atoms))
-        await quota.drop_holdings(conn, row.id)  # a pending reservation holds nothing
+        await refunds.drop_holdings(conn, row.id)  # a pending reservation holds nothing
         history = [*(row.conditions or []), repaired_condition(now, repair, names)]
         values = {
             "status": "pending",

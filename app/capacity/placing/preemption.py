@@ -54,7 +54,7 @@ from app.observability.metrics import PREEMPTION_ATTEMPTS, PREEMPTION_VICTIMS
 from app.placement.model import PlacementRequest
 from app.placement.options import SchedulerOptions
 from app.placement.preemption import PreemptionPlan, ScalarHold, SpotWork, plan_preemption
-from app.quota import service as quota
+from app.quota import refunds
 
 # one home for the texts (docs/preemption.md)
 PREEMPTED = "Preempted"  # the condition type, on the victims and on the preemptor
@@ -260,7 +260,7 @@ async def evict_victims(conn: AsyncConnection, plan: PreemptionPlan, at: datetim
     (the cut of a release, :func:`app.capacity.commit.cuts.cut_allocations`), then the rows."""
     ids = [v.reservation_id for v in plan.victims]
     for rid in ids:
-        await quota.cut_holdings(conn, rid, at)  # the refund of the remainder
+        await refunds.cut_holdings(conn, rid, at)  # the refund of the remainder
     # SELECT id FROM allocations WHERE reservation_id = ANY(:ids) AND released_at IS NULL
     live = list(
         (

@@ -74,7 +74,7 @@ from app.ids import new_id
 from app.placement.model import Candidate, Plan
 from app.placement.request import ReservationRequest
 from app.placement.summary import ARCHIVED_POOL
-from app.quota import service as quota
+from app.quota import charges, refunds
 
 FOREIGN_KEY_VIOLATION = "23503"
 
@@ -284,7 +284,7 @@ async def _mark_placed(
 async def _store_pending(conn: AsyncConnection, charge: QuotaCharge, reason: str) -> dict[str, Any]:
     """Nothing fit: the charge is still checked (over quota is 409 even when nothing fits) and refunded
     (a pending request holds nothing), and the row keeps ``pending`` with its Unschedulable condition."""
-    await quota.charge(
+    await charges.charge(
         conn,
         charge.tenant_id,
         charge.pool_id,
@@ -293,7 +293,7 @@ async def _store_pending(conn: AsyncConnection, charge: QuotaCharge, reason: str
         charge.start,
         charge.end,
     )
-    await quota.refund(conn, charge.reservation_id)
+    await refunds.refund(conn, charge.reservation_id)
     params = {"reservation_id": charge.reservation_id, "conditions": no_fit_conditions(reason)}
     row = (await STORE_PENDING.run(conn, params)).one()  # prepared
     return row_view(row, [])
@@ -362,7 +362,7 @@ async def release_reservation(
             return await reservation_view(conn, row)
         at = now if now is not None else await db_now(conn)
         if row.status == "placed":
-            await quota.cut_holdings(conn, row.id, at)  # shrinks only: no quota_usage lock
+            await refunds.cut_holdings(conn, row.id, at)  # shrinks only: no quota_usage lock
             await free_allocations(conn, await _live_allocations(conn, row.id), row.pool_id, at)
             await notify_pool(conn, row.pool_id)  # wake edge: a release
         await conn.execute(
