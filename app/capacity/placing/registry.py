@@ -1,18 +1,18 @@
-"""One placer contract, two placers (docs/placement-rules.md, "Two placers"; docs/scaling.md).
+"""The placer registry (docs/placement-rules.md, "Two placers"; docs/scaling.md).
 
-A placer has an ``id`` and ``place(conn, request, context) -> Placed | Pending | Queued``, called inside
-the caller's open transaction with the reservation row already written:
+A placer has an ``id`` and ``place(conn, request, context) -> Placed | Pending``, called inside the
+caller's open transaction with the reservation row already written. One is registered: ``inline``
+(:class:`InlinePlacer`) plans and commits now with the guarded statements
+(:func:`app.capacity.placing.inline.place_inline`).
 
-- ``inline`` (:class:`InlinePlacer`) plans and commits now with the guarded statements
-  (:func:`app.capacity.placing.inline.place_inline`): :class:`Placed` or :class:`Pending`;
-- ``pool-lease`` (:class:`PoolLeasePlacer`) marks the reservation ``queued`` and sends the pool's queue
-  edge (``NOTIFY bc_queue``): :class:`Queued`. A batch worker of some replica
-  (:mod:`app.capacity.queue.worker`) then plans queued reservations oldest first and commits them together
-  (:mod:`app.capacity.placing.batch`).
+``pool-lease`` is the other way a create can go, and it is a queue, not a placer: the create writes the
+row ``queued`` with its pool's queue edge in one statement (:data:`app.capacity.queue.worker.ENQUEUE`,
+:func:`queue_edge`), and a batch worker of some replica (:mod:`app.capacity.queue.worker`) plans queued
+reservations oldest first and commits them together (:mod:`app.capacity.placing.batch`).
 
-Gangs, whole-node leases, BookingRepair, wakes and preemption need an answer at once: they ask for the
-inline placer by id (:func:`placer_for_request` answers it for those requests whatever the setting).
-``BC_CAPACITY_PLACER`` (``CapacityConfig.placer``) picks the placer of plain reservations.
+Gangs, whole-node leases, BookingRepair, wakes and preemption need an answer at once: they always place
+inline (:func:`placer_id_for_request` answers ``inline`` for those requests whatever the setting).
+``BC_CAPACITY_PLACER`` (``CapacityConfig.placer``) picks the way of plain reservations.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.capacity.commit.shapes import NO_EXTRAS, CommitExtras, MarkPlaced, QuotaCharge
 from app.capacity.placing.inline import Pending, Placed, place_inline, place_woken
 from app.capacity.planning.snapshot import PoolCache, PoolHead
-from app.db.tables import reservations
 from app.placement.model import Candidate, PlacementRequest
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
@@ -47,13 +46,6 @@ def queue_edge(pool_id: sa.ColumnElement[str]) -> sa.ColumnElement[object]:
     """``pg_notify('bc_queue', <pool id>)``: the queue edge of a pool, for a statement's ``RETURNING``
     (delivered when the transaction commits)."""
     return sa.func.pg_notify(QUEUE_CHANNEL, pool_id)
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """The reservation waits in its pool's queue (status ``queued``); a batch worker decides it."""
-
-    reservation_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +105,12 @@ class PlacementContext:
         return self.options.top_n
 
 
-Outcome = Placed | Pending | Queued
+Outcome = Placed | Pending
 
 
 class Placer(Protocol):
-    """``place(conn, request, context)`` in the caller's transaction; ``id`` names it in the registry."""
+    """``place(conn, request, context)`` in the caller's transaction; ``id`` names it in the registry
+    (a plugin may register another)."""
 
     id: str
 
@@ -152,34 +145,11 @@ class InlinePlacer:
         )
 
 
-class PoolLeasePlacer:
-    """Queue the reservation for its pool's batch worker: status ``queued``, the queue edge sent when
-    ``conn``'s transaction commits. Nothing is charged or booked until a batch decides it. The
-    pool-lease create does both steps (the row written, then queued) in one statement,
-    :data:`app.capacity.queue.worker.ENQUEUE`, with the same edge (:func:`queue_edge`)."""
-
-    id = POOL_LEASE
-
-    async def place(
-        self, conn: AsyncConnection, request: PlacementRequest, context: PlacementContext
-    ) -> Outcome:
-        """:class:`Queued`; gangs and whole-node leases never come here (:func:`placer_for_request`)."""
-        # UPDATE reservations SET status = 'queued', updated_at = now() WHERE id = :id
-        #   RETURNING pg_notify('bc_queue', pool_id)
-        await conn.execute(
-            sa.update(reservations)
-            .where(reservations.c.id == context.reservation_id)
-            .values(status="queued", updated_at=sa.func.now())
-            .returning(queue_edge(reservations.c.pool_id))
-        )
-        return Queued(context.reservation_id)
-
-
-PLACERS: dict[str, Placer] = {INLINE: InlinePlacer(), POOL_LEASE: PoolLeasePlacer()}
+PLACERS: dict[str, Placer] = {INLINE: InlinePlacer()}
 
 
 def placer(placer_id: str) -> Placer:
-    """The placer registered as ``placer_id`` (``inline`` or ``pool-lease``); KeyError otherwise."""
+    """The placer registered as ``placer_id`` (``inline``); KeyError otherwise."""
     return PLACERS[placer_id]
 
 
@@ -191,6 +161,7 @@ def must_place_inline(request: PlacementRequest | ReservationRequest) -> bool:
     return request.gang is not None or request.binding == "node"
 
 
-def placer_for_request(configured: str, request: PlacementRequest | ReservationRequest) -> Placer:
-    """The placer of a create: the configured one, except inline for the requests that must be."""
-    return placer(INLINE if must_place_inline(request) else configured)
+def placer_id_for_request(configured: str, request: PlacementRequest | ReservationRequest) -> str:
+    """How a create goes: the configured way (``inline`` or ``pool-lease``), except ``inline`` for the
+    requests that must be placed at once (:func:`must_place_inline`)."""
+    return INLINE if must_place_inline(request) else configured

@@ -3,8 +3,8 @@ worker every
 replica runs, and the long-poll of ``GET /v1/reservations/{id}?waitSeconds=N``.
 
 - **enqueue** (:func:`create`): with ``BC_CAPACITY_PLACER=pool-lease`` a plain reservation is written
-  ``queued`` and the pool's queue edge is sent (``NOTIFY bc_queue, <pool id>``) by one statement, what
-  an insert and :class:`app.capacity.placing.registry.PoolLeasePlacer` do in two; nothing is charged or booked
+  ``queued`` and the pool's queue edge is sent (``NOTIFY bc_queue, <pool id>``) by one statement, (the
+  pool-lease way of :mod:`app.capacity.placing.registry`); nothing is charged or booked
   yet. Gangs and whole-node leases are created inline whatever the setting.
 - **the worker** (:class:`QueueWorker`, two lifecycle tasks): a LISTEN connection on ``bc_queue`` and
   ``bc_decided`` pokes the worker task, which takes the pools it heard about (and, every
@@ -55,7 +55,7 @@ from app.capacity.placing.registry import (
     DECIDED_CHANNEL,
     POOL_LEASE,
     QUEUE_CHANNEL,
-    placer_for_request,
+    placer_id_for_request,
     queue_edge,
 )
 from app.capacity.planning.admission import admit
@@ -98,8 +98,8 @@ QUOTA_EXCEEDED_REASON = "QuotaExceeded"  # as the wake-edge controller's
 def queues(config: CapacityConfig, body: ReservationRequest) -> bool:
     """Does this create go to the queue? The placer the registry picks for it is the pool-lease one
     (configured, and not a gang or whole-node lease:
-    :func:`~app.capacity.placing.registry.placer_for_request`)."""
-    return placer_for_request(config.placer, body).id == POOL_LEASE
+    :func:`~app.capacity.placing.registry.placer_id_for_request`)."""
+    return placer_id_for_request(config.placer, body) == POOL_LEASE
 
 
 async def create(
@@ -109,8 +109,7 @@ async def create(
     :func:`queues`). Raises NotFound (pool), IdempotencyKeyReused, InvalidInput (``start``); with the
     inline placer also QuotaExceeded. On any error nothing is written.
 
-    Queued: BEGIN, one statement (:func:`_enqueue`: the row written ``queued`` with the queue edge, what
-    an insert and :class:`~app.capacity.placing.registry.PoolLeasePlacer` do in two), COMMIT; an idempotent
+    Queued: BEGIN, one statement (:func:`_enqueue`: the row written ``queued`` with the queue edge), COMMIT; an idempotent
     retry or an unknown pool reads more."""
     if not queues(config, body):
         return await create_reservation(engine, cache, config, body)
