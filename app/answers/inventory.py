@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from app.answers.common import NEXT_CURSOR, ApiModel, Number, Timestamp
 
@@ -54,6 +54,9 @@ class NodeResource(ApiModel):
 
 class Device(ApiModel):
     """One atom (a GPU or a MIG slice, whose ``parent`` is its GPU)."""
+
+    # the service builds it by the field's name (``device_class=``); JSON names it ``class``
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True)
 
     id: str
     device_class: str = Field(alias="class")

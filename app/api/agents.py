@@ -21,20 +21,20 @@ HELLO = "compute:nodes:hello"
 
 
 def _hello_answer(outcome: agents.HelloOutcome, interval: int) -> HelloAnswer:
-    view: dict[str, Any] = outcome.view
+    view = outcome.view
     return HelloAnswer(
-        nodeId=view["id"],
-        poolId=view["poolId"],
-        name=view["name"],
+        nodeId=view.id,
+        poolId=view.poolId,
+        name=view.name,
         created=outcome.created,
         inventoryChanged=outcome.inventory_changed,
         intervalSeconds=interval,
-        labels=view["labels"],
-        labelSources=view["labelSources"],
-        noScheduleReasons=view["noScheduleReasons"],
+        labels=view.labels,
+        labelSources=view.labelSources,
+        noScheduleReasons=view.noScheduleReasons,
         devices=[
-            AgentDevice(id=d["id"], device_class=d["class"], healthy=d["healthy"], bookable=d["bookable"])
-            for d in view["devices"]
+            AgentDevice(id=d.id, device_class=d.device_class, healthy=d.healthy, bookable=d.bookable)
+            for d in view.devices
         ],
         warnings=list(outcome.warnings),
     )

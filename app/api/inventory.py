@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, Query
 
 from app.answers.inventory import ImportedNode, Node, NodeList, Pool, PoolList
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses
-from app.api.paging import CURSOR_QUERY, decode_cursor, envelope, page_after, time_then_id
+from app.api.paging import CURSOR_QUERY, decode_cursor, next_cursor, page_after, time_then_id
 from app.iam.authorize import authorize, holds_grant_on
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, LabelsBody, NodeCreate, NodeImport, PoolCreate, TaintsBody
@@ -31,7 +29,7 @@ async def _node_pool(svc: Services, node_id: str) -> str:
 )
 async def create_pool(
     body: PoolCreate, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> dict[str, Any]:
+) -> Pool:
     authorize(principal, WRITE, "*")
     return await inventory.create_pool(svc.engine, body.name)
 
@@ -42,15 +40,15 @@ async def list_pools(
     cursor: str | None = CURSOR_QUERY,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> PoolList:
     """A page of the pools the caller may read, oldest first."""
     pools = await inventory.list_pools(svc.engine)
-    visible = [p for p in pools if holds_grant_on(principal, f"pool:{p['id']}")]
-    return page_after(visible, "pools", _pool_key, time_then_id, limit, cursor)
+    visible = [p for p in pools if holds_grant_on(principal, f"pool:{p.id}")]
+    return PoolList(**page_after(visible, "pools", _pool_key, time_then_id, limit, cursor))
 
 
-def _pool_key(pool: dict[str, Any]) -> tuple[str, ...]:
-    return pool["createdAt"], pool["id"]
+def _pool_key(pool: Pool) -> tuple[str, ...]:
+    return pool.createdAt, pool.id
 
 
 @router.get(
@@ -58,7 +56,7 @@ def _pool_key(pool: dict[str, Any]) -> tuple[str, ...]:
 )
 async def get_pool(
     pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> dict[str, Any]:
+) -> Pool:
     if not holds_grant_on(principal, f"pool:{pool_id}"):  # the rule of list_pools
         authorize(principal, READ, f"pool:{pool_id}")
     return await inventory.get_pool(svc.engine, pool_id)
@@ -76,11 +74,12 @@ async def list_nodes(
     cursor: str | None = CURSOR_QUERY,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> NodeList:
     """The pool's nodes in id order, a page at a time."""
     authorize(principal, READ, f"pool:{pool_id}")
     after = None if cursor is None else decode_cursor(cursor, "nodes", 1)[0]
-    return envelope(await inventory.list_nodes(svc.engine, pool_id, limit, after), "nodes")
+    page = await inventory.list_nodes(svc.engine, pool_id, limit, after)
+    return NodeList(items=page.items, nextCursor=next_cursor("nodes", page.next))
 
 
 @router.post(
@@ -91,7 +90,7 @@ async def list_nodes(
 )
 async def archive_pool(
     pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> dict[str, Any]:
+) -> Pool:
     authorize(principal, WRITE, f"pool:{pool_id}")
     return await inventory.archive_pool(svc.engine, pool_id)
 
@@ -108,7 +107,7 @@ async def create_node(
     body: NodeCreate,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> Node:
     authorize(principal, WRITE, f"pool:{pool_id}")
     return await inventory.add_node(svc.engine, pool_id, body)
 
@@ -125,7 +124,7 @@ async def import_node(
     body: NodeImport,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> ImportedNode:
     authorize(principal, WRITE, f"pool:{pool_id}")
     return await inventory.import_node(svc.engine, pool_id, body)
 
@@ -135,7 +134,7 @@ async def import_node(
 )
 async def get_node(
     node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> dict[str, Any]:
+) -> Node:
     authorize(principal, READ, f"pool:{await _node_pool(svc, node_id)}")
     return await inventory.get_node(svc.engine, node_id)
 
@@ -148,7 +147,7 @@ async def get_node(
 )
 async def cordon(
     node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> dict[str, Any]:
+) -> Node:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
     return await inventory.set_cordon(svc.engine, node_id, True)
 
@@ -161,7 +160,7 @@ async def cordon(
 )
 async def uncordon(
     node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> dict[str, Any]:
+) -> Node:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
     return await inventory.set_cordon(svc.engine, node_id, False)
 
@@ -177,7 +176,7 @@ async def set_taints(
     body: TaintsBody,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> Node:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
     return await inventory.set_taints(svc.engine, node_id, body.taints)
 
@@ -193,7 +192,7 @@ async def set_labels(
     body: LabelsBody,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> Node:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
     return await inventory.set_labels(svc.engine, node_id, body.labels)
 
@@ -209,6 +208,6 @@ async def set_health(
     body: HealthBody,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> Node:
     authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
     return await inventory.set_health(svc.engine, node_id, body)

@@ -62,14 +62,18 @@ def decode_cursor(cursor: str, kind: str, size: int) -> tuple[str, ...]:
     return tuple(data[1:])
 
 
-def envelope(page: dict[str, Any], kind: str) -> dict[str, Any]:
-    """``{items, nextCursor}`` of a service's ``{items, next}`` page, ``next`` being the sort key (one
-    string or a tuple of strings) of the page's last item when more remain, else None."""
-    following = page["next"]
+def next_cursor(kind: str, following: str | Sequence[str] | None) -> str | None:
+    """The ``nextCursor`` of a page of the list ``kind``: the cursor after ``following``, the sort key (one
+    string or a tuple of strings) of the page's last item when more remain; None on the last page."""
     if following is None:
-        return {"items": page["items"], "nextCursor": None}
+        return None
     key = (following,) if isinstance(following, str) else tuple(following)
-    return {"items": page["items"], "nextCursor": encode_cursor(kind, *key)}
+    return encode_cursor(kind, *key)
+
+
+def envelope(page: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``{items, nextCursor}`` of a service's ``{items, next}`` page (``next``: see :func:`next_cursor`)."""
+    return {"items": page["items"], "nextCursor": next_cursor(kind, page["next"])}
 
 
 def page_after(

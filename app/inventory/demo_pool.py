@@ -56,7 +56,7 @@ async def install_demo(database_url: str, bootstrap_key: str | None) -> dict[str
             pool_id = (await conn.execute(sa.select(pools.c.id).where(pools.c.name == DEMO_POOL))).scalar()
             created = pool_id is None
             if created:
-                pool_id = (await inventory.create_pool(conn, DEMO_POOL))["id"]
+                pool_id = (await inventory.create_pool(conn, DEMO_POOL)).id
         totals: dict[str, Decimal] = {}
         for node in load_demo_manifest():
             body = HelloBody(
@@ -74,8 +74,8 @@ async def install_demo(database_url: str, bootstrap_key: str | None) -> dict[str
                 intervalSeconds=DEMO_INTERVAL_SECONDS,
             )
             view = (await hello(engine, body)).view
-            await heartbeat(engine, view["id"], HeartbeatBody(devices=[]), lambda _pool: None)
-            totals["gpu"] = totals.get("gpu", Decimal(0)) + len(view["devices"])
+            await heartbeat(engine, view.id, HeartbeatBody(devices=[]), lambda _pool: None)
+            totals["gpu"] = totals.get("gpu", Decimal(0)) + len(view.devices)
             for k, v in node.resources.items():
                 totals[k] = totals.get(k, Decimal(0)) + scalar_capacity(
                     v["allocatable"], v.get("ratio", Decimal(1))
@@ -90,8 +90,8 @@ async def install_demo(database_url: str, bootstrap_key: str | None) -> dict[str
                 key = (await create_api_key(conn, "demo-admin", None, [Grant("*", "*")])).key
         return {
             "poolId": pool_id,
-            "nodes": summary["nodeCount"],
-            "gpus": summary["capacity"].get("gpu", {}).get("total", 0),
+            "nodes": summary.nodeCount,
+            "gpus": summary.capacity["gpu"].total if "gpu" in summary.capacity else 0,
             "quota": {r: str(v["limit"]) for r, v in limits.items() if v["limit"] is not None},
             "adminKey": key,
         }

@@ -42,6 +42,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.answers.inventory import Node
 from app.db.locks import lock_node, lock_pool
 from app.db.tables import capacity_device_links, devices, node_labels, node_taints, nodes
 from app.errors import Conflict, InvalidInput
@@ -83,7 +84,7 @@ class HelloOutcome:
     """``view``: the node view (:func:`app.inventory.service.get_node`); ``created``; ``inventory_changed``
     (the pool's inventory version was bumped); ``warnings`` from the importer."""
 
-    view: dict[str, Any]
+    view: Node
     created: bool
     inventory_changed: bool
     warnings: tuple[str, ...] = ()
@@ -210,7 +211,7 @@ async def _create(conn: AsyncConnection, body: HelloBody, desired: _Desired) -> 
         ),
         system_labels=desired.system_labels,
     )
-    node = await lock_node(conn, view["id"])
+    node = await lock_node(conn, view.id)
     await _set_liveness(conn, node, body.intervalSeconds, body.error)
     await on_node_may_fit(conn, body.poolId, node.id)
     return HelloOutcome(await inventory.get_node(conn, node.id), True, True)

@@ -6,16 +6,21 @@ request. Locks are taken in the one lock order of :mod:`app.db.locks`.
 
 Entry points (decorated :func:`~app.db.tx.transaction` or :func:`~app.db.tx.reads`) take the engine and
 open their own transaction, or a connection and join the caller's (an agent's Hello, a race test).
+They answer the models of :mod:`app.answers.inventory` (:class:`~app.answers.inventory.Pool`,
+:class:`~app.answers.inventory.Node`, ...), built by :mod:`app.inventory.views`; a router returns them
+as they are, or puts a page of them in its list envelope (docs/api.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.answers.inventory import ImportedNode, Node, NodeSummary, Pool
 from app.capacity.edges import notify_node, notify_repair
 from app.db.locks import lock_node, lock_node_in_order, lock_pool, node_not_found, pool_not_found
 from app.db.tables import (
@@ -59,7 +64,7 @@ from app.placement.system_labels import (
 
 
 @transaction
-async def create_pool(conn: AsyncConnection, name: str) -> dict[str, Any]:
+async def create_pool(conn: AsyncConnection, name: str) -> Pool:
     """Create a pool; raises :class:`~app.errors.Conflict` when the name is taken."""
     pool_id = new_id("pool")
     row = (
@@ -76,15 +81,15 @@ async def create_pool(conn: AsyncConnection, name: str) -> dict[str, Any]:
 
 
 @reads
-async def list_pools(conn: AsyncConnection) -> list[dict[str, Any]]:
+async def list_pools(conn: AsyncConnection) -> list[Pool]:
     """Every pool, oldest first, with node counts and capacity rollup (three queries in all)."""
     rows = (await conn.execute(sa.select(pools).order_by(pools.c.created_at, pools.c.id))).all()
     return await pool_views(conn, rows)
 
 
 @reads
-async def get_pool(conn: AsyncConnection, pool_id: str) -> dict[str, Any]:
-    """``{id, name, createdAt, archivedAt, nodeCount, capacity: {resource: {total, allocated}}}``."""
+async def get_pool(conn: AsyncConnection, pool_id: str) -> Pool:
+    """The pool with its node count and capacity rollup (``allocated``: held now); NotFound if absent."""
     return (await pool_views(conn, [await get_pool_row(conn, pool_id)]))[0]
 
 
@@ -96,7 +101,7 @@ async def bump_inventory_version(conn: AsyncConnection, pool_id: str) -> None:
 
 
 @transaction
-async def archive_pool(conn: AsyncConnection, pool_id: str) -> dict[str, Any]:
+async def archive_pool(conn: AsyncConnection, pool_id: str) -> Pool:
     """Archive a pool: nothing new is placed in it; existing reservations stay until released."""
     await lock_pool(conn, pool_id)
     await conn.execute(
@@ -123,7 +128,7 @@ async def add_node(
     pool_id: str,
     body: NodeCreate,
     system_labels: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> Node:
     """Register a node with its labels, taints, scalar resources, devices (atoms) and links.
 
     ``body.labels`` are operator labels: a ``bc.dev/`` key among them is refused with InvalidInput (422,
@@ -172,7 +177,7 @@ async def add_node(
 
 
 @transaction
-async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> dict[str, Any]:
+async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> ImportedNode:
     """Register a node from real ``nvidia-smi topo -m`` text (and optionally ``nvidia-smi -q -x`` XML).
 
     GPUs become atoms (UUIDs with XML, ``<name>-GPU<i>`` without); GPU-GPU links go to
@@ -192,15 +197,24 @@ async def import_node(conn: AsyncConnection, pool_id: str, body: NodeImport) -> 
     )
     view = await add_node(conn, pool_id, node, system_labels=dict(imported.labels))
     # malformed cells outside the GPU x GPU block were left out: say which (never a refusal)
-    return {**view, "warnings": list(imported.warnings)}
+    return ImportedNode(**dict(view), warnings=list(imported.warnings))
+
+
+@dataclass(frozen=True)
+class NodePage:
+    """A page of :func:`list_nodes`: ``next`` is the id to pass as ``after`` for the next page, ``None``
+    on the last page (the router turns it into a cursor)."""
+
+    items: list[NodeSummary]
+    next: str | None
 
 
 @reads
 async def list_nodes(
     conn: AsyncConnection, pool_id: str, limit: int = 1000, after: str | None = None
-) -> dict[str, Any]:
-    """A page of the pool's nodes in id order: ``{items: [{id, name, cordoned, noScheduleReasons,
-    labels, devices: {class: count}}], next: <id to pass as after> | None}``; NotFound for no pool."""
+) -> NodePage:
+    """A page of up to ``limit`` of the pool's nodes in id order after the id ``after``, each with its
+    labels and its atoms counted by class; NotFound for no pool."""
     await get_pool_row(conn, pool_id)
     stmt = sa.select(nodes.c.id, nodes.c.name, nodes.c.cordoned, nodes.c.no_schedule_reasons).where(
         nodes.c.pool_id == pool_id
@@ -223,20 +237,20 @@ async def list_nodes(
             )
         ).all():
             counts[node_id][device_class] = count
-    return {
-        "items": [
-            {
-                "id": r.id,
-                "name": r.name,
-                "cordoned": r.cordoned,
-                "noScheduleReasons": list(r.no_schedule_reasons),
-                "labels": dict(sorted(labels[r.id].items())),
-                "devices": counts[r.id],
-            }
+    return NodePage(
+        [
+            NodeSummary(
+                id=r.id,
+                name=r.name,
+                cordoned=r.cordoned,
+                noScheduleReasons=list(r.no_schedule_reasons),
+                labels=dict(sorted(labels[r.id].items())),
+                devices=counts[r.id],
+            )
             for r in page
         ],
-        "next": page[-1].id if more else None,
-    }
+        page[-1].id if more else None,
+    )
 
 
 async def get_pool_row(conn: AsyncConnection, pool_id: str) -> Any:
@@ -264,7 +278,7 @@ async def node_pool_id(conn: AsyncConnection, node_id: str) -> str:
 
 
 @reads
-async def get_node(conn: AsyncConnection, node_id: str) -> dict[str, Any]:
+async def get_node(conn: AsyncConnection, node_id: str) -> Node:
     """The node view (:func:`app.inventory.views.node_view`); NotFound if absent."""
     return await node_view(conn, await _node_row(conn, node_id))
 
@@ -284,7 +298,7 @@ async def _refresh_reasons(conn: AsyncConnection, node_id: str) -> None:
 
 
 @transaction
-async def set_cordon(conn: AsyncConnection, node_id: str, cordoned: bool) -> dict[str, Any]:
+async def set_cordon(conn: AsyncConnection, node_id: str, cordoned: bool) -> Node:
     """Cordon or uncordon a node; its NoSchedule reasons change in the same transaction."""
     await lock_node_in_order(conn, node_id)
     await conn.execute(sa.update(nodes).where(nodes.c.id == node_id).values(cordoned=cordoned))
@@ -295,7 +309,7 @@ async def set_cordon(conn: AsyncConnection, node_id: str, cordoned: bool) -> dic
 
 
 @transaction
-async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody]) -> dict[str, Any]:
+async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody]) -> Node:
     """Replace the node's taints (``dedicated=<tenant>`` NoSchedule dedicates it to that tenant)."""
     await lock_node_in_order(conn, node_id)
     await conn.execute(sa.delete(node_taints).where(node_taints.c.node_id == node_id))
@@ -313,7 +327,7 @@ async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody
 
 
 @transaction
-async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]) -> dict[str, Any]:
+async def set_labels(conn: AsyncConnection, node_id: str, labels: dict[str, str]) -> Node:
     """Replace the node's operator labels; system labels stay. Bumps the pool's inventory version.
 
     Refused with InvalidInput (422, path ``labels.<key>``, nothing changed): a ``bc.dev/`` key (only
@@ -359,7 +373,7 @@ def _given(**columns: Any) -> dict[str, Any]:
 
 
 @transaction
-async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> dict[str, Any]:
+async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> Node:
     """Record node conditions (ready, heartbeat) and per-atom health/bookability."""
     node = await lock_node_in_order(conn, node_id)
     values = _given(ready=body.ready, heartbeat_lost=body.heartbeatLost)

@@ -1,5 +1,7 @@
-"""The answer shapes of the inventory service: a pool's view (node count and capacity held now) and a
-node's view (labels, taints, resources, devices, links). Reads only, in the caller's transaction."""
+"""The reads behind the inventory service's answers: a pool's view (node count and capacity held now) as a
+:class:`~app.answers.inventory.Pool` and a node's view (labels, taints, resources, devices, links) as a
+:class:`~app.answers.inventory.Node`; the models in ``app/answers/inventory.py`` are the one definition of
+their shapes (docs/api.md). Reads only, in the caller's transaction."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.answers.inventory import CapacityRollup, Device, Link, Node, NodeAgent, NodeResource, Pool, Taint
 from app.db.tables import (
     capacity_device_links,
     device_bookings,
@@ -57,12 +60,12 @@ async def held_now(conn: AsyncConnection, pool_ids: list[str]) -> dict[tuple[str
     return held
 
 
-async def pool_views(conn: AsyncConnection, rows: list[Any]) -> list[dict[str, Any]]:
-    """The views of ``rows`` (pools rows) in their order: ``{id, name, createdAt, archivedAt, nodeCount,
-    capacity: {resource: {total, allocated}}}``, ``allocated`` being what is held now (three queries)."""
+async def pool_views(conn: AsyncConnection, rows: list[Any]) -> list[Pool]:
+    """The views of ``rows`` (pools rows) in their order, ``capacity`` holding each resource's rollup
+    ``total`` and what is held now as ``allocated`` (three queries)."""
     ids = [r.id for r in rows]
     counts: dict[str, int] = {}
-    rollups: dict[str, dict[str, dict[str, Any]]] = {i: {} for i in ids}
+    rollups: dict[str, dict[str, CapacityRollup]] = {i: {} for i in ids}
     if ids:
         counts = dict(
             (
@@ -81,24 +84,23 @@ async def pool_views(conn: AsyncConnection, rows: list[Any]) -> list[dict[str, A
                 .order_by(pool_capacity_rollup.c.resource)
             )
         ).all():
-            rollups[r.pool_id][r.resource] = {
-                "total": num(r.total),
-                "allocated": num(held.get((r.pool_id, r.resource), Decimal(0))),
-            }
+            rollups[r.pool_id][r.resource] = CapacityRollup(
+                total=num(r.total), allocated=num(held.get((r.pool_id, r.resource), Decimal(0)))
+            )
     return [
-        {
-            "id": row.id,
-            "name": row.name,
-            "createdAt": row.created_at.isoformat(),
-            "archivedAt": row.archived_at.isoformat() if row.archived_at else None,
-            "nodeCount": counts.get(row.id, 0),
-            "capacity": rollups[row.id],
-        }
+        Pool(
+            id=row.id,
+            name=row.name,
+            createdAt=row.created_at.isoformat(),
+            archivedAt=row.archived_at.isoformat() if row.archived_at else None,
+            nodeCount=counts.get(row.id, 0),
+            capacity=rollups[row.id],
+        )
         for row in rows
     ]
 
 
-async def node_view(conn: AsyncConnection, node: Any) -> dict[str, Any]:
+async def node_view(conn: AsyncConnection, node: Any) -> Node:
     """The view of ``node`` (a nodes row) with its labels, taints, scalar resources (``allocated``: held
     now), devices and links: the shape of ``GET /v1/nodes/{nodeId}`` (docs/api.md)."""
     node_id = node.id
@@ -144,46 +146,46 @@ async def node_view(conn: AsyncConnection, node: Any) -> dict[str, Any]:
             .order_by(capacity_device_links.c.a, capacity_device_links.c.b)
         )
     ).all()
-    return {
-        "id": node.id,
-        "poolId": node.pool_id,
-        "name": node.name,
-        "labels": {r.key: r.value for r in labels},
-        "labelSources": {r.key: r.source for r in labels},
-        "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints],
-        "cordoned": node.cordoned,
-        "ready": node.ready,
-        "heartbeatLost": node.heartbeat_lost,
-        "leasable": node.leasable,
-        "noScheduleReasons": list(node.no_schedule_reasons),
+    return Node(
+        id=node.id,
+        poolId=node.pool_id,
+        name=node.name,
+        labels={r.key: r.value for r in labels},
+        labelSources={r.key: r.source for r in labels},
+        taints=[Taint(key=t.key, value=t.value, effect=t.effect) for t in taints],
+        cordoned=node.cordoned,
+        ready=node.ready,
+        heartbeatLost=node.heartbeat_lost,
+        leasable=node.leasable,
+        noScheduleReasons=list(node.no_schedule_reasons),
         # the node's agent (None for a node registered by an operator): see app/inventory/hello.py
-        "agent": None
+        agent=None
         if node.agent_interval_seconds is None
-        else {
-            "intervalSeconds": node.agent_interval_seconds,
-            "lastHeartbeatAt": node.last_heartbeat_at.isoformat() if node.last_heartbeat_at else None,
-            "error": node.agent_error,
-        },
-        "resources": {
-            r.resource: {
-                "allocatable": num(r.allocatable),
-                "ratio": num(r.ratio),
-                "allocated": num(held.get(r.resource, Decimal(0))),  # held now
-            }
+        else NodeAgent(
+            intervalSeconds=node.agent_interval_seconds,
+            lastHeartbeatAt=node.last_heartbeat_at.isoformat() if node.last_heartbeat_at else None,
+            error=node.agent_error,
+        ),
+        resources={
+            r.resource: NodeResource(
+                allocatable=num(r.allocatable),
+                ratio=num(r.ratio),
+                allocated=num(held.get(r.resource, Decimal(0))),  # held now
+            )
             for r in resources
         },
-        "devices": [
-            {
-                "id": d.id,
-                "class": d._mapping["class"],
-                "attributes": d.attributes,
-                "numaNode": d.numa_node,
-                "parent": d.parent_id,
-                "healthy": d.healthy,
-                "bookable": d.bookable,
-                "healthReason": d.health_reason,
-            }
+        devices=[
+            Device(
+                id=d.id,
+                device_class=d._mapping["class"],
+                attributes=d.attributes,
+                numaNode=d.numa_node,
+                parent=d.parent_id,
+                healthy=d.healthy,
+                bookable=d.bookable,
+                healthReason=d.health_reason,
+            )
             for d in device_rows
         ],
-        "links": [{"a": r.a, "b": r.b, "link": r.link} for r in links],
-    }
+        links=[Link(a=r.a, b=r.b, link=r.link) for r in links],
+    )

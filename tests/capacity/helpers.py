@@ -9,6 +9,7 @@ from decimal import Decimal
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.answers.inventory import Node
 from app.db.tables import allocations, device_bookings, devices, reservations, scalar_holdings
 from app.db.windows import window
 from app.ids import new_id
@@ -19,12 +20,12 @@ from tests.factories import node_body  # noqa: F401 (its one home; re-exported f
 _names = itertools.count()
 
 
-async def make_pool_with_nodes(engine: AsyncEngine, bodies: list[NodeCreate]) -> tuple[str, list[dict]]:
+async def make_pool_with_nodes(engine: AsyncEngine, bodies: list[NodeCreate]) -> tuple[str, list[Node]]:
     """Create a pool holding ``bodies``; returns (pool id, node views)."""
     async with engine.begin() as conn:
         pool = await inventory.create_pool(conn, f"pool-{next(_names)}-{new_id('t')[-6:]}")
-        views = [await inventory.add_node(conn, pool["id"], b) for b in bodies]
-    return pool["id"], views
+        views = [await inventory.add_node(conn, pool.id, b) for b in bodies]
+    return pool.id, views
 
 
 async def reservation_row(conn: AsyncConnection, pool_id: str, tenant: str = "acme") -> str:

@@ -41,19 +41,19 @@ async def test_a_reservation_exists_only_for_its_tenant(clean_db: AsyncEngine) -
 async def test_an_entry_point_given_the_engine_is_its_own_unit_of_work(clean_db: AsyncEngine) -> None:
     created = await inventory.create_pool(clean_db, "committed")
     async with clean_db.connect() as conn:  # another connection sees it: committed
-        assert (await conn.execute(sa.select(pools.c.name).where(pools.c.id == created["id"]))).scalar() == (
+        assert (await conn.execute(sa.select(pools.c.name).where(pools.c.id == created.id))).scalar() == (
             "committed"
         )
     with pytest.raises(Conflict):  # raises: nothing of it stays
         await inventory.create_pool(clean_db, "committed")
-    assert (await inventory.get_pool(clean_db, created["id"]))["name"] == "committed"
+    assert (await inventory.get_pool(clean_db, created.id)).name == "committed"
 
 
 async def test_an_entry_point_given_a_connection_joins_its_transaction(clean_db: AsyncEngine) -> None:
     async with clean_db.connect() as conn:
         trans = await conn.begin()
         pool = await inventory.create_pool(conn, "joined")
-        assert (await inventory.get_pool(conn, pool["id"]))["name"] == "joined"
+        assert (await inventory.get_pool(conn, pool.id)).name == "joined"
         await trans.rollback()
     with pytest.raises(NotFound):  # rolled back with the caller's transaction
-        await inventory.get_pool(clean_db, pool["id"])
+        await inventory.get_pool(clean_db, pool.id)

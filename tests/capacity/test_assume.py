@@ -43,7 +43,7 @@ async def test_a_second_plan_avoids_atoms_being_committed(clean_db: AsyncEngine)
 
     task = asyncio.create_task(first())
     await paused.wait()
-    assert cache.assumed(pool, start, day_after(start)) == {views[0]["id"]: {"as0-GPU0"}}
+    assert cache.assumed(pool, start, day_after(start)) == {views[0].id: {"as0-GPU0"}}
     body = ReservationRequest.model_validate(
         {
             "tenantId": "acme",
@@ -56,8 +56,8 @@ async def test_a_second_plan_avoids_atoms_being_committed(clean_db: AsyncEngine)
     second, _ = await create_reservation(engine, cache, CapacityConfig(options), body)
     resume.set()
     placed = await task
-    assert isinstance(placed, Placed) and placed.allocations[0].node_id == views[0]["id"]
-    assert second["status"] == "placed" and second["allocations"][0]["nodeId"] == views[1]["id"]
+    assert isinstance(placed, Placed) and placed.allocations[0].node_id == views[0].id
+    assert second["status"] == "placed" and second["allocations"][0]["nodeId"] == views[1].id
     assert attempts == [1]  # the first never lost a race: the second planned around it
     for token in placed.assumptions:
         cache.forget(pool, token)

@@ -143,20 +143,18 @@ async def test_a_shared_read_catches_up_with_later_assumptions(clean_db: AsyncEn
         _, before = await shared.exceptions(conn, request)
         assert not before.booked
         # another transaction of this process plans two atoms after the read
-        atoms = [a.id for a in (await cache.inventory(conn, head)).nodes[views[0]["id"]].atoms[:2]]
-        cache.assume(pool, views[0]["id"], atoms, start, start + timedelta(hours=1))
-        cache.assume(
-            pool, views[0]["id"], ["elsewhere"], start + timedelta(days=9), start + timedelta(days=10)
-        )
+        atoms = [a.id for a in (await cache.inventory(conn, head)).nodes[views[0].id].atoms[:2]]
+        cache.assume(pool, views[0].id, atoms, start, start + timedelta(hours=1))
+        cache.assume(pool, views[0].id, ["elsewhere"], start + timedelta(days=9), start + timedelta(days=10))
         _, after = await shared.exceptions(conn, request)
-        assert after.booked == {views[0]["id"]: set(atoms)}
+        assert after.booked == {views[0].id: set(atoms)}
         assert shared.reads == 1
 
 
 async def test_a_scalar_group_that_no_longer_fits_holds_one_at_a_time(clean_db: AsyncEngine) -> None:
     engine = clean_db
     pool, views = await make_pool_with_nodes(engine, [node_body("only", 8, cpu=16)])
-    node_id = views[0]["id"]
+    node_id = views[0].id
     start = await db_time(engine)
     entries = await _entries(engine, pool, [_request(pool, start, cpu=6) for _ in range(2)])
 

@@ -93,7 +93,7 @@ async def test_a_booking_made_elsewhere_between_batches_is_caught_and_replanned(
 ) -> None:
     engine = clean_db
     pool, views = await make_pool_with_nodes(engine, [node_body("only", 2, cpu=8)])
-    node_id = views[0]["id"]
+    node_id = views[0].id
     start = await db_time(engine)
     cache, slot = await _loaded_cache(engine, pool), WarmSlot()
     first = await _entries(engine, pool, [_request(pool, start)])
@@ -230,7 +230,7 @@ async def test_the_one_statement_node_guard_judges_each_tenant_by_its_own_tolera
 ) -> None:
     engine = clean_db
     pool, views = await make_pool_with_nodes(engine, [node_body("only", 2, cpu=8)])
-    node_id = views[0]["id"]
+    node_id = views[0].id
     start = await db_time(engine)
     entries = await _entries(engine, pool, [_request(pool, start, tenant=t) for t in ("acme", "other")])
 

@@ -41,7 +41,7 @@ async def _scalar(engine: AsyncEngine, sql: str) -> Any:
 async def test_a_gang_is_placed_whole_and_released_whole(clean_db: AsyncEngine) -> None:
     engine = clean_db
     pool, views = await make_pool_with_nodes(engine, _racks())
-    by_name = {v["name"]: v["id"] for v in views}
+    by_name = {v.name: v.id for v in views}
     body = ReservationRequest.model_validate(
         {
             "tenantId": "acme",
@@ -77,7 +77,7 @@ async def test_a_gang_is_placed_whole_and_released_whole(clean_db: AsyncEngine) 
 async def test_a_lost_race_on_one_member_rolls_back_the_others(clean_db: AsyncEngine) -> None:
     engine = clean_db
     pool, views = await make_pool_with_nodes(engine, _racks())
-    by_name = {v["name"]: v["id"] for v in views}
+    by_name = {v.name: v.id for v in views}
     start = await db_time(engine)
     request = PlacementRequest(
         "acme", pool, (DeviceRequest("gpu", 2),), start=start, end=day_after(start), gang=Gang(2, "rack")

@@ -157,10 +157,10 @@ async def _setup(engine: AsyncEngine) -> dict[str, str]:
     end = start + timedelta(hours=1)
     gpu0, gpu1 = "inv-GPU0", "inv-GPU1"
     async with engine.begin() as conn:
-        res, alloc = await _placed(conn, pool, view["id"], [gpu0], start, end)
+        res, alloc = await _placed(conn, pool, view.id, [gpu0], start, end)
     return {
         "pool": pool,
-        "node": view["id"],
+        "node": view.id,
         "res": res,
         "alloc": alloc,
         "gpu0": gpu0,
@@ -209,7 +209,7 @@ async def test_the_sweep_finds_an_overcommit_at_one_instant(clean_db: AsyncEngin
             (6, t + hour, t + 2 * hour),
             (6, t + hour - second, t + 3 * hour),
         ):
-            await book(conn, pool, view["id"], [], start, end, resources={"cpu": cpu})
+            await book(conn, pool, view.id, [], start, end, resources={"cpu": cpu})
         for gpus, start, end in ((2, t, t + hour), (1, t + hour - second, t + 2 * hour)):
             res = await reservation_row(conn, pool, tenant="t")
             await conn.execute(

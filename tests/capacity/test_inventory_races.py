@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.answers.inventory import Node
 from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.reservations.service import create_reservation
@@ -42,17 +43,17 @@ def _body(pool: str, i: int) -> ReservationRequest:
     )
 
 
-async def _change(engine: AsyncEngine, kind: str, pool: str, node: dict[str, Any]) -> None:
+async def _change(engine: AsyncEngine, kind: str, pool: str, node: Node) -> None:
     async with engine.begin() as conn:
         if kind == "cordon":
-            await inventory.set_cordon(conn, node["id"], True)
+            await inventory.set_cordon(conn, node.id, True)
         elif kind == "dedication":
-            await inventory.set_taints(conn, node["id"], [TaintBody(key="dedicated", value="globex")])
+            await inventory.set_taints(conn, node.id, [TaintBody(key="dedicated", value="globex")])
         elif kind == "health":
             body = HealthBody.model_validate(
-                {"devices": [{"id": d["id"], "healthy": False} for d in node["devices"]]}
+                {"devices": [{"id": d.id, "healthy": False} for d in node.devices]}
             )
-            await inventory.set_health(conn, node["id"], body)
+            await inventory.set_health(conn, node.id, body)
         else:
             await inventory.archive_pool(conn, pool)
 
@@ -87,11 +88,11 @@ async def test_nothing_lands_after_a_committed_change(clean_db: AsyncEngine, kin
         await asyncio.sleep(0.02)
         await _change(engine, kind, pool, target)
         # committed: what is on the node (the pool, for an archive) now is final for this race
-        frozen["after"] = await _taken(engine, pool, None if kind == "archive" else target["id"])
+        frozen["after"] = await _taken(engine, pool, None if kind == "archive" else target.id)
 
     results = await asyncio.gather(*(client(i) for i in range(CLIENTS)), change())
     views_out = [r for r in results if isinstance(r, dict)]
-    final = await _taken(engine, pool, None if kind == "archive" else target["id"])
+    final = await _taken(engine, pool, None if kind == "archive" else target.id)
     assert final == frozen["after"], f"{kind}: placements landed after the change committed"
     assert all(v["status"] in ("placed", "pending") for v in views_out)
     async with engine.connect() as conn:  # and nothing double-booked along the way

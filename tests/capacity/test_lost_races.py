@@ -70,11 +70,11 @@ async def _setup(engine: AsyncEngine, nodes: int) -> tuple[str, dict[str, str]]:
         for v in views:  # a system label, as a daemon's Hello would write it
             await conn.execute(
                 sa.insert(node_labels).values(
-                    node_id=v["id"], key="bc.dev/driver.kvm", value="9", source="system"
+                    node_id=v.id, key="bc.dev/driver.kvm", value="9", source="system"
                 )
             )
             await inventory.bump_inventory_version(conn, pool)
-    return pool, {v["id"]: v["name"] for v in views}
+    return pool, {v.id: v.name for v in views}
 
 
 def _request(pool: str, start: Any) -> PlacementRequest:
@@ -177,7 +177,7 @@ async def test_a_node_binding_commits_with_the_lease_rule(clean_db: AsyncEngine)
     engine = clean_db
     pool, views = await make_pool_with_nodes(engine, [node_body("lease0", 2, cpu=16)])
     async with engine.begin() as conn:
-        await inventory.set_cordon(conn, views[0]["id"], True)
+        await inventory.set_cordon(conn, views[0].id, True)
     start = await db_time(engine)
     request = PlacementRequest(
         tenant_id="acme",

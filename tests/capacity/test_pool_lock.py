@@ -19,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.answers.inventory import Node
 from app.capacity.config import CapacityConfig
 from app.capacity.placing.batch import BatchEntry, BatchOptions, place_batch
 from app.capacity.placing.inline import Pending, Placed
@@ -67,7 +68,7 @@ async def _written(engine: AsyncEngine, pool: str) -> dict[str, int]:
         return counts
 
 
-async def _inventory_changes(engine: AsyncEngine, pool: str, node_id: str, name: str) -> dict[str, Any]:
+async def _inventory_changes(engine: AsyncEngine, pool: str, node_id: str, name: str) -> Node:
     """On another connection: add a node and relabel one, each forbidden to wait for a lock."""
     async with engine.begin() as other:
         await other.exec_driver_sql(NOT_BLOCKED)
@@ -82,11 +83,11 @@ async def test_a_node_add_is_not_blocked_by_a_create_holding_its_plan(clean_db: 
     engine = clean_db
     pool, views = await make_pool_with_nodes(engine, [node_body("a0", 4), node_body("a1", 4)])
     seen: list[Candidate] = []
-    added: list[dict[str, Any]] = []
+    added: list[Node] = []
 
     async def hold_plan(attempt: int, candidate: Candidate) -> None:
         seen.append(candidate)  # the create has written its row and planned; its commit waits for us
-        added.append(await _inventory_changes(engine, pool, views[1]["id"], "late"))
+        added.append(await _inventory_changes(engine, pool, views[1].id, "late"))
 
     config = CapacityConfig(SchedulerOptions(top_n=1))
     view, created = await create_reservation(
@@ -94,12 +95,12 @@ async def test_a_node_add_is_not_blocked_by_a_create_holding_its_plan(clean_db: 
     )
     assert created and view["status"] == "placed", view
     assert len(seen) == 1 and view["allocations"][0]["nodeId"] == seen[0].node_id
-    assert added[0]["name"] == "late"
+    assert added[0].name == "late"
     async with engine.connect() as conn:
         names = (await conn.execute(sa.select(nodes.c.name).where(nodes.c.pool_id == pool))).scalars()
         assert sorted(names) == ["a0", "a1", "late"]
-    node = await inventory.get_node(engine, views[1]["id"])
-    assert node["labels"]["rack"] == "r1"
+    node = await inventory.get_node(engine, views[1].id)
+    assert node.labels["rack"] == "r1"
 
 
 async def test_an_archive_between_plan_and_commit_answers_as_an_archived_pool(clean_db: AsyncEngine) -> None:
@@ -154,7 +155,7 @@ async def test_a_batch_holding_its_plans_blocks_no_inventory_change(clean_db: As
 
     async def hold_plans(attempt: int, candidates: list[Candidate]) -> None:
         if attempt == 1:
-            await _inventory_changes(engine, pool, views[0]["id"], "late")
+            await _inventory_changes(engine, pool, views[0].id, "late")
 
     async with engine.begin() as conn:
         await place_batch(
@@ -186,7 +187,7 @@ async def _add_nodes(engine: AsyncEngine, pool: str, n: int) -> list[str]:
     names = []
     for i in range(n):
         async with engine.begin() as conn:
-            names.append((await inventory.add_node(conn, pool, node_body(f"n{i}", 2)))["name"])
+            names.append((await inventory.add_node(conn, pool, node_body(f"n{i}", 2))).name)
         await asyncio.sleep(0)
     return names
 

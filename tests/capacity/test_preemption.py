@@ -215,7 +215,7 @@ async def test_a_gang_member_that_loses_its_race_evicts_on_neither_node(clean_db
         assert plan is not None and len(plan.victims) == 2
         # member b's node is cordoned (committed elsewhere) between the plan and the commit
         async with engine.begin() as other:
-            await inventory.set_cordon(other, views[1]["id"], True)
+            await inventory.set_cordon(other, views[1].id, True)
         rid = await reservation_row(conn, pool)
         outcome = await preemption.commit_preemption(conn, request, plan, rid, 1, now)
         assert isinstance(outcome, LostRace) and "no longer schedulable" in outcome.reason

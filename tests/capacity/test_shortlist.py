@@ -44,13 +44,13 @@ async def _random_pool(engine: AsyncEngine, rng: random.Random, start: Any, k: i
     pool, views = await make_pool_with_nodes(engine, bodies)
     async with engine.begin() as conn:
         for v in views:
-            atoms = [d["id"] for d in v["devices"]]
+            atoms = [d.id for d in v.devices]
             roll = rng.random()
             if roll < 0.08:
-                await inventory.set_cordon(conn, v["id"], True)
+                await inventory.set_cordon(conn, v.id, True)
             elif roll < 0.14:
                 await inventory.set_taints(
-                    conn, v["id"], [TaintBody(key="dedicated", value=rng.choice(["acme", "globex"]))]
+                    conn, v.id, [TaintBody(key="dedicated", value=rng.choice(["acme", "globex"]))]
                 )
             if rng.random() < 0.5:
                 busy = rng.sample(atoms, rng.randint(1, len(atoms)))
@@ -58,7 +58,7 @@ async def _random_pool(engine: AsyncEngine, rng: random.Random, start: Any, k: i
                 await book(
                     conn,
                     pool,
-                    v["id"],
+                    v.id,
                     busy,
                     start - timedelta(hours=1),
                     start + timedelta(hours=rng.choice([2, 48])),
@@ -66,7 +66,7 @@ async def _random_pool(engine: AsyncEngine, rng: random.Random, start: Any, k: i
             if rng.random() < 0.1:
                 await inventory.set_health(
                     conn,
-                    v["id"],
+                    v.id,
                     HealthBody.model_validate({"devices": [{"id": atoms[0], "healthy": False}]}),
                 )
             for _ in range(rng.choice([0, 0, 1, 2])):  # cpu held over part of the window, or before it
@@ -74,7 +74,7 @@ async def _random_pool(engine: AsyncEngine, rng: random.Random, start: Any, k: i
                 await book(
                     conn,
                     pool,
-                    v["id"],
+                    v.id,
                     [],
                     held_from,
                     held_from + timedelta(hours=rng.choice([1, 3, 4])),
@@ -174,21 +174,19 @@ async def test_pool_cache_reads_static_inventory_once_per_version(clean_db: Asyn
             await plan_request(conn, cache, request, SchedulerOptions())
     assert cache.loads == 1
     async with engine.begin() as conn:  # an inventory change bumps the version in its transaction
-        await inventory.set_labels(conn, views[0]["id"], {"rack": "r9"})
+        await inventory.set_labels(conn, views[0].id, {"rack": "r9"})
     async with engine.connect() as conn:
         await plan_request(conn, cache, request, SchedulerOptions())
         head, snap = await read_snapshot(conn, cache, pool, start, start + timedelta(hours=1))
     assert cache.loads == 2
-    assert snap.nodes[[n.id for n in snap.nodes].index(views[0]["id"])].inventory.labels == {"rack": "r9"}
+    assert snap.nodes[[n.id for n in snap.nodes].index(views[0].id)].inventory.labels == {"rack": "r9"}
     # health is volatile: read per request, no reload
     async with engine.begin() as conn:
-        await conn.execute(
-            sa.update(devices).where(devices.c.node_id == views[1]["id"]).values(healthy=False)
-        )
+        await conn.execute(sa.update(devices).where(devices.c.node_id == views[1].id).values(healthy=False))
     async with engine.connect() as conn:
         _, snap = await read_snapshot(conn, cache, pool, start, start + timedelta(hours=1))
     assert cache.loads == 2
-    assert len(next(n for n in snap.nodes if n.id == views[1]["id"]).state.unavailable) == 8
+    assert len(next(n for n in snap.nodes if n.id == views[1].id).state.unavailable) == 8
 
 
 async def test_uniform_empty_pool_uses_the_shortlist_for_every_shape(clean_db: AsyncEngine) -> None:
@@ -299,8 +297,8 @@ async def test_a_pick_dependent_toy_scorer_that_favours_outside_nodes_makes_the_
     pool, views = await make_pool_with_nodes(engine, bodies)
     async with engine.begin() as conn:
         for v in views[:12]:
-            atoms = sorted(d["id"] for d in v["devices"])
-            await book(conn, pool, v["id"], atoms[:3], start - timedelta(hours=1), start + timedelta(days=2))
+            atoms = sorted(d.id for d in v.devices)
+            await book(conn, pool, v.id, atoms[:3], start - timedelta(hours=1), start + timedelta(days=2))
     toy = SimpleNamespace(**{**vars(LOW_FIRST), "DEFAULT_WEIGHT": 10.0})
     options = SchedulerOptions(top_n=1, scorers=SCORERS.adding(toy))
     request = PlacementRequest(

@@ -69,17 +69,17 @@ async def test_selector_shortlist_equals_the_whole_pool(clean_db: AsyncEngine) -
         pool, views = await make_pool_with_nodes(engine, bodies)
         async with engine.begin() as conn:
             for v in views:
-                atoms = [d["id"] for d in v["devices"]]
+                atoms = [d.id for d in v.devices]
                 if rng.random() < 0.08:
-                    await inventory.set_cordon(conn, v["id"], True)
+                    await inventory.set_cordon(conn, v.id, True)
                 if rng.random() < 0.5:
                     busy = rng.sample(atoms, rng.randint(1, len(atoms)))
                     await book(
-                        conn, pool, v["id"], busy, start - timedelta(hours=1), start + timedelta(hours=48)
+                        conn, pool, v.id, busy, start - timedelta(hours=1), start + timedelta(hours=48)
                     )
                 if rng.random() < 0.1:
                     body = HealthBody.model_validate({"devices": [{"id": atoms[0], "healthy": False}]})
-                    await inventory.set_health(conn, v["id"], body)
+                    await inventory.set_health(conn, v.id, body)
         for _ in range(12):
             top_n = rng.choice([1, 2, 3])
             options = SchedulerOptions(top_n=top_n, seed=rng.randrange(1 << 30))
@@ -111,8 +111,6 @@ async def test_selector_matches_are_computed_once_per_node_signature(clean_db: A
     async with engine.connect() as conn:
         inventory_now = await cache.inventory(conn, await read_pool_head(conn, pool))
     found = selector_matches(inventory_now, "gpu", selector)
-    expected = {
-        v["id"]: frozenset(d["id"] for d in v["devices"] if d["attributes"]["vramGiB"] >= 80) for v in views
-    }
+    expected = {v.id: frozenset(d.id for d in v.devices if d.attributes["vramGiB"] >= 80) for v in views}
     assert found == expected
     assert selector_matches(inventory_now, "gpu", selector) is found  # memoized per inventory version

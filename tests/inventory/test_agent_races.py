@@ -41,7 +41,7 @@ def _hello(pool: str, i: int, gpus: int) -> HelloBody:
 async def test_hellos_and_placements_race_without_errors(clean_db: AsyncEngine) -> None:
     engine = clean_db
     async with engine.begin() as conn:
-        pool = (await inventory.create_pool(conn, "race"))["id"]
+        pool = (await inventory.create_pool(conn, "race")).id
     # every node registers at once (creates), then shrinks and grows while placements run
     await asyncio.gather(*(hello(engine, _hello(pool, i, 2)) for i in range(NODES)))
     cache, config = PoolCache(), CapacityConfig(options=SchedulerOptions())
@@ -111,8 +111,8 @@ async def _allocation_ids(engine: AsyncEngine) -> list[str]:
 async def test_heartbeats_and_sweeps_race_and_reasons_match_conditions(clean_db: AsyncEngine) -> None:
     engine = clean_db
     async with engine.begin() as conn:
-        pool = (await inventory.create_pool(conn, "beat"))["id"]
-    ids = [(await hello(engine, _hello(pool, i, 1))).view["id"] for i in range(NODES)]
+        pool = (await inventory.create_pool(conn, "beat")).id
+    ids = [(await hello(engine, _hello(pool, i, 1))).view.id for i in range(NODES)]
     async with engine.connect() as conn:
         later = (await conn.exec_driver_sql("SELECT now()")).scalar_one() + timedelta(hours=1)
 
@@ -139,10 +139,10 @@ async def test_heartbeats_and_sweeps_race_and_reasons_match_conditions(clean_db:
 async def test_the_same_first_hello_six_times_at_once_creates_one_node(clean_db: AsyncEngine) -> None:
     engine = clean_db
     async with engine.begin() as conn:
-        pool = (await inventory.create_pool(conn, "twice"))["id"]
+        pool = (await inventory.create_pool(conn, "twice")).id
     outcomes = await asyncio.gather(*(hello(engine, _hello(pool, 0, 2)) for _ in range(6)))
     assert sum(o.created for o in outcomes) == 1
-    assert len({o.view["id"] for o in outcomes}) == 1
+    assert len({o.view.id for o in outcomes}) == 1
     async with engine.connect() as conn:
         assert (await conn.execute(sa.select(sa.func.count()).select_from(nodes))).scalar_one() == 1
         assert (await conn.execute(sa.select(pool_capacity_rollup.c.total))).scalar_one() == 2

@@ -25,7 +25,7 @@ from tests.servers import running_server
 
 async def _agents(engine: AsyncEngine, count: int, interval: int = 10) -> tuple[str, list[str]]:
     async with engine.begin() as conn:
-        pool = (await inventory.create_pool(conn, "live"))["id"]
+        pool = (await inventory.create_pool(conn, "live")).id
     topo, xml = h200_host(1)
     ids = []
     for i in range(count):
@@ -36,7 +36,7 @@ async def _agents(engine: AsyncEngine, count: int, interval: int = 10) -> tuple[
             nvidiaSmiXml=xml.replace("GPU-00000000-", f"GPU-{i:08d}-"),
             intervalSeconds=interval,
         )
-        ids.append((await hello(engine, body)).view["id"])
+        ids.append((await hello(engine, body)).view.id)
     return pool, ids
 
 
