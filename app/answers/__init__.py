@@ -1,8 +1,10 @@
-"""The API's response models, one module per resource (docs/architecture.md: every answer has a model).
+"""The answers of the API, one module per resource: the one definition of each answer's shape
+(docs/architecture.md, "Layers").
 
-Routes declare these as ``response_model``; the service functions keep answering plain dicts, which the
-route's model validates and serialises, so the OpenAPI document and generated clients are typed. Every
-model forbids unknown fields: a service that starts answering a field no model declares fails loudly in
-the tests instead of the field being dropped silently. Field names are the JSON names (camelCase for the
-capacity API, snake_case for the vq.* documents; docs/api.md).
+The services build these models and return them; the routes return what the services give and declare the
+same model as ``response_model``, so the OpenAPI document and the generated clients are typed from the
+one definition. The package sits below the services and the API (it imports neither). Every model
+forbids unknown fields: an answer with a field no model declares fails loudly in the tests instead of the
+field being dropped silently. Field names are the JSON names (camelCase for the capacity API, snake_case
+for the vq.* documents; docs/api.md).
 """

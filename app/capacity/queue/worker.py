@@ -109,8 +109,8 @@ async def create(
     :func:`queues`). Raises NotFound (pool), IdempotencyKeyReused, InvalidInput (``start``); with the
     inline placer also QuotaExceeded. On any error nothing is written.
 
-    Queued: BEGIN, one statement (:func:`_enqueue`: the row written ``queued`` with the queue edge), COMMIT; an idempotent
-    retry or an unknown pool reads more."""
+    Queued: BEGIN, one statement (:func:`_enqueue`: the row written ``queued`` with the queue edge),
+    COMMIT; an idempotent retry or an unknown pool reads more."""
     if not queues(config, body):
         return await create_reservation(engine, cache, config, body)
     spec = body.spec()
