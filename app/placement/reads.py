@@ -42,6 +42,7 @@ REQUEST_FIELDS: Mapping[str, Callable[[PlacementRequest], Hashable]] = MappingPr
         "start": lambda r: r.start,
         "end": lambda r: r.end,
         "resources": _resources,
+        "resources.names": lambda r: frozenset(r.resources),  # which resources, not how much
         "node_labels": lambda r: tuple(r.node_labels.items()),
         "devices": lambda r: len(r.devices),  # how many device requests
         "devices.device_class": lambda r: tuple(d.device_class for d in r.devices),

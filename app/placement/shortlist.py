@@ -17,12 +17,25 @@ from app.placement.bounds import pick_score_ceiling
 from app.placement.context import selector_token
 from app.placement.model import NodeInventory, PlacementRequest, Plan, PoolInventory, Selector
 from app.placement.options import SchedulerOptions
+from app.placement.reads import request_key
 from app.placement.scorers import scorers_of
 from app.placement.scorers.contract import NODE
 from app.placement.selectors import selector_matches as matches_selector
 from app.placement.system_labels import unmet_label
 
 TIE_MARGIN = 1e-9  # float noise between SQL and Python arithmetic: never trust a bound closer than this
+
+# What the shortlist reads of the request (names of app/placement/reads.py): its memos are keyed by
+# these values (free_groups per inventory version, shortlist_rows' touched scores per batch), and
+# tests/placement/test_shortlist_reads.py records every read of both through proxies against them.
+FREE_GROUPS_READS: tuple[str, ...] = (
+    "devices",
+    "devices.device_class",
+    "devices.count",
+    "devices.selector",
+    "resources.names",
+)
+SHAPE_READS: tuple[str, ...] = (*FREE_GROUPS_READS, "node_labels")
 
 
 class TouchedScores(Protocol):
@@ -144,8 +157,7 @@ def free_groups(
     classes = tuple(d.device_class for d in request.devices)
     counts = tuple(d.count for d in request.devices)
     resources = frozenset(request.resources)
-    selectors = tuple(selector_token(d.selector) for d in request.devices)
-    key = ("groups", classes, counts, resources, selectors)
+    key = ("groups", request_key(request, FREE_GROUPS_READS))
     found = inventory.memo.get(key)
     if found is None:
         atoms = class_atoms(inventory)
@@ -169,15 +181,9 @@ def labels_hold(node: NodeInventory, wanted: Mapping[str, str]) -> bool:
 
 
 def shape_key(request: PlacementRequest, options: SchedulerOptions) -> Any:
-    """What a touched node's count score depends on besides the node: the device requests (class,
-    count, selector), resource names, nodeLabels and the scorers and weights."""
-    return (
-        tuple((d.device_class, d.count, selector_token(d.selector)) for d in request.devices),
-        frozenset(request.resources),
-        tuple(sorted(request.node_labels.items())),
-        scorers_of(options),
-        tuple(sorted(options.weights.items())),
-    )
+    """What a touched node's count score depends on besides the node: the values of
+    :data:`SHAPE_READS` (what :func:`shortlist_rows` reads of the request), the scorers and weights."""
+    return (request_key(request, SHAPE_READS), scorers_of(options), tuple(sorted(options.weights.items())))
 
 
 def shortlist_rows(
