@@ -178,15 +178,17 @@ def holding_params(table: sa.Table) -> dict[str, Any]:
     return {c.name: sa.bindparam(c.name, type_=c.type) for c in table.columns}
 
 
-def hold_if(table: sa.Table, values: Mapping[str, Any], *guard: Any) -> Any:
-    """``INSERT INTO table (<columns>) SELECT <values> [FROM <the guard's tables>] WHERE <guard>
-    RETURNING <first column>``: the guarded write of a holding; no row returned = the guard refused.
-    ``values`` are SQL expressions (e.g. :func:`holding_params`) or plain values."""
+def hold_if(table: sa.Table, values: Mapping[str, Any], *guard: Any, returning: Sequence[str] = ()) -> Any:
+    """``INSERT INTO table (<columns>) SELECT <values> FROM <the tables they and the guard name> WHERE
+    <guard> RETURNING <returning, default the first column>``: the guarded write of holdings, one row or
+    many (``values`` taken from an ``unnest`` of rows, :mod:`app.db.unnest`); a row not returned = the
+    guard refused it. ``values`` are SQL expressions (e.g. :func:`holding_params`) or plain values."""
     columns = list(values)
     source = sa.select(
         *(v if isinstance(v, sa.ColumnElement) else sa.literal(v, table.c[c].type) for c, v in values.items())
     ).where(*guard)
-    return sa.insert(table).from_select(columns, source).returning(table.c[columns[0]])
+    back = [table.c[c] for c in returning or columns[:1]]
+    return sa.insert(table).from_select(columns, source).returning(*back)
 
 
 async def cut(conn: AsyncConnection, table: sa.Table, where: Sequence[Any], at: datetime) -> None:

@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.db.prepared import Prepared
 from app.db.tables import TS, quota_holdings, quota_limits, quota_usage
 from app.db.unnest import bound_rows, wanted_amounts
-from app.db.windows import peak_instant, room_for
+from app.db.windows import hold_if, peak_instant, room_for
 from app.errors import QuotaExceeded
 from app.jsonnum import num
 from app.observability.metrics import QUOTA_REJECTIONS
@@ -250,36 +250,32 @@ _ROW_LIMIT = (
 #     OR (<peak of the tenant's w.resource holdings over the window>) + w.total <= (SELECT limit ...)
 # RETURNING reservation_id, resource                 -- a group missing: over its limit somewhere
 HOLD_QUOTA_ROWS = Prepared(
-    sa.insert(quota_holdings)
-    .from_select(
-        ["reservation_id", "resource", "tenant_id", "pool_id", "amount", "starts_at", "ends_at"],
-        sa.select(
-            _CHARGES.c.reservation_id,
-            _CHARGES.c.resource,
-            _CHARGES.c.tenant_id,
-            _P["pool_id"],
-            _CHARGES.c.amount,
+    hold_if(
+        quota_holdings,
+        {
+            "reservation_id": _CHARGES.c.reservation_id,
+            "resource": _CHARGES.c.resource,
+            "tenant_id": _CHARGES.c.tenant_id,
+            "pool_id": _P["pool_id"],
+            "amount": _CHARGES.c.amount,
+            "starts_at": _CHARGES.c.starts_at,
+            "ends_at": _CHARGES.c.ends_at,
+        },
+        room_for(
+            quota_holdings,
+            [
+                quota_holdings.c.tenant_id == _CHARGES.c.tenant_id,
+                quota_holdings.c.pool_id == _P["pool_id"],
+                quota_holdings.c.resource == _CHARGES.c.resource,
+            ],
             _CHARGES.c.starts_at,
             _CHARGES.c.ends_at,
-        )
-        .select_from(_CHARGES)
-        .where(
-            room_for(
-                quota_holdings,
-                [
-                    quota_holdings.c.tenant_id == _CHARGES.c.tenant_id,
-                    quota_holdings.c.pool_id == _P["pool_id"],
-                    quota_holdings.c.resource == _CHARGES.c.resource,
-                ],
-                _CHARGES.c.starts_at,
-                _CHARGES.c.ends_at,
-                _CHARGES.c.total,
-                _ROW_LIMIT,
-                (_CHARGES,),
-            )
+            _CHARGES.c.total,
+            _ROW_LIMIT,
+            (_CHARGES,),
         ),
+        returning=("reservation_id", "resource"),
     )
-    .returning(quota_holdings.c.reservation_id, quota_holdings.c.resource)
 )
 
 

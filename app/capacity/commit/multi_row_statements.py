@@ -183,41 +183,31 @@ _HOLDS = bound_rows(
 #        <= floor(nr.allocatable * nr.ratio)          -- windows.room_for: the sweep only if needed
 # RETURNING allocation_id, resource                   -- a group missing: it goes one hold at a time
 HOLD_SCALARS = Prepared(
-    sa.insert(scalar_holdings)
-    .from_select(
-        ["allocation_id", "resource", "node_id", "pool_id", "amount", "starts_at", "ends_at"],
-        sa.select(
-            _HOLDS.c.allocation_id,
-            _HOLDS.c.resource,
-            _HOLDS.c.node_id,
-            sa.bindparam("pool_id", type_=sa.Text),
-            _HOLDS.c.amount,
+    hold_if(
+        scalar_holdings,
+        {
+            "allocation_id": _HOLDS.c.allocation_id,
+            "resource": _HOLDS.c.resource,
+            "node_id": _HOLDS.c.node_id,
+            "pool_id": sa.bindparam("pool_id", type_=sa.Text),
+            "amount": _HOLDS.c.amount,
+            "starts_at": _HOLDS.c.starts_at,
+            "ends_at": _HOLDS.c.ends_at,
+        },
+        node_resources.c.node_id == _HOLDS.c.node_id,
+        node_resources.c.resource == _HOLDS.c.resource,
+        room_for(
+            scalar_holdings,
+            [
+                scalar_holdings.c.node_id == _HOLDS.c.node_id,
+                scalar_holdings.c.resource == _HOLDS.c.resource,
+            ],
             _HOLDS.c.starts_at,
             _HOLDS.c.ends_at,
-        )
-        .select_from(
-            _HOLDS.join(
-                node_resources,
-                sa.and_(
-                    node_resources.c.node_id == _HOLDS.c.node_id,
-                    node_resources.c.resource == _HOLDS.c.resource,
-                ),
-            )
-        )
-        .where(
-            room_for(
-                scalar_holdings,
-                [
-                    scalar_holdings.c.node_id == _HOLDS.c.node_id,
-                    scalar_holdings.c.resource == _HOLDS.c.resource,
-                ],
-                _HOLDS.c.starts_at,
-                _HOLDS.c.ends_at,
-                _HOLDS.c.total,
-                sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
-                (_HOLDS, node_resources),
-            )
+            _HOLDS.c.total,
+            sa.func.floor(node_resources.c.allocatable * node_resources.c.ratio),
+            (_HOLDS, node_resources),
         ),
+        returning=("allocation_id", "resource"),
     )
-    .returning(scalar_holdings.c.allocation_id, scalar_holdings.c.resource)
 )
