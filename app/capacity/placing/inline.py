@@ -12,10 +12,20 @@ unhealthy or unbookable`` the node is excluded from the replan (its rejection is
 
 Before that re-read the placer locks the lost node's row ``FOR UPDATE``: the commits that beat it hold
 ``FOR SHARE`` on it until they commit, so the lock waits for them, the re-read sees what they booked,
-and no other commit can book on the node until this transaction ends. A retry on the node therefore
+and no other commit can book on the node while the lock is held. A retry on the node therefore
 cannot lose a second race there; without the lock, two processes reaching for the last free atoms in
 turn could each lose every attempt while atoms were still free. The lock is taken only after a lost
 race (contention), in the lock order pools -> nodes; a deadlock on it (40P01) is one more lost race.
+
+The held node is kept only while it is the lowest node id of the next commit (:class:`NodeHold`), so
+the transaction never holds one node while it asks for a lower one (the lock order: several nodes in id
+order, docs/architecture.md). The lock is taken inside ``SAVEPOINT capacity_hold``, left open; when the
+replan chooses another node (or a gang member below it), when it finds no fit, and when the placer
+answers pending, ``ROLLBACK TO SAVEPOINT capacity_hold`` lets the node go before anything else is
+locked. Holding the lost node over a commit on another one (a node taken in loss order, not id order)
+made cycles between placers, and a health write's ``FOR UPDATE`` queued on one of those nodes was
+caught in them (tests/capacity/test_hold_order.py). A new lost race lets the held node go before the
+next one is locked, so at most one node is held between attempts.
 The critical section is
 the commit alone. Quota is charged by the commit itself, last (``extras``: lock order pools -> nodes
 -> devices -> node_resources -> quota_usage), so a tenant's quota row is held from the commit's lock
@@ -29,7 +39,7 @@ label changes and archives do not wait for plans; a pool archived between the pl
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -82,19 +92,59 @@ def plan_seed(reservation_id: str, attempt: int) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-async def _hold_node_for_retry(conn: AsyncConnection, node_id: str) -> None:
-    """Lock the node a race was lost on (``FOR UPDATE``, kept to the end of the transaction) before it is
-    read again; a deadlock or a lock conflict answer leaves it unlocked (the retry may lose again), and
-    so does a node that is gone (the retry reads that)."""
-    try:
-        async with conn.begin_nested():  # SAVEPOINT: a deadlock aborts only this statement
-            # SELECT * FROM nodes WHERE id = :node FOR UPDATE
+HOLD_SAVEPOINT = "capacity_hold"
+
+
+class NodeHold:
+    """The node a race was lost on, locked ``FOR UPDATE`` for the replan inside ``SAVEPOINT
+    capacity_hold`` (left open, so the lock can be let go again); at most one per placement.
+
+    :meth:`take` locks a node (letting the one held go first); :meth:`keep_for` lets it go unless it is
+    the lowest node id of the commit about to run (the lock order: a held node is never followed by a
+    lower one); :meth:`let_go` rolls back to the savepoint, which drops the lock (nothing else was
+    written after it: the plans only read, a lost commit is rolled back to its own savepoint)."""
+
+    __slots__ = ("node_id",)
+
+    def __init__(self) -> None:
+        self.node_id: str | None = None
+
+    async def take(self, conn: AsyncConnection, node_id: str) -> None:
+        """Hold ``node_id`` (``SAVEPOINT capacity_hold; SELECT * FROM nodes WHERE id = :node FOR
+        UPDATE``). A deadlock or a lock conflict answer leaves it unheld (the retry may lose again), and
+        so does a node that is gone (the retry reads that)."""
+        if self.node_id == node_id:
+            return
+        await self.let_go(conn)
+        await conn.exec_driver_sql(f"SAVEPOINT {HOLD_SAVEPOINT}")
+        try:
             await lock_node(conn, node_id)
-    except NotFound:
-        pass
-    except DBAPIError as exc:
-        if sqlstate(exc) not in LOST_RACE_SQLSTATES:
-            raise
+        except NotFound:
+            await _drop_hold_savepoint(conn)
+            return
+        except DBAPIError as exc:
+            if sqlstate(exc) not in LOST_RACE_SQLSTATES:
+                raise
+            await _drop_hold_savepoint(conn)
+            return
+        self.node_id = node_id
+
+    async def keep_for(self, conn: AsyncConnection, node_ids: Iterable[str]) -> None:
+        """Before a commit on ``node_ids``: keep the held node only when it is the lowest of them."""
+        if self.node_id is not None and min(node_ids) != self.node_id:
+            await self.let_go(conn)
+
+    async def let_go(self, conn: AsyncConnection) -> None:
+        """Drop the held node's lock (``ROLLBACK TO SAVEPOINT capacity_hold; RELEASE SAVEPOINT
+        capacity_hold``); nothing when none is held."""
+        if self.node_id is not None:
+            self.node_id = None
+            await _drop_hold_savepoint(conn)
+
+
+async def _drop_hold_savepoint(conn: AsyncConnection) -> None:
+    await conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {HOLD_SAVEPOINT}")
+    await conn.exec_driver_sql(f"RELEASE SAVEPOINT {HOLD_SAVEPOINT}")
 
 
 def _result(outcome: Placed | Pending) -> str:
@@ -128,6 +178,7 @@ async def _place_inline(
     assert request.start is not None and request.end is not None
     lost: list[LostRace] = []
     pool_share = pool_share or PoolShare(request.pool_id)
+    hold = NodeHold()  # the last node lost on, while the next commit may hold it in the lock order
     for attempt in range(1, max_attempts + 1):
         excluded = [r for r in lost if r.kind in EXCLUDING_KINDS]
         attempt_options = replace(
@@ -141,12 +192,14 @@ async def _place_inline(
             conn, cache, request, attempt_options, shortlist_min, head=head if attempt == 1 else None
         )
         if outcome_plan.head.archived:
-            return Pending(ARCHIVED_POOL)
+            return await _pending(conn, hold, ARCHIVED_POOL)
         plan = outcome_plan.plan
         if isinstance(plan, Rejections):
-            return Pending(plan.summary)
+            return await _pending(conn, hold, plan.summary)
         assert isinstance(plan, Plan)
         placements = plan.placements  # the chosen candidate, or a gang's members
+        # the node held since the last lost race stays held only if the commit locks nothing below it
+        await hold.keep_for(conn, (c.node_id for c in placements))
         tokens = [
             cache.assume(request.pool_id, c.node_id, c.booked_atoms, request.start, request.end)
             for c in placements
@@ -158,7 +211,7 @@ async def _place_inline(
             if not await pool_share.take(conn):
                 for token in tokens:
                     cache.forget(request.pool_id, token)
-                return Pending(ARCHIVED_POOL)
+                return await _pending(conn, hold, ARCHIVED_POOL)
             outcome = await commit_placements(
                 conn, request, placements, reservation_id, attempt, request.start, request.end, extras
             )
@@ -173,8 +226,15 @@ async def _place_inline(
         LOST_RACES.labels(outcome.kind).inc()
         lost.append(outcome)
         if outcome.kind not in EXCLUDING_KINDS and attempt < max_attempts:
-            await _hold_node_for_retry(conn, outcome.node_id)
-    return Pending(unschedulable_after([r.reason for r in lost]))
+            await hold.take(conn, outcome.node_id)
+    return await _pending(conn, hold, unschedulable_after([r.reason for r in lost]))
+
+
+async def _pending(conn: AsyncConnection, hold: NodeHold, reason: str) -> Pending:
+    """Nothing placed: the held node is let go first, so the caller's next steps (preemption claims
+    reservation rows, earlier in the lock order) hold no node."""
+    await hold.let_go(conn)
+    return Pending(reason)
 
 
 place_inline = record_placement("inline", _result)(_place_inline)
