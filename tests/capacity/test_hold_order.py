@@ -69,7 +69,7 @@ def _cpu_request(pool: str, start: datetime) -> PlacementRequest:
 async def test_two_placers_replanning_on_each_others_lost_node_do_not_deadlock(clean_db: AsyncEngine) -> None:
     engine = clean_db
     pool, views = await make_pool_with_nodes(engine, [node_body(f"n{i}", 1, cpu=16) for i in range(2)])
-    names = {v["id"]: v["name"] for v in views}
+    names = {v.id: v.name for v in views}
     start = await db_time(engine)
     lost_first: dict[str, str] = {}  # placer -> the node its first commit lost on
     spoilers: dict[str, str] = {}  # node -> the allocation holding all its cpu
@@ -143,5 +143,5 @@ async def test_a_replan_on_the_node_lost_on_keeps_it_held(clean_db: AsyncEngine)
             conn, PoolCache(), request, res, SchedulerOptions(), 3, before_commit=hook
         )
     assert isinstance(outcome, Placed), outcome
-    assert [a.node_id for a in outcome.allocations] == [view["id"]]
+    assert [a.node_id for a in outcome.allocations] == [view.id]
     assert held_at_retry == [True]

@@ -86,7 +86,7 @@ async def test_a_release_that_waited_for_a_repair_cuts_after_it(clean_db: AsyncE
     [alloc] = view["allocations"]
     async with engine.begin() as conn:
         health = HealthBody.model_validate({"devices": [{"id": alloc["atoms"][0], "healthy": False}]})
-        await inventory.set_health(conn, node["id"], health)
+        await inventory.set_health(conn, node.id, health)
 
     async with engine.connect() as release_conn, engine.connect() as blocker:
         await release_conn.exec_driver_sql("SELECT 1")  # the release's transaction begins: its now()
