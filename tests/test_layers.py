@@ -108,14 +108,14 @@ ROOM_RULES = {
     "planning": (
         "app.capacity.commit.single",
         "app.capacity.placing",
-        "app.capacity.reservations.service",
+        "app.capacity.reservations",
         "app.capacity.queue.worker",
         "app.capacity.controllers",
     ),
     "commit": (
         "app.capacity.planning",
         "app.capacity.placing",
-        "app.capacity.reservations.service",
+        "app.capacity.reservations",
         "app.capacity.queue.worker",
         "app.capacity.controllers",
     ),

@@ -8,7 +8,12 @@ from fastapi import APIRouter, Depends
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.answers.reservations import ReservationBatch, ReservationBatchRequest
+from app.answers.reservations import (
+    ItemError,
+    ReservationBatch,
+    ReservationBatchItem,
+    ReservationBatchRequest,
+)
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import json_path, plain_message, responses
 from app.api.text_guard import unstorable_item
@@ -53,10 +58,11 @@ def _checked(principal: Principal, index: int, item: Any) -> ReservationRequest 
     return body
 
 
-def _answer(result: bulk.ItemResult) -> dict[str, Any]:
+def _answer(result: bulk.ItemResult) -> ReservationBatchItem:
     if result.error is not None:
-        return {"status": result.status, "error": result.error.to_body()["error"]}
-    return {"status": result.status, "reservation": result.reservation}
+        error = ItemError.model_validate(result.error.to_body()["error"])
+        return ReservationBatchItem(status=result.status, error=error)
+    return ReservationBatchItem(status=result.status, reservation=result.reservation)
 
 
 @router.post(
@@ -70,13 +76,13 @@ async def create_reservation_batch(
     body: ReservationBatchRequest,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> ReservationBatch:
     """Create 1 to 256 reservations in one call. Each item is independent (own idempotencyKey,
     authorization, quota): the answer lists ``{status, reservation | error}`` per item, in order, and
     an item's error changes nothing for it nor for the others."""
     items = [_checked(principal, i, item) for i, item in enumerate(body.items)]
     results = await bulk.create_batch(svc.engine, svc.cache, svc.capacity, items)
-    return {"items": [_answer(r) for r in results]}
+    return ReservationBatch(items=[_answer(r) for r in results])
 
 
 @router.api_route(

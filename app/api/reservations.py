@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from app.answers.reservations import Preview, Reservation, ReservationList, ReservationStatus
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses, unsatisfiable
-from app.api.paging import CURSOR_QUERY, cursor_key, envelope, time_then_id
+from app.api.paging import CURSOR_QUERY, cursor_key, encode_cursor, time_then_id
 from app.capacity.queue import worker as svc_queue
-from app.capacity.reservations import service as svc_reservations
+from app.capacity.reservations import preview as svc_preview
+from app.capacity.reservations import reads as svc_reads
+from app.capacity.reservations import release as svc_release
 from app.capacity.reservations.access import authorized_reservation_tenant
 from app.iam.authorize import authorize
 from app.placement.request import ReservationRequest
@@ -31,10 +31,10 @@ async def preview(
     body: ReservationRequest,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> Preview:
     """The placement pipeline without the commit: ``{fits, candidates, reason?}``."""
     authorize(principal, "compute:capacity:read", f"pool:{body.poolId}", tenant=body.tenantId)
-    return await svc_reservations.preview(svc.engine, svc.cache, svc.capacity, body)
+    return await svc_preview.preview(svc.engine, svc.cache, svc.capacity, body)
 
 
 @router.post(
@@ -60,7 +60,7 @@ async def create_reservation(
     response: Response,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> Reservation:
     """Reserve now: ``placed`` with allocations, or ``pending`` with an Unschedulable condition; with
     the pool-lease placer ``queued`` (202) until a batch worker decides it. A request the pool could
     never hold is 422 (INVALID_INPUT or UNSATISFIABLE; docs/api.md, "Checked at intake"). A retry
@@ -69,7 +69,7 @@ async def create_reservation(
     view, created = await svc_queue.create(svc.engine, svc.cache, svc.capacity, body)
     if not created:
         response.status_code = 200
-    elif view["status"] == "queued":
+    elif view.status == ReservationStatus.queued:
         response.status_code = 202
     return view
 
@@ -92,7 +92,7 @@ async def get_reservation(
     ),
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> Reservation:
     """The reservation; with ``waitSeconds`` a queued one is answered once a batch worker decided it
     (or when the wait is over, still queued)."""
     if waitSeconds > 0:  # the long-poll authorizes on the row it reads: one read, not two
@@ -101,7 +101,7 @@ async def get_reservation(
     tenant = await authorized_reservation_tenant(
         svc.engine, principal, reservation_id, "compute:reservations:read"
     )
-    return await svc_reservations.get_reservation(svc.engine, reservation_id, tenant)
+    return await svc_reads.get_reservation(svc.engine, reservation_id, tenant)
 
 
 @router.get(
@@ -118,13 +118,14 @@ async def list_reservations(
     cursor: str | None = CURSOR_QUERY,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> ReservationList:
     """A page of reservations, newest first; pass ``nextCursor`` as ``cursor`` for the next page."""
     tenant = tenantId or principal.tenant_id
     authorize(principal, "compute:reservations:read", f"tenant:{tenant}" if tenant else "*")
     after = None if cursor is None else cursor_key(cursor, "reservations", time_then_id)
-    page = await svc_reservations.list_reservations(svc.engine, tenant, status, limit, after)
-    return envelope(page, "reservations")
+    page = await svc_reads.list_reservations(svc.engine, tenant, status, limit, after)
+    following = None if page.next is None else encode_cursor("reservations", *page.next)
+    return ReservationList(items=page.items, nextCursor=following)
 
 
 @router.post(
@@ -136,8 +137,8 @@ async def list_reservations(
 )
 async def release_reservation(
     reservation_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> dict[str, Any]:
+) -> Reservation:
     tenant = await authorized_reservation_tenant(
         svc.engine, principal, reservation_id, "compute:reservations:release"
     )
-    return await svc_reservations.release_reservation(svc.engine, reservation_id, tenant)
+    return await svc_release.release_reservation(svc.engine, reservation_id, tenant)

@@ -1,14 +1,19 @@
 """The one home of a reservation's conditions made by the capacity service (docs/architecture.md, "Reservation
-lifecycle"): ``{type, status: "True", reason, message}``. ``Unschedulable`` (its reasons, and how a newer
-one replaces the one before), ``Ended`` (``WindowEnded``, ``WindowPassed``) and ``Released``
-(``ReleaseRequested``) are made here;
-``Scheduled`` by the wake (:mod:`app.capacity.controllers.wake`) and ``Repaired`` by BookingRepair
-(:mod:`app.capacity.controllers.repair`) carry fields of their own.
+lifecycle"): each is a :class:`~app.answers.reservations.Condition`, ``{type, status: "True", reason,
+message}`` plus the fields of its kind. ``Unschedulable`` (its reasons, and how a newer one replaces the
+one before), ``Ended`` (``WindowEnded``, ``WindowPassed``) and ``Released`` (``ReleaseRequested``) are
+made here; ``Scheduled`` by the wake (:mod:`app.capacity.controllers.wake`), ``Repaired`` by
+BookingRepair (:mod:`app.capacity.controllers.repair`) and ``Preempted`` by spot preemption
+(:mod:`app.capacity.placing.preemption`) carry fields of their own.
 
 ``{type: Unschedulable, status: "True", reason, message}``, ``reason`` being ``NoFit`` (nothing fits: the
 message is the pending summary of :mod:`app.placement.summary`, or the lost races of the placer) or
 ``QuotaExceeded`` (it fits, but the tenant's quota does not hold now). A reservation carries at most one;
 a newer one replaces it, and a placement turns it ``False`` (:mod:`app.capacity.controllers.wake`).
+
+Stored form: ``reservations.conditions`` holds the list as JSON objects with the fields each condition
+was made with (:func:`stored`; a Repaired condition's ``newNodeId: null`` is kept, absent fields stay
+absent), read back by :func:`from_stored`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
+
+from app.answers.reservations import Condition
 
 UNSCHEDULABLE = "Unschedulable"
 NO_FIT = "NoFit"
@@ -27,46 +34,65 @@ RELEASED = "Released"
 RELEASE_REQUESTED = "ReleaseRequested"
 
 
-def condition(kind: str, reason: str, message: str) -> dict[str, Any]:
-    """``{type: kind, status: "True", reason, message}``."""
-    return {"type": kind, "status": "True", "reason": reason, "message": message}
+def condition(kind: str, reason: str, message: str, **fields: Any) -> Condition:
+    """``{type: kind, status: "True", reason, message, **fields}`` (``fields``: the kind's own, e.g.
+    ``at``; only those given are set, and shown)."""
+    return Condition(type=kind, status="True", reason=reason, message=message, **fields)
 
 
-def unschedulable_condition(reason: str, message: str) -> dict[str, Any]:
+def stored(conditions: Iterable[Condition]) -> list[dict[str, Any]]:
+    """``conditions`` as ``reservations.conditions`` stores them: JSON objects of the fields set."""
+    return [c.model_dump(exclude_unset=True) for c in conditions]
+
+
+def from_stored(conditions: Iterable[dict[str, Any]] | None) -> list[Condition]:
+    """The conditions of a ``reservations.conditions`` value (None: none)."""
+    return [Condition.model_validate(c) for c in conditions or ()]
+
+
+def appended(conditions: Iterable[dict[str, Any]] | None, *new: Condition) -> list[dict[str, Any]]:
+    """A stored ``reservations.conditions`` value with ``new`` added last, in stored form."""
+    return [*(conditions or ()), *stored(new)]
+
+
+def unschedulable_condition(reason: str, message: str) -> Condition:
     """``{type: Unschedulable, status: "True", reason, message}``."""
     return condition(UNSCHEDULABLE, reason, message)
 
 
-def no_fit_conditions(message: str) -> list[dict[str, Any]]:
+def no_fit_conditions(message: str) -> list[Condition]:
     """The conditions of a request stored ``pending``: one Unschedulable condition, reason ``NoFit``,
     with ``message`` (the planner's reason text)."""
     return [unschedulable_condition(NO_FIT, message)]
 
 
-def ended_condition(end: datetime) -> dict[str, Any]:
+def quota_exceeded_conditions(message: str) -> list[Condition]:
+    """The conditions of a request that fits but whose charge the tenant's quota refused: one
+    Unschedulable condition, reason ``QuotaExceeded``, with ``message`` (the refusal's)."""
+    return [unschedulable_condition(QUOTA_EXCEEDED, message)]
+
+
+def ended_condition(end: datetime) -> Condition:
     """The condition of a placed reservation whose window is over."""
     return condition(ENDED, WINDOW_ENDED, f"the window ended at {end.isoformat()}")
 
 
-def window_passed_condition(start: datetime) -> dict[str, Any]:
+def window_passed_condition(start: datetime) -> Condition:
     """The condition of a pending reservation whose explicit start passed before it could be placed."""
     return condition(
         ENDED, WINDOW_PASSED, f"the start {start.isoformat()} passed while the reservation was pending"
     )
 
 
-def released_condition(at: datetime, status_before: str) -> dict[str, Any]:
+def released_condition(at: datetime, status_before: str) -> Condition:
     """The condition of a reservation released by ``POST /v1/reservations/{id}/release`` at ``at`` (the
     database clock), while it was ``status_before`` (placed, pending or queued); docs/lifecycle.md."""
-    return {
-        **condition(RELEASED, RELEASE_REQUESTED, f"released at {at.isoformat()} while {status_before}"),
-        "at": at.isoformat(),
-    }
+    return condition(
+        RELEASED, RELEASE_REQUESTED, f"released at {at.isoformat()} while {status_before}", at=at.isoformat()
+    )
 
 
-def with_unschedulable(
-    conditions: Iterable[dict[str, Any]], reason: str, message: str
-) -> list[dict[str, Any]]:
+def with_unschedulable(conditions: Iterable[Condition], reason: str, message: str) -> list[Condition]:
     """``conditions`` with their Unschedulable condition replaced by this one (last)."""
-    kept = [c for c in conditions if c.get("type") != UNSCHEDULABLE]
+    kept = [c for c in conditions if c.type != UNSCHEDULABLE]
     return [*kept, unschedulable_condition(reason, message)]

@@ -1,7 +1,9 @@
-"""The answer shapes of reservations: the ``Reservation`` and ``Allocation`` views the API shows, built
-from stored rows (:func:`row_view`, :func:`reservation_view`, :func:`read_view`, one prepared statement)
-or from what a create or batch just wrote (:func:`placed_view`, :func:`committed_view`). Views are
-camelCase dicts (the OpenAPI ``Reservation`` schema); no visibility checks here. docs/lifecycle.md.
+"""The answers of reservations: the :class:`~app.answers.reservations.Reservation` and
+:class:`~app.answers.reservations.Allocation` models the API shows, built from stored rows
+(:func:`row_view`, :func:`reservation_view`, :func:`read_view`, one prepared statement) or from what a
+create or batch just wrote (:func:`placed_view`, :func:`committed_view`). A view sets exactly the fields
+its answer shows (routes serialise with ``exclude_unset``: a create's ``warnings`` only when intake had
+any, :func:`with_warnings`). No visibility checks here. docs/lifecycle.md.
 """
 
 from __future__ import annotations
@@ -9,12 +11,15 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.answers.reservations import Allocation, Condition, Preview, Reservation, ReservationSpec
+from app.answers.statuses import ReservationStatus
 from app.capacity.commit.shapes import Committed
+from app.capacity.conditions import from_stored
 from app.capacity.placing.batch import BatchEntry
 from app.capacity.placing.inline import Placed
 from app.capacity.queue.intake import Decision
@@ -30,60 +35,59 @@ def placed_view(
     reservation_id: str,
     spec: dict[str, Any],
     created_at: datetime,
-    allocs: list[dict[str, Any]],
-    conditions: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+    allocs: list[Allocation],
+    conditions: list[Condition] | None = None,
+) -> Reservation:
     """The view of a reservation just placed, from what the create wrote (what :func:`row_view` would read
     back: the commit marked the row ``placed``, with no conditions or, after a preemption, the
-    preemptor's ``Preempted`` condition)."""
-    return {
-        "id": reservation_id,
-        "tenantId": body.tenantId,
-        "poolId": body.poolId,
-        "status": "placed",
-        "idempotencyKey": body.idempotencyKey,
-        "spec": spec,
-        "allocations": allocs,
-        "conditions": conditions or [],
-        "createdAt": created_at.isoformat(),
-        "releasedAt": None,
-    }
+    preemptor's ``Preempted`` condition). ``spec``: the stored spec (``body.spec()``)."""
+    return Reservation(
+        id=reservation_id,
+        tenantId=body.tenantId,
+        poolId=body.poolId,
+        status=ReservationStatus.placed,
+        idempotencyKey=body.idempotencyKey,
+        spec=ReservationSpec.model_validate(spec),
+        allocations=allocs,
+        conditions=conditions or [],
+        createdAt=created_at.isoformat(),
+        releasedAt=None,
+    )
 
 
-def committed_view(a: Committed, request: PlacementRequest) -> dict[str, Any]:
-    """The view of an allocation just written (what :func:`read_allocations` would read back)."""
+def committed_view(a: Committed, request: PlacementRequest) -> Allocation:
+    """The view of an allocation just written (what :func:`read_allocations` would read back); scalar
+    amounts whole as integers (:func:`app.jsonnum.num`)."""
     assert request.start is not None and request.end is not None
-    return {
-        "id": a.allocation_id,
-        "nodeId": a.node_id,
-        "atoms": list(a.atoms),
-        "resources": {k: num(Decimal(v)) for k, v in a.resources.items()},
-        "start": request.start.isoformat(),
-        "end": request.end.isoformat(),
-        "releasedAt": None,
-    }
+    return Allocation(
+        id=a.allocation_id,
+        nodeId=a.node_id,
+        atoms=list(a.atoms),
+        resources={k: num(Decimal(v)) for k, v in a.resources.items()},
+        start=request.start.isoformat(),
+        end=request.end.isoformat(),
+        releasedAt=None,
+    )
 
 
 def allocation_view(
     allocation_id: str, node_id: str, atoms: Any, resources: Any, during: Any, released_at: Any
-) -> dict[str, Any]:
-    """An allocation as the API shows it (``Allocation``), from its stored columns."""
-    return {
-        "id": allocation_id,
-        "nodeId": node_id,
-        "atoms": list(atoms),
-        "resources": {k: num(Decimal(v)) for k, v in (resources or {}).items()},
-        "start": during.lower.isoformat(),
-        "end": during.upper.isoformat(),
-        "releasedAt": released_at.isoformat() if released_at else None,
-    }
+) -> Allocation:
+    """An allocation as the API shows it, from its stored columns (``during``: the ``tstzrange``)."""
+    return Allocation(
+        id=allocation_id,
+        nodeId=node_id,
+        atoms=list(atoms),
+        resources={k: num(Decimal(v)) for k, v in (resources or {}).items()},
+        start=during.lower.isoformat(),
+        end=during.upper.isoformat(),
+        releasedAt=released_at.isoformat() if released_at else None,
+    )
 
 
-async def read_allocations(
-    conn: AsyncConnection, reservation_ids: list[str]
-) -> dict[str, list[dict[str, Any]]]:
+async def read_allocations(conn: AsyncConnection, reservation_ids: list[str]) -> dict[str, list[Allocation]]:
     """Allocation views by reservation id for ``reservation_ids``, in creation order (one statement)."""
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    out: dict[str, list[Allocation]] = defaultdict(list)
     if not reservation_ids:
         return out
     rows = (
@@ -122,7 +126,7 @@ READ_VIEW = Prepared(
 )
 
 
-async def read_view(conn: AsyncConnection, reservation_id: str) -> dict[str, Any] | None:
+async def read_view(conn: AsyncConnection, reservation_id: str) -> Reservation | None:
     """The view of a reservation (``Reservation``: the row and its allocations) in one statement
     (:data:`READ_VIEW`, prepared), None when there is none. No visibility check: callers authorize on
     its ``tenantId``."""
@@ -137,33 +141,49 @@ async def read_view(conn: AsyncConnection, reservation_id: str) -> dict[str, Any
     return row_view(rows[0], allocs)
 
 
-def row_view(row: Any, allocs: list[dict[str, Any]]) -> dict[str, Any]:
-    """A ``Reservation`` view from a ``reservations`` row and its allocation views."""
-    return {
-        "id": row.id,
-        "tenantId": row.tenant_id,
-        "poolId": row.pool_id,
-        "status": row.status,
-        "idempotencyKey": row.idempotency_key,
-        "spec": row.spec,
-        "allocations": allocs,
-        "conditions": row.conditions or [],
-        "createdAt": row.created_at.isoformat(),
-        "releasedAt": row.released_at.isoformat() if row.released_at else None,
-    }
+def row_view(row: Any, allocs: list[Allocation]) -> Reservation:
+    """A ``Reservation`` view from a ``reservations`` row and its allocation views (the stored spec and
+    conditions read as models)."""
+    return _reservation(row, allocs, row.status, from_stored(row.conditions))
 
 
-async def reservation_view(conn: AsyncConnection, row: Any) -> dict[str, Any]:
+def _reservation(row: Any, allocs: list[Allocation], status: str, conditions: list[Condition]) -> Reservation:
+    """A ``Reservation`` of ``row`` with this status and these conditions."""
+    return Reservation(
+        id=row.id,
+        tenantId=row.tenant_id,
+        poolId=row.pool_id,
+        status=status,
+        idempotencyKey=row.idempotency_key,
+        spec=ReservationSpec.model_validate(row.spec),
+        allocations=allocs,
+        conditions=conditions,
+        createdAt=row.created_at.isoformat(),
+        releasedAt=row.released_at.isoformat() if row.released_at else None,
+    )
+
+
+async def reservation_view(conn: AsyncConnection, row: Any) -> Reservation:
     """A ``Reservation`` view from a ``reservations`` row, its allocations read (one statement)."""
     allocs = await read_allocations(conn, [row.id])
     return row_view(row, allocs.get(row.id, []))
 
 
-def decided_view(row: Any, decision: Decision, entry: BatchEntry | None) -> dict[str, Any]:
+def decided_view(row: Any, decision: Decision, entry: BatchEntry | None) -> Reservation:
     """The view of a reservation a batch decided (what :func:`read_view` reads back after COMMIT): the
     claimed row with the decision's status and conditions and, when placed, the allocations the batch
     wrote."""
-    allocs: list[dict[str, Any]] = []
+    allocs: list[Allocation] = []
     if decision.status == "placed" and entry is not None and isinstance(entry.outcome, Placed):
         allocs = [committed_view(a, entry.request) for a in entry.outcome.allocations]
-    return {**row_view(row, allocs), "status": decision.status, "conditions": decision.conditions}
+    return _reservation(row, allocs, decision.status, decision.conditions)
+
+
+Warned = TypeVar("Warned", Reservation, Preview)
+
+
+def with_warnings(answer: Warned, warnings: tuple[str, ...]) -> Warned:
+    """``answer`` with ``warnings`` set when intake had any (selector keys no device or node of the pool
+    carries; a create's or a preview's answer only, never stored), else ``answer`` as it is (no
+    ``warnings`` field shown)."""
+    return answer.model_copy(update={"warnings": list(warnings)}) if warnings else answer

@@ -11,7 +11,7 @@ import httpx
 from sqlalchemy import event
 
 from app.capacity.commit.single import lock_statement, write_statement
-from app.capacity.reservations.service import INSERT_RESERVATION
+from app.capacity.reservations.create import INSERT_RESERVATION
 from tests.factories import add_node, gpu_node, make_pool, reservation
 
 

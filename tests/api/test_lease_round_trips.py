@@ -18,10 +18,12 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.answers.reservations import Reservation, ReservationSpec
+from app.answers.statuses import ReservationStatus
 from app.capacity.controllers.wake import WakeController
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.queue import worker as queue
-from app.capacity.queue.decided import decided_payloads, parse_decided
+from app.capacity.queue.decided import decided_payloads, parse_decided, read_view_json
 from tests.api.test_authorization import build_world
 from tests.conftest import ADMIN_KEY, settings_for
 from tests.factories import add_node, gpu_node, make_pool, reservation
@@ -167,15 +169,42 @@ async def test_a_bare_id_wakes_the_long_poll_which_reads(
     poll.cancel()
 
 
+def _padded_view(reservation_id: str, pad: int) -> Reservation:
+    """A placed reservation whose idempotency key is ``pad`` characters long."""
+    spec = ReservationSpec(
+        tenantId="t",
+        poolId="p",
+        devices=[],
+        resources={"cpu": 2},
+        start=None,
+        duration="1h",
+        binding="device",
+        gang=None,
+        spot=False,
+    )
+    return Reservation(
+        id=reservation_id,
+        tenantId="t",
+        poolId="p",
+        status=ReservationStatus.placed,
+        idempotencyKey="k" * pad,
+        spec=spec,
+        allocations=[],
+        conditions=[],
+        createdAt="2026-12-01T12:00:00+00:00",
+        releasedAt=None,
+    )
+
+
 def test_decided_payloads_stay_under_the_limit_and_parse_back() -> None:
-    views = [{"id": f"res_{i:03}", "status": "placed", "pad": "x" * 300} for i in range(40)]
-    views.append({"id": "res_huge", "status": "placed", "pad": "x" * 9000})
+    views = [_padded_view(f"res_{i:03}", 300) for i in range(40)]
+    views.append(_padded_view("res_huge", 9000))
     payloads = decided_payloads(views, limit=2000)
     assert len(payloads) > 1 and all(len(p.encode()) < 2000 for p in payloads)
     lines = [line for p in payloads for line in parse_decided(p)]
-    assert [rid for rid, _ in lines] == [v["id"] for v in views]
+    assert [rid for rid, _ in lines] == [v.id for v in views]
     assert lines[-1] == ("res_huge", "")  # too long: the bare id
-    assert all(text for _, text in lines[:-1])
+    assert [read_view_json(text) for _, text in lines[:-1]] == views[:-1]
 
 
 async def test_the_long_poll_is_authorized_as_the_plain_get(

@@ -15,7 +15,7 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity.controllers.lifecycle import end_reservations
-from app.capacity.reservations.service import release_reservation
+from app.capacity.reservations.release import release_reservation
 from tests.factories import add_node, gpu_node, make_pool, reservation
 
 SECOND = timedelta(seconds=1)

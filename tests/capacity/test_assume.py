@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.capacity.config import CapacityConfig
 from app.capacity.placing.inline import Placed, place_inline
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import create_reservation
+from app.capacity.reservations.create import create_reservation
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
@@ -57,7 +57,7 @@ async def test_a_second_plan_avoids_atoms_being_committed(clean_db: AsyncEngine)
     resume.set()
     placed = await task
     assert isinstance(placed, Placed) and placed.allocations[0].node_id == views[0].id
-    assert second["status"] == "placed" and second["allocations"][0]["nodeId"] == views[1].id
+    assert second.status == "placed" and second.allocations[0].nodeId == views[1].id
     assert attempts == [1]  # the first never lost a race: the second planned around it
     for token in placed.assumptions:
         cache.forget(pool, token)

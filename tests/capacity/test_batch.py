@@ -184,8 +184,8 @@ async def _queue(
             }
         )
         view, created = await queue.create(engine, cache, config, body)
-        assert created and view["status"] == "queued"
-        ids.append(view["id"])
+        assert created and view.status == "queued"
+        ids.append(view.id)
     return ids
 
 

@@ -187,7 +187,7 @@ async def test_the_workers_consecutive_batches_read_once_and_a_failed_batch_read
         {"tenantId": "acme", "poolId": pool, "devices": [{"class": "gpu", "count": 1}], "duration": "1h"}
         | {"idempotencyKey": "one-more"}
     )
-    more = [(await queue.create(engine, cache, config, body))[0]["id"]]
+    more = [(await queue.create(engine, cache, config, body))[0].id]
     monkeypatch.setattr(queue, "decide", fail)
     with pytest.raises(RuntimeError):
         await queue.work_batch(engine, cache, config, pool, worker._warm[pool])

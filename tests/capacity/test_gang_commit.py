@@ -11,7 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.capacity.config import CapacityConfig
 from app.capacity.placing.inline import Pending, Placed, place_inline
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import create_reservation, release_reservation
+from app.capacity.reservations.create import create_reservation
+from app.capacity.reservations.release import release_reservation
 from app.inventory import service as inventory
 from app.placement.model import DeviceRequest, Gang, PlacementRequest
 from app.placement.options import SchedulerOptions
@@ -54,20 +55,20 @@ async def test_a_gang_is_placed_whole_and_released_whole(clean_db: AsyncEngine) 
         }
     )
     view, _ = await create_reservation(engine, PoolCache(), CapacityConfig(SchedulerOptions()), body)
-    assert view["status"] == "placed" and len(view["allocations"]) == 3
-    assert {a["nodeId"] for a in view["allocations"]} == {by_name[n] for n in ("gb1", "gb2", "gb3")}
+    assert view.status == "placed" and len(view.allocations) == 3
+    assert {a.nodeId for a in view.allocations} == {by_name[n] for n in ("gb1", "gb2", "gb3")}
     assert await _scalar(engine, "SELECT count(*) FROM device_bookings") == 12
     assert await held_now(engine, "quota_holdings", "resource = 'gpu'") == 12
     assert await held_now(engine, "quota_holdings", "resource = 'cpu'") == 6
     # a second gang of 3 cannot fit in rack a (2 nodes): pending, and nothing is held
     again = body.model_copy(update={"idempotencyKey": "gang-2"})
     pending, _ = await create_reservation(engine, PoolCache(), CapacityConfig(SchedulerOptions()), again)
-    assert pending["status"] == "pending"
-    assert pending["conditions"][0]["message"].endswith(
+    assert pending.status == "pending"
+    assert pending.conditions[0].message.endswith(
         "gang: 3 members need 3 nodes with the same rack, 2 fit (best rack=a: 2)"
     )
-    released = await release_reservation(engine, view["id"], None)
-    assert released["status"] == "released"
+    released = await release_reservation(engine, view.id, None)
+    assert released.status == "released"
     # cut at the release instant: nothing is booked or held from then on
     assert await _scalar(engine, "SELECT count(*) FROM device_bookings WHERE upper(during) > now()") == 0
     assert await held_now(engine, "quota_holdings") == 0

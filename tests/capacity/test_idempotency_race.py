@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import create_reservation
+from app.capacity.reservations.create import create_reservation
 from app.errors import IdempotencyKeyReused
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
@@ -37,10 +37,10 @@ async def test_concurrent_creates_with_one_key_make_one_reservation(clean_db: As
     results = await asyncio.gather(
         *(create_reservation(engine, cache, config, _body(pool, 2, "same-key")) for _ in range(16))
     )
-    ids = {view["id"] for view, _ in results}
+    ids = {view.id for view, _ in results}
     assert len(ids) == 1
     assert sum(1 for _, created in results if created) == 1
-    assert all(view["status"] == "placed" for view, _ in results)
+    assert all(view.status == "placed" for view, _ in results)
     async with engine.connect() as conn:
         assert (await conn.exec_driver_sql("SELECT count(*) FROM reservations")).scalar_one() == 1
         assert (await conn.exec_driver_sql("SELECT count(*) FROM device_bookings")).scalar_one() == 2
@@ -60,8 +60,8 @@ async def test_concurrent_creates_with_one_key_and_other_bodies_conflict(clean_d
     winners = [o for o in outcomes if not isinstance(o, BaseException)]
     losers = [o for o in outcomes if isinstance(o, BaseException)]
     assert all(isinstance(e, IdempotencyKeyReused) for e in losers), losers
-    assert len({view["id"] for view, _ in winners}) == 1
-    [count] = {len(view["allocations"][0]["atoms"]) for view, _ in winners}
+    assert len({view.id for view, _ in winners}) == 1
+    [count] = {len(view.allocations[0].atoms) for view, _ in winners}
     assert len(losers) == 6 and len(winners) == 6  # the six with the winner's body got its reservation
     async with engine.connect() as conn:
         booked = (await conn.execute(sa.text("SELECT count(*) FROM device_bookings"))).scalar_one()

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.answers.inventory import Node
+from app.answers.reservations import Reservation
 from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import create_reservation
+from app.capacity.reservations.create import create_reservation
 from app.db.tables import allocations, device_bookings
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, TaintBody
@@ -79,7 +79,7 @@ async def test_nothing_lands_after_a_committed_change(clean_db: AsyncEngine, kin
     rng = random.Random(kind)
     frozen: dict[str, set[str]] = {}
 
-    async def client(i: int) -> dict[str, Any]:
+    async def client(i: int) -> Reservation:
         await asyncio.sleep(rng.random() * 0.05)
         view, _ = await create_reservation(engine, cache, config, _body(pool, i))
         return view
@@ -91,10 +91,11 @@ async def test_nothing_lands_after_a_committed_change(clean_db: AsyncEngine, kin
         frozen["after"] = await _taken(engine, pool, None if kind == "archive" else target.id)
 
     results = await asyncio.gather(*(client(i) for i in range(CLIENTS)), change())
-    views_out = [r for r in results if isinstance(r, dict)]
+    views_out = [r for r in results if isinstance(r, Reservation)]
+    assert len(views_out) == CLIENTS
     final = await _taken(engine, pool, None if kind == "archive" else target.id)
     assert final == frozen["after"], f"{kind}: placements landed after the change committed"
-    assert all(v["status"] in ("placed", "pending") for v in views_out)
+    assert all(v.status in ("placed", "pending") for v in views_out)
     async with engine.connect() as conn:  # and nothing double-booked along the way
         overlaps = (
             await conn.execute(
@@ -107,8 +108,8 @@ async def test_nothing_lands_after_a_committed_change(clean_db: AsyncEngine, kin
         ).scalar_one()
         booked = (await conn.execute(sa.select(sa.func.count()).select_from(device_bookings))).scalar_one()
     assert overlaps == 0
-    assert booked == sum(1 for v in views_out if v["status"] == "placed")
-    reasons = {v["conditions"][0]["message"].split(":")[0] for v in views_out if v["status"] == "pending"}
+    assert booked == sum(1 for v in views_out if v.status == "placed")
+    reasons = {v.conditions[0].message.split(":")[0] for v in views_out if v.status == "pending"}
     # a pending answer is the archive, the change, or a full pool after a lost race, never an error
     assert reasons <= {
         "the pool is archived",

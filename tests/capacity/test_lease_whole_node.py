@@ -21,7 +21,7 @@ from app.capacity.config import CapacityConfig
 from app.capacity.controllers import repair
 from app.capacity.placing.inline import Pending, place_inline
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import create_reservation
+from app.capacity.reservations.create import create_reservation
 from app.inventory.schemas import NodeCreate
 from app.placement.model import DeviceRequest, PlacementRequest
 from app.placement.options import SchedulerOptions
@@ -198,7 +198,7 @@ async def _race_round(
         request = ReservationRequest.model_validate({**body, **extra})
         # a cache per racer: no assumption of another racer's plan keeps the race from the guarded commit
         view, _ = await create_reservation(engine, PoolCache(), config, request)
-        return f"{kind} {view['status']}"
+        return f"{kind} {view.status}"
 
     async def heal() -> str:
         async with engine.begin() as conn:
@@ -262,7 +262,7 @@ async def test_a_gpu_healed_and_booked_between_a_leases_plan_and_commit_makes_th
                 }
             )
             view, _ = await create_reservation(engine, PoolCache(), config, request)
-            return str(view["status"])
+            return str(view.status)
 
         others.extend(await asyncio.gather(*(device(i) for i in range(3))))
 

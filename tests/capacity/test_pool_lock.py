@@ -20,11 +20,12 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.answers.inventory import Node
+from app.answers.reservations import Reservation
 from app.capacity.config import CapacityConfig
 from app.capacity.placing.batch import BatchEntry, BatchOptions, place_batch
 from app.capacity.placing.inline import Pending, Placed
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import create_reservation
+from app.capacity.reservations.create import create_reservation
 from app.db.tables import allocations, device_bookings, nodes, quota_holdings, scalar_holdings
 from app.inventory import service as inventory
 from app.placement.model import Candidate, DeviceRequest, PlacementRequest
@@ -93,8 +94,8 @@ async def test_a_node_add_is_not_blocked_by_a_create_holding_its_plan(clean_db: 
     view, created = await create_reservation(
         engine, PoolCache(), config, _body(pool, "held"), before_commit=hold_plan
     )
-    assert created and view["status"] == "placed", view
-    assert len(seen) == 1 and view["allocations"][0]["nodeId"] == seen[0].node_id
+    assert created and view.status == "placed", view
+    assert len(seen) == 1 and view.allocations[0].nodeId == seen[0].node_id
     assert added[0].name == "late"
     async with engine.connect() as conn:
         names = (await conn.execute(sa.select(nodes.c.name).where(nodes.c.pool_id == pool))).scalars()
@@ -121,12 +122,12 @@ async def test_an_archive_between_plan_and_commit_answers_as_an_archived_pool(cl
     assert created and planned == [1]  # it had planned: the archive came between plan and commit
     # the answer of a create on a pool archived before it, field for field (but its own id and key)
     before, _ = await create_reservation(engine, PoolCache(), config, _body(pool, "after"))
-    volatile = ("id", "idempotencyKey", "createdAt", "spec")
-    assert {k: v for k, v in raced.items() if k not in volatile} == {
-        k: v for k, v in before.items() if k not in volatile
-    }
-    assert raced["status"] == "pending" and raced["allocations"] == []
-    assert [c["message"] for c in raced["conditions"]] == [ARCHIVED_POOL]
+    volatile = {"id", "idempotencyKey", "createdAt", "spec"}
+    assert raced.model_dump(exclude=volatile, exclude_unset=True) == before.model_dump(
+        exclude=volatile, exclude_unset=True
+    )
+    assert raced.status == "pending" and raced.allocations == []
+    assert [c.message for c in raced.conditions] == [ARCHIVED_POOL]
     assert await _written(engine, pool) == {"allocations": 0, "bookings": 0, "scalars": 0, "quota": 0}
 
 
@@ -202,7 +203,7 @@ async def test_creates_and_node_adds_race_without_double_booking(clean_db: Async
     cache = PoolCache()
     rng = random.Random(21)
 
-    async def client(i: int) -> dict[str, Any]:
+    async def client(i: int) -> Reservation:
         await asyncio.sleep(rng.random() * 0.05)
         view, _ = await create_reservation(engine, cache, config, _body(pool, f"race-{i}", gpus=1))
         return view
@@ -210,10 +211,10 @@ async def test_creates_and_node_adds_race_without_double_booking(clean_db: Async
     results = await asyncio.gather(*(client(i) for i in range(24)), _add_nodes(engine, pool, 6))
     views, added = results[:-1], results[-1]
     assert added == [f"n{i}" for i in range(6)]
-    placed = [v for v in views if v["status"] == "placed"]
+    placed = [v for v in views if v.status == "placed"]
     # 8 + 12 GPUs, one each: at most 20 fit (fewer when a create planned before the nodes came)
     assert 8 <= len(placed) <= 20
     for v in views:
-        assert v["status"] == "placed" or v["conditions"][0]["message"].startswith("no node fits"), v
-    atoms = [a for v in placed for alloc in v["allocations"] for a in alloc["atoms"]]
+        assert v.status == "placed" or v.conditions[0].message.startswith("no node fits"), v
+    atoms = [a for v in placed for alloc in v.allocations for a in alloc.atoms]
     assert len(atoms) == len(set(atoms)) == (await _written(engine, pool))["bookings"]

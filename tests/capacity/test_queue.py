@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.queue import worker as queue
-from app.capacity.reservations.service import create_reservation
+from app.capacity.reservations.create import create_reservation
 from app.capacity.views import read_view, reservation_view
 from app.db import locks
 from app.db.tables import reservations
@@ -84,9 +84,9 @@ async def test_the_enqueue_answers_retries_and_unknown_pools(clean_db: AsyncEngi
     pool, _ = await make_pool_with_nodes(engine, [node_body("e0", 8)])
     cache, config = PoolCache(), _config()
     view, created = await queue.create(engine, cache, config, _body(pool, "k1"))
-    assert created and view["status"] == "queued" and view["allocations"] == []
+    assert created and view.status == "queued" and view.allocations == []
     again, created = await queue.create(engine, cache, config, _body(pool, "k1"))
-    assert not created and again["id"] == view["id"] and again["status"] == "queued"
+    assert not created and again.id == view.id and again.status == "queued"
     with pytest.raises(IdempotencyKeyReused):
         await queue.create(engine, cache, config, _body(pool, "k1", gpus=2))
     with pytest.raises(NotFound):
@@ -104,11 +104,11 @@ async def test_the_one_statement_view_is_the_view_of_two_reads(clean_db: AsyncEn
     placed, _ = await create_reservation(engine, cache, config, body)
     queued, _ = await queue.create(engine, cache, config, _body(pool, "v2"))
     async with engine.connect() as conn:
-        for rid in (placed["id"], queued["id"]):
+        for rid in (placed.id, queued.id):
             row = (await conn.execute(sa.select(reservations).where(reservations.c.id == rid))).one()
             assert await read_view(conn, rid) == await reservation_view(conn, row)
         assert await read_view(conn, "res_nope") is None
-    assert placed["status"] == "placed" and len(placed["allocations"][0]["atoms"]) == 2
+    assert placed.status == "placed" and len(placed.allocations[0].atoms) == 2
 
 
 async def test_one_replica_at_a_time_plans_a_pool(clean_db: AsyncEngine) -> None:

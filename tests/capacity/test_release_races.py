@@ -7,10 +7,8 @@ then the release gets the row and cuts what is live. Its instant must come after
 transaction's ``now()`` (its BEGIN, before the wait) it came before it, and the old allocation's booking
 outlived the release.
 
-The fix belongs in ``release_reservation`` (app/capacity/reservations/service.py, edited elsewhere at the
-time): read its instant after the row lock with ``SELECT statement_timestamp()`` instead of
-``db_now`` (``now()``). Until then this test is a strict xfail: it fails loudly once the fix lands, so
-the mark goes with it.
+``release_reservation`` (app/capacity/reservations/release.py) reads its instant after the row lock with
+``SELECT statement_timestamp()``, not ``now()``.
 """
 
 from __future__ import annotations
@@ -19,14 +17,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.capacity.config import CapacityConfig
 from app.capacity.controllers.repair import SAME_NODE, repair_reservation
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import create_reservation, release_reservation
+from app.capacity.reservations.create import create_reservation
+from app.capacity.reservations.release import release_reservation
 from app.db.tables import pools
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody
@@ -65,10 +63,6 @@ async def _waiting_for_a_lock(engine: AsyncEngine, backends: int) -> None:
     raise AssertionError(f"{backends} sessions never waited for a lock")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="release_reservation cuts at now(), its BEGIN: read statement_timestamp() after the row lock",
-)
 async def test_a_release_that_waited_for_a_repair_cuts_after_it(clean_db: AsyncEngine) -> None:
     engine = clean_db
     pool, [node] = await make_pool_with_nodes(engine, [node_body("n0", 2, cpu=16)])
@@ -83,18 +77,18 @@ async def test_a_release_that_waited_for_a_repair_cuts_after_it(clean_db: AsyncE
         }
     )
     view, _ = await create_reservation(engine, cache, config, body)
-    [alloc] = view["allocations"]
+    [alloc] = view.allocations
     async with engine.begin() as conn:
-        health = HealthBody.model_validate({"devices": [{"id": alloc["atoms"][0], "healthy": False}]})
+        health = HealthBody.model_validate({"devices": [{"id": alloc.atoms[0], "healthy": False}]})
         await inventory.set_health(conn, node.id, health)
 
     async with engine.connect() as release_conn, engine.connect() as blocker:
         await release_conn.exec_driver_sql("SELECT 1")  # the release's transaction begins: its now()
         # the pool row held FOR NO KEY UPDATE: the repair stops at its cut's FOR SHARE, the row claimed
         await blocker.execute(sa.select(pools.c.id).where(pools.c.id == pool).with_for_update(key_share=True))
-        repair = asyncio.create_task(repair_reservation(engine, cache, config, view["id"]))
+        repair = asyncio.create_task(repair_reservation(engine, cache, config, view.id))
         await _waiting_for_a_lock(engine, 1)
-        release = asyncio.create_task(release_reservation(_BegunEarly(release_conn), view["id"], None))
+        release = asyncio.create_task(release_reservation(_BegunEarly(release_conn), view.id, None))
         await _waiting_for_a_lock(engine, 2)  # the release waits for the repair's row lock
         await blocker.rollback()
         [repaired] = await repair
@@ -102,7 +96,7 @@ async def test_a_release_that_waited_for_a_repair_cuts_after_it(clean_db: AsyncE
         await release_conn.commit()
 
     assert repaired.result == SAME_NODE and repaired.old_atoms != repaired.new_atoms
-    assert released["status"] == "released"
+    assert released.status == "released"
     async with engine.connect() as conn:
         rows = (await conn.exec_driver_sql(CHECKS[STILL_HOLDING])).all()
         bookings = (
@@ -111,7 +105,7 @@ async def test_a_release_that_waited_for_a_repair_cuts_after_it(clean_db: AsyncE
                     "SELECT count(*) FROM device_bookings b JOIN allocations a ON a.id = b.allocation_id "
                     "WHERE a.reservation_id = :rid AND upper(b.during) > now()"
                 ),
-                {"rid": view["id"]},
+                {"rid": view.id},
             )
         ).scalar_one()
     assert rows == [], rows

@@ -13,7 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import create_reservation, release_reservation
+from app.capacity.reservations.create import create_reservation
+from app.capacity.reservations.release import release_reservation
 from app.errors import QuotaExceeded
 from app.placement.options import SchedulerOptions
 from app.placement.request import ReservationRequest
@@ -56,10 +57,10 @@ async def test_concurrent_windows_never_overcommit_an_instant(clean_db: AsyncEng
             view, _ = await create_reservation(engine, cache, config, body)
         except QuotaExceeded:
             return "quota"
-        if view["status"] == "placed" and i % 5 == 0:  # some are released while others still race
-            await release_reservation(engine, view["id"], None, now=start + timedelta(minutes=5))
+        if view.status == "placed" and i % 5 == 0:  # some are released while others still race
+            await release_reservation(engine, view.id, None, now=start + timedelta(minutes=5))
             return "released"
-        return str(view["status"])
+        return str(view.status)
 
     outcomes = await asyncio.gather(*(one(i) for i in range(CLIENTS)))
     assert "placed" in outcomes and "pending" in outcomes, outcomes  # contention was real

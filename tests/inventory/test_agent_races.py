@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity.config import CapacityConfig
 from app.capacity.planning.snapshot import PoolCache
-from app.capacity.reservations.service import create_reservation
+from app.capacity.reservations.create import create_reservation
 from app.db.tables import allocations, devices, nodes, pool_capacity_rollup
 from app.inventory import service as inventory
 from app.inventory.hello import heartbeat, hello
@@ -58,7 +58,7 @@ async def test_hellos_and_placements_race_without_errors(clean_db: AsyncEngine) 
             }
         )
         view, _ = await create_reservation(engine, cache, config, body)
-        return view["status"]
+        return view.status
 
     jobs = [hello(engine, _hello(pool, i, rng.choice((1, 2)))) for i in range(NODES) for _ in range(3)]
     jobs += [place(k) for k in range(24)]

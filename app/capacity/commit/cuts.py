@@ -1,5 +1,5 @@
 """The one cut of allocations at an instant, shared by a release and a repair
-(:func:`app.capacity.reservations.service.free_allocations`) and a preemption's eviction
+(:func:`app.capacity.reservations.release.free_allocations`) and a preemption's eviction
 (:func:`app.capacity.placing.preemption.evict_victims`): bookings and scalar holdings that had not started by
 ``at`` are removed, those that had end there, and the allocations get ``released_at = at``.
 

@@ -24,7 +24,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.conditions import ended_condition, window_passed_condition
+from app.answers.reservations import Condition
+from app.capacity.conditions import appended, ended_condition, window_passed_condition
 from app.capacity.config import END_BATCH
 from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import db_now
@@ -96,14 +97,14 @@ async def end_passed_windows(
 
 
 async def _mark_ended(
-    conn: AsyncConnection, rows: list[tuple[str, list[dict[str, Any]] | None, dict[str, Any]]]
+    conn: AsyncConnection, rows: list[tuple[str, list[dict[str, Any]] | None, Condition]]
 ) -> None:
     """Set each claimed ``(id, conditions, ended condition)`` reservation ``ended``, the condition added."""
     for reservation_id, conditions, ended in rows:
         await conn.execute(
             sa.update(reservations)
             .where(reservations.c.id == reservation_id)
-            .values(status="ended", conditions=[*(conditions or []), ended], updated_at=sa.func.now())
+            .values(status="ended", conditions=appended(conditions, ended), updated_at=sa.func.now())
         )
 
 

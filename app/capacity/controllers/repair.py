@@ -32,14 +32,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.conditions import NO_FIT, with_unschedulable
+from app.answers.reservations import Condition
+from app.capacity.conditions import NO_FIT, appended, condition, from_stored, stored, with_unschedulable
 from app.capacity.config import CapacityConfig
 from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import Placed, db_now
 from app.capacity.placing.registry import INLINE, PlacementContext, placer
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.requests import placement_request
-from app.capacity.reservations.service import free_allocations
+from app.capacity.reservations.release import free_allocations
 from app.db.tables import allocations, device_bookings, devices, nodes, reservations
 from app.observability.metrics import REPAIRS
 from app.placement.request import ReservationRequest
@@ -48,6 +49,7 @@ from app.quota import refunds
 REPAIR_BATCH = 100
 SAME_NODE, OTHER_NODE, TO_PENDING = "same_node", "other_node", "pending"
 REPAIR_PREFIX = "repair: "
+REPAIRED = "Repaired"  # the condition type
 ATOM_UNAVAILABLE_REASON = "AtomUnavailable"
 
 
@@ -63,24 +65,23 @@ class Repair:
     new_atoms: tuple[str, ...] = ()
 
 
-def repaired_condition(at: datetime, repair: Repair, names: dict[str, str]) -> dict[str, Any]:
+def repaired_condition(at: datetime, repair: Repair, names: dict[str, str]) -> Condition:
     """The ``Repaired`` condition: old -> new atoms and nodes (node names in the message), and when."""
     old = f"{', '.join(repair.old_atoms)} on {names.get(repair.old_node_id, repair.old_node_id)}"
     if repair.new_node_id is None:
         new = "nothing (pending)"
     else:
         new = f"{', '.join(repair.new_atoms)} on {names.get(repair.new_node_id, repair.new_node_id)}"
-    return {
-        "type": "Repaired",
-        "status": "True",
-        "reason": ATOM_UNAVAILABLE_REASON,
-        "message": f"an atom turned unhealthy or unbookable: {old} -> {new}",
-        "at": at.isoformat(),
-        "oldNodeId": repair.old_node_id,
-        "oldAtoms": list(repair.old_atoms),
-        "newNodeId": repair.new_node_id,
-        "newAtoms": list(repair.new_atoms),
-    }
+    return condition(
+        REPAIRED,
+        ATOM_UNAVAILABLE_REASON,
+        f"an atom turned unhealthy or unbookable: {old} -> {new}",
+        at=at.isoformat(),
+        oldNodeId=repair.old_node_id,
+        oldAtoms=list(repair.old_atoms),
+        newNodeId=repair.new_node_id,
+        newAtoms=list(repair.new_atoms),
+    )
 
 
 async def broken_reservations(conn: AsyncConnection, limit: int = REPAIR_BATCH) -> list[str]:
@@ -206,16 +207,16 @@ async def _repair(
         [new] = outcome.allocations
         repair = Repair(row.id, result, old.node_id, tuple(old.atoms), new.node_id, tuple(new.atoms))
         values: dict[str, Any] = {
-            "conditions": [*(row.conditions or []), repaired_condition(now, repair, names)]
+            "conditions": appended(row.conditions, repaired_condition(now, repair, names))
         }
     else:
         repair = Repair(row.id, TO_PENDING, old.node_id, tuple(old.atoms))
         await refunds.drop_holdings(conn, row.id)  # a pending reservation holds nothing
-        history = [*(row.conditions or []), repaired_condition(now, repair, names)]
+        history = [*from_stored(row.conditions), repaired_condition(now, repair, names)]
         values = {
             "status": "pending",
             "ends_at": None,
-            "conditions": with_unschedulable(history, NO_FIT, REPAIR_PREFIX + outcome.reason),
+            "conditions": stored(with_unschedulable(history, NO_FIT, REPAIR_PREFIX + outcome.reason)),
         }
     await conn.execute(
         sa.update(reservations).where(reservations.c.id == row.id).values(**values, updated_at=sa.func.now())

@@ -43,8 +43,17 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.answers.reservations import Condition
 from app.capacity.commit.shapes import QuotaCharge
-from app.capacity.conditions import NO_FIT, QUOTA_EXCEEDED, UNSCHEDULABLE, with_unschedulable
+from app.capacity.conditions import (
+    NO_FIT,
+    QUOTA_EXCEEDED,
+    UNSCHEDULABLE,
+    condition,
+    from_stored,
+    stored,
+    with_unschedulable,
+)
 from app.capacity.config import CapacityConfig
 from app.capacity.controllers.listener import ListeningController
 from app.capacity.controllers.repair import REPAIR_PREFIX
@@ -66,6 +75,7 @@ WAKE_BATCH = 1000  # reservations tried per pool and wake, at most (the rest at 
 LISTENER_RETRY = 1.0  # seconds between two attempts to (re)connect the listener
 
 PLACED, STILL_PENDING, QUOTA_EXCEEDED_RESULT = "placed", "pending", "quota_exceeded"
+SCHEDULED = "Scheduled"  # the condition type
 WOKEN_REASON = "Woken"
 
 
@@ -78,22 +88,27 @@ class Woken:
     waited_seconds: float | None = None  # placed: creation -> placement
 
 
-def scheduled_condition(at: datetime, waited_seconds: float) -> dict[str, Any]:
+def scheduled_condition(at: datetime, waited_seconds: float) -> Condition:
     """The condition of a pending reservation placed by a wake, with the time it waited (seconds)."""
-    return {
-        "type": "Scheduled",
-        "status": "True",
-        "reason": WOKEN_REASON,
-        "message": f"placed after waiting {waited_seconds:.3f} s",
-        "at": at.isoformat(),
-        "waitedSeconds": round(waited_seconds, 6),
-    }
+    return condition(
+        SCHEDULED,
+        WOKEN_REASON,
+        f"placed after waiting {waited_seconds:.3f} s",
+        at=at.isoformat(),
+        waitedSeconds=round(waited_seconds, 6),
+    )
 
 
-def _placed_conditions(conditions: list[dict[str, Any]], at: datetime, waited: float) -> list[dict[str, Any]]:
-    """The conditions of a woken, placed reservation: Unschedulable turns ``False``, Scheduled is added."""
-    story = [{**c, "status": "False"} if c.get("type") == UNSCHEDULABLE else c for c in conditions]
-    return [*story, scheduled_condition(at, waited)]
+def _placed_conditions(
+    conditions: list[dict[str, Any]] | None, at: datetime, waited: float
+) -> list[dict[str, Any]]:
+    """The stored conditions of a woken, placed reservation: Unschedulable turns ``False``, Scheduled is
+    added."""
+    story = [
+        c.model_copy(update={"status": "False"}) if c.type == UNSCHEDULABLE else c
+        for c in from_stored(conditions)
+    ]
+    return stored([*story, scheduled_condition(at, waited)])
 
 
 async def _claim_next(
@@ -161,7 +176,7 @@ async def _wake_one(
         .where(reservations.c.id == row.id)
         .values(
             status="placed",
-            conditions=_placed_conditions(row.conditions or [], now, waited),
+            conditions=_placed_conditions(row.conditions, now, waited),
             ends_at=request.end,
             updated_at=sa.func.now(),
         )
@@ -172,10 +187,11 @@ async def _wake_one(
 async def _set_pending(conn: AsyncConnection, row: Any, reason: str, message: str) -> None:
     """Keep the reservation pending with its Unschedulable condition updated to the latest plan (a
     reservation a repair sent back to pending keeps saying so: ``repair: <latest summary>``)."""
-    was = next((c for c in row.conditions or [] if c.get("type") == UNSCHEDULABLE), None)
-    if was is not None and str(was.get("message", "")).startswith(REPAIR_PREFIX) and reason == NO_FIT:
+    story = from_stored(row.conditions)
+    was = next((c for c in story if c.type == UNSCHEDULABLE), None)
+    if was is not None and was.message.startswith(REPAIR_PREFIX) and reason == NO_FIT:
         message = REPAIR_PREFIX + message
-    conditions = with_unschedulable(row.conditions or [], reason, message)
+    conditions = stored(with_unschedulable(story, reason, message))
     if conditions != (row.conditions or []):
         await conn.execute(
             sa.update(reservations)

@@ -43,10 +43,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.answers.reservations import Condition
 from app.capacity.commit.lost_races import LostRace, unschedulable_after
 from app.capacity.commit.multi_row import PlannedRow, commit_rows, delete_allocations
 from app.capacity.commit.shapes import QuotaCharge
@@ -83,7 +83,7 @@ class BatchEntry:
     refused: QuotaExceeded | None = None
     lost: list[LostRace] = field(default_factory=list)
     # a placed entry's conditions (a preemptor's Preempted condition); charged: its charge rode on its commit
-    conditions: list[dict[str, Any]] = field(default_factory=list)
+    conditions: list[Condition] = field(default_factory=list)
     charged: bool = False
 
     @property

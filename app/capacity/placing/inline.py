@@ -245,3 +245,10 @@ place_woken = record_placement("wake", _result)(_place_inline)
 async def db_now(conn: AsyncConnection) -> datetime:
     """The database clock (``SELECT now()``): the default start of a request."""
     return (await conn.exec_driver_sql("SELECT now()")).scalar_one()
+
+
+async def statement_now(conn: AsyncConnection) -> datetime:
+    """The database clock as this statement starts (``SELECT statement_timestamp()``), for an instant
+    taken after a row lock: ``now()`` is the transaction's BEGIN, which may come before the instants
+    written by whoever held the row first (a release waiting for BookingRepair, docs/lifecycle.md)."""
+    return (await conn.exec_driver_sql("SELECT statement_timestamp()")).scalar_one()

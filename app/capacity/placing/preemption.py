@@ -41,10 +41,12 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.answers.reservations import Condition, Preemptible, PreemptibleCandidate
 from app.capacity.commit.cuts import cut_allocations
 from app.capacity.commit.lost_races import ATOM_UNHEALTHY, NOT_SCHEDULABLE, LostRace, booked_concurrently
 from app.capacity.commit.shapes import CommitExtras, Committed, QuotaCharge
 from app.capacity.commit.single import commit_placements
+from app.capacity.conditions import condition, stored
 from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import Placed, plan_seed
 from app.capacity.planning.snapshot import PoolCache, read_snapshot
@@ -227,31 +229,29 @@ async def claim_victims(conn: AsyncConnection, plan: PreemptionPlan, node_name: 
     return None
 
 
-def victim_condition(at: datetime) -> dict[str, Any]:
+def victim_condition(at: datetime) -> Condition:
     """The condition of a preempted spot reservation: its holdings end at ``at``."""
-    return {
-        "type": PREEMPTED,
-        "status": "True",
-        "reason": VICTIM_REASON,
-        "message": f"preempted at {at.isoformat()} by regular work; what it held ends there",
-        "at": at.isoformat(),
-    }
+    return condition(
+        PREEMPTED,
+        VICTIM_REASON,
+        f"preempted at {at.isoformat()} by regular work; what it held ends there",
+        at=at.isoformat(),
+    )
 
 
-def preemptor_condition(at: datetime, victims: tuple[SpotWork, ...], tenant_id: str) -> dict[str, Any]:
+def preemptor_condition(at: datetime, victims: tuple[SpotWork, ...], tenant_id: str) -> Condition:
     """The preemptor's condition: the victims of its own tenant by id, the others only counted."""
     visible = [v.reservation_id for v in victims if v.tenant_id == tenant_id]
     hidden = len(victims) - len(visible)
-    return {
-        "type": PREEMPTED,
-        "status": "True",
-        "reason": PREEMPTOR_REASON,
-        "message": f"placed by preempting {len(victims)} spot reservations at {at.isoformat()}"
+    return condition(
+        PREEMPTED,
+        PREEMPTOR_REASON,
+        f"placed by preempting {len(victims)} spot reservations at {at.isoformat()}"
         + (f" ({hidden} of other tenants)" if hidden else ""),
-        "at": at.isoformat(),
-        "reservationIds": visible,
-        "hiddenReservations": hidden,
-    }
+        at=at.isoformat(),
+        reservationIds=visible,
+        hiddenReservations=hidden,
+    )
 
 
 async def evict_victims(conn: AsyncConnection, plan: PreemptionPlan, at: datetime) -> None:
@@ -279,7 +279,7 @@ async def evict_victims(conn: AsyncConnection, plan: PreemptionPlan, at: datetim
         .where(reservations.c.id.in_(ids))
         .values(
             status="preempted",
-            conditions=reservations.c.conditions.op("||")(sa.literal([victim_condition(at)], JSONB)),
+            conditions=reservations.c.conditions.op("||")(sa.literal(stored([victim_condition(at)]), JSONB)),
             released_at=at,
             updated_at=sa.func.now(),
         )
@@ -333,7 +333,7 @@ class PlacedByPreemption:
 
     placed: Placed
     victims: tuple[SpotWork, ...]
-    condition: dict[str, Any]
+    condition: Condition
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,26 +401,26 @@ async def place_preempting(
 # ------------------------------------------------------------------------------------------ preview
 
 
-def preemptible_view(plan: PreemptionPlan, tenant_id: str, starts_at: datetime) -> dict[str, Any]:
+def preemptible_view(plan: PreemptionPlan, tenant_id: str, starts_at: datetime) -> Preemptible:
     """Preview's ``preemptible``: the count of victims, when the preemptor would start, the nodes and
     atoms it would take (with the victims there), and the victims' ids for the caller's tenant only
     (other tenants' victims are counted in ``hiddenReservations``, never named)."""
     visible = [v.reservation_id for v in plan.victims if v.tenant_id == tenant_id]
-    return {
-        "reservations": len(plan.victims),
-        "startsAt": starts_at.isoformat(),
-        "candidates": [
-            {
-                "nodeId": e.candidate.node_id,
-                "nodeName": e.candidate.node_name,
-                "atoms": list(e.candidate.atoms),
-                "victims": len(e.victims),
-            }
+    return Preemptible(
+        reservations=len(plan.victims),
+        startsAt=starts_at.isoformat(),
+        candidates=[
+            PreemptibleCandidate(
+                nodeId=e.candidate.node_id,
+                nodeName=e.candidate.node_name,
+                atoms=list(e.candidate.atoms),
+                victims=len(e.victims),
+            )
             for e in plan.evictions
         ],
-        "reservationIds": visible,
-        "hiddenReservations": len(plan.victims) - len(visible),
-    }
+        reservationIds=visible,
+        hiddenReservations=len(plan.victims) - len(visible),
+    )
 
 
 async def preview_preemptible(
@@ -429,7 +429,7 @@ async def preview_preemptible(
     request: PlacementRequest,
     options: SchedulerOptions,
     now: datetime,
-) -> dict[str, Any] | None:
+) -> Preemptible | None:
     """:func:`preemptible_view` of the plan a reserve would make now, or None (no plain reads beyond
     the plan's; nothing is written)."""
     assert request.start is not None

@@ -1,7 +1,7 @@
 """Reservation rows in and out for the batch paths (pool-lease queue, bulk create): the multi-row
 insert with idempotency, and the multi-row status update of decided reservations (docs/placement-rules.md;
 the inline
-create of :mod:`app.capacity.reservations.service` writes its single row itself)."""
+create of :mod:`app.capacity.reservations.create` writes its single row itself)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.answers.reservations import Condition
+from app.capacity.conditions import stored
 from app.capacity.requests import spec_hash
 from app.db.prepared import Prepared
 from app.db.tables import TS, pools, reservations
@@ -122,7 +124,7 @@ class Decision:
 
     reservation_id: str
     status: str
-    conditions: list[dict[str, Any]]
+    conditions: list[Condition]
     ends_at: datetime | None = None
 
 
@@ -157,7 +159,7 @@ def decided_params(decisions: list[Decision]) -> dict[str, Any]:
     return {
         "ids": [d.reservation_id for d in decisions],
         "statuses": [d.status for d in decisions],
-        "conditions": [json.dumps(d.conditions) for d in decisions],
+        "conditions": [json.dumps(stored(d.conditions)) for d in decisions],
         "ends_at": [d.ends_at for d in decisions],
     }
 

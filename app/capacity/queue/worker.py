@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -46,7 +45,9 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.capacity.conditions import no_fit_conditions
+from app.answers.reservations import Reservation
+from app.answers.statuses import ReservationStatus
+from app.capacity.conditions import no_fit_conditions, quota_exceeded_conditions
 from app.capacity.config import CapacityConfig
 from app.capacity.controllers.listener import ListeningController
 from app.capacity.placing.batch import BatchEntry, batch_options, place_batch
@@ -61,12 +62,12 @@ from app.capacity.placing.registry import (
 from app.capacity.planning.admission import admit
 from app.capacity.planning.shared_reads import WarmSlot
 from app.capacity.planning.snapshot import PoolCache, PoolHead
-from app.capacity.queue.decided import decided_payloads, parse_decided
+from app.capacity.queue.decided import decided_payloads, parse_decided, read_view_json
 from app.capacity.queue.intake import Decision, decided_params, decided_update
 from app.capacity.requests import check_start, placement_request, quota_amounts, spec_hash
 from app.capacity.reservations.access import reservation_named, reservation_not_found
-from app.capacity.reservations.service import create_reservation, idempotent_answer, with_warnings
-from app.capacity.views import decided_view, read_view, row_view
+from app.capacity.reservations.create import create_reservation, idempotent_answer
+from app.capacity.views import decided_view, read_view, row_view, with_warnings
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
@@ -92,7 +93,6 @@ READ = "compute:reservations:read"
 # ``status = 'queued'`` with the literal in the SQL text, so that even a generic plan of the prepared
 # statement can use the partial index ix_reservations_queued (a bound status could not prove its WHERE)
 IS_QUEUED = reservations.c.status == sa.literal_column("'queued'")
-QUOTA_EXCEEDED_REASON = "QuotaExceeded"  # as the wake-edge controller's
 
 
 def queues(config: CapacityConfig, body: ReservationRequest) -> bool:
@@ -104,7 +104,7 @@ def queues(config: CapacityConfig, body: ReservationRequest) -> bool:
 
 async def create(
     engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
-) -> tuple[dict[str, Any], bool]:
+) -> tuple[Reservation, bool]:
     """``POST /v1/reservations``: ``(view, created)``, queued with the pool-lease placer (or inline, see
     :func:`queues`). Raises NotFound (pool), IdempotencyKeyReused, InvalidInput (``start``); with the
     inline placer also QuotaExceeded. On any error nothing is written.
@@ -182,7 +182,7 @@ async def _enqueue(conn: AsyncConnection, body: ReservationRequest, spec: dict[s
     return (await ENQUEUE.run(conn, params)).first()
 
 
-async def _not_enqueued(conn: AsyncConnection, body: ReservationRequest, digest: str) -> dict[str, Any]:
+async def _not_enqueued(conn: AsyncConnection, body: ReservationRequest, digest: str) -> Reservation:
     """Why :func:`_enqueue` wrote nothing: NotFound (no such pool), IdempotencyKeyReused (the key was
     used with another body), else the view of the reservation made before with this key."""
     # SELECT id FROM pools WHERE id = :pool
@@ -257,18 +257,7 @@ def _decision(entry: BatchEntry | None, row: Any, reason: str | None = None) -> 
     if entry is None:
         return Decision(row.id, "pending", no_fit_conditions(reason or ""))
     if entry.refused is not None:
-        return Decision(
-            row.id,
-            "pending",
-            [
-                {
-                    "type": "Unschedulable",
-                    "status": "True",
-                    "reason": QUOTA_EXCEEDED_REASON,
-                    "message": entry.refused.message,
-                }
-            ],
-        )
+        return Decision(row.id, "pending", quota_exceeded_conditions(entry.refused.message))
     if isinstance(entry.outcome, Placed):
         return Decision(row.id, "placed", entry.conditions, entry.request.end)
     assert isinstance(entry.outcome, Pending)
@@ -348,7 +337,7 @@ def _decide_statement() -> Prepared:
 DECIDE = _decide_statement()
 
 
-async def decide(conn: AsyncConnection, decisions: list[Decision], views: list[dict[str, Any]]) -> None:
+async def decide(conn: AsyncConnection, decisions: list[Decision], views: list[Reservation]) -> None:
     """Write the decisions and send ``bc_decided`` carrying ``views`` (delivered at COMMIT) in one
     statement (:data:`DECIDE`, prepared; a data-modifying CTE runs whether or not it is read), as many
     notifications as NOTIFY's 8000-byte payload limit needs (:func:`decided_payloads`)."""
@@ -374,7 +363,7 @@ class _Waiter:
     (None: a bare id, read it)."""
 
     event: asyncio.Event = field(default_factory=asyncio.Event)
-    view: dict[str, Any] | None = None
+    view: Reservation | None = None
 
 
 class QueueWorker(ListeningController[str]):
@@ -409,7 +398,7 @@ class QueueWorker(ListeningController[str]):
             waiters = self._watchers.get(rid)
             if not waiters:
                 continue
-            view = json.loads(text) if text else None
+            view = read_view_json(text) if text else None
             for waiter in waiters:
                 waiter.view = view
                 waiter.event.set()
@@ -445,7 +434,7 @@ class QueueWorker(ListeningController[str]):
 
     async def wait(
         self, engine: AsyncEngine, principal: Principal, reservation_id: str, seconds: int, action: str = READ
-    ) -> dict[str, Any]:
+    ) -> Reservation:
         """``GET /v1/reservations/{id}?waitSeconds=N``: the reservation view once it is no longer
         ``queued``, or after ``seconds`` (0..30) as it is then. Raises NotFound (absent, or another
         tenant's than a tenant-scoped principal's) and Forbidden (``action`` not granted on
@@ -461,10 +450,10 @@ class QueueWorker(ListeningController[str]):
         try:
             view = await _read_view(engine, reservation_id)
             authorize_owned(
-                principal, action, view["tenantId"] if view else None, reservation_named(reservation_id)
+                principal, action, view.tenantId if view else None, reservation_named(reservation_id)
             )
             assert view is not None
-            while view["status"] == "queued":
+            while view.status == ReservationStatus.queued:
                 remaining = deadline - asyncio.get_running_loop().time()
                 if remaining <= 0:
                     break
@@ -486,7 +475,7 @@ class QueueWorker(ListeningController[str]):
                     del self._watchers[reservation_id]
 
 
-async def _read_view(engine: AsyncEngine, reservation_id: str) -> dict[str, Any] | None:
+async def _read_view(engine: AsyncEngine, reservation_id: str) -> Reservation | None:
     """:func:`~app.capacity.views.read_view` as one round trip: autocommit spares BEGIN and
     ROLLBACK."""
     async with engine.connect() as conn:

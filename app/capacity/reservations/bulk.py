@@ -4,14 +4,13 @@ docs/scaling.md), with either placer.
 Each item is independent: its own idempotency key, authorization (checked by the route before this is
 called) and quota; one item's error does not fail the others, and nothing is changed for an item that
 fails. The plain items are written, planned and committed like a pool-lease batch, in one transaction
-per call (pools in id order, :func:`app.capacity.placing.batch.place_batch`), after the whole body was read
-and
-before any answer is written: no lock is held while waiting for HTTP. Gangs and whole-node leases are
-created inline, one transaction each, after the batch.
+per call (pools in id order, :func:`app.capacity.placing.batch.place_batch`), after the whole body was
+read and before any answer is written: no lock is held while waiting for HTTP. Gangs and whole-node
+leases are created inline, one transaction each, after the batch.
 
-Per item the answer is ``(status, view | None, error | None)``: 201 created (placed or pending), 200 an
-idempotent retry, else the error's status (404 pool, 409 QUOTA_EXCEEDED / IDEMPOTENCY_KEY_REUSED, 422
-``start``) with its body.
+Per item the answer is an :class:`ItemResult` ``(status, Reservation | None, error | None)``: 201
+created (placed or pending), 200 an idempotent retry, else the error's status (404 pool, 409
+QUOTA_EXCEEDED / IDEMPOTENCY_KEY_REUSED, 422 ``start``) with its body.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.answers.reservations import Reservation
 from app.capacity.commit.lost_races import ATOM_BOOKED, LOST_RACE_SQLSTATES
 from app.capacity.conditions import no_fit_conditions
 from app.capacity.config import CapacityConfig
@@ -33,8 +33,8 @@ from app.capacity.planning.admission import admit
 from app.capacity.planning.snapshot import PoolCache, PoolHead, read_pool_head
 from app.capacity.queue.intake import Decision, Written, delete_unwritten, insert_reservations, mark_decided
 from app.capacity.requests import check_start, placement_request, quota_amounts
-from app.capacity.reservations.service import create_reservation, with_warnings
-from app.capacity.views import committed_view, reservation_view, row_view
+from app.capacity.reservations.create import create_reservation
+from app.capacity.views import committed_view, reservation_view, row_view, with_warnings
 from app.db.locks import wait_for_pool_lease
 from app.db.tx import sqlstate
 from app.errors import AppError, InvalidInput
@@ -50,7 +50,7 @@ class ItemResult:
     """One item's answer: its HTTP ``status`` and the reservation view or the error."""
 
     status: int
-    reservation: dict[str, Any] | None = None
+    reservation: Reservation | None = None
     error: AppError | None = None
 
 
@@ -191,7 +191,7 @@ def _decision(entry: BatchEntry) -> Decision:
     return Decision(entry.reservation_id, "pending", no_fit_conditions(entry.outcome.reason))
 
 
-def _placed_view(row: Any, entry: BatchEntry) -> dict[str, Any]:
+def _placed_view(row: Any, entry: BatchEntry) -> Reservation:
     allocs = (
         [committed_view(a, entry.request) for a in entry.outcome.allocations]
         if isinstance(entry.outcome, Placed)

@@ -1,0 +1,81 @@
+"""Preview a placement (``POST /v1/capacity/preview``; docs/placement-rules.md, "Previewing a
+placement"): the placement pipeline without the commit, answered as a ``Preview``. Checks neither quota
+nor writes.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.answers.reservations import Candidate, Preemptible, Preview
+from app.capacity.config import PREVIEW_CANDIDATES, CapacityConfig
+from app.capacity.placing import preemption
+from app.capacity.placing.inline import db_now
+from app.capacity.planning.admission import read_verdict, refusal
+from app.capacity.planning.plan import plan_request
+from app.capacity.planning.snapshot import PoolCache
+from app.capacity.requests import check_start, placement_request
+from app.capacity.views import with_warnings
+from app.errors import InvalidInput
+from app.placement.model import Candidate as Ranked
+from app.placement.model import Plan
+from app.placement.request import ReservationRequest
+from app.placement.summary import ARCHIVED_POOL
+
+
+async def preview(
+    engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
+) -> Preview:
+    """``{fits, candidates: [{nodeId, nodeName, atoms, score, scores}], reason?, satisfiable?, warnings?,
+    preemptible?}`` with up to 10 candidates, best first (for a gang: its members; scores rounded to 6
+    places). ``satisfiable: false``: no node of the pool as built could ever hold it (not an error here;
+    docs/api.md, "Checked at intake"). ``preemptible``: a regular request that fits only by preempting
+    spot work (:func:`~app.capacity.placing.preemption.preemptible_view`). Raises InvalidInput
+    (``start``, or a request intake refuses) and NotFound (pool)."""
+    async with engine.connect() as conn:
+        now = await db_now(conn)
+        check_start(body, now, config.max_lead)
+        request = placement_request(config, body, now)
+        outcome = await plan_request(
+            conn,
+            cache,
+            request,
+            config.options,
+            config.shortlist_min,
+            max(config.options.top_n, PREVIEW_CANDIDATES),
+        )
+        intake = await read_verdict(conn, cache, outcome.head, request)  # the cached inventory: no read
+        error = refusal(intake)
+        if isinstance(error, InvalidInput):
+            raise error
+        if intake.unsatisfiable is not None:
+            # it fits nowhere as the pool is built (docs/api.md, "Checked at intake"): not an error here
+            answer = Preview(fits=False, satisfiable=False, candidates=[], reason=intake.unsatisfiable)
+            return with_warnings(answer, intake.warnings)
+        preemptible: Preemptible | None = None
+        if not isinstance(outcome.plan, Plan) and not outcome.head.archived:
+            if preemption.applies(config.preemption, request):
+                preemptible = await preemption.preview_preemptible(conn, cache, request, config.options, now)
+    if outcome.head.archived:
+        return Preview(fits=False, candidates=[], reason=ARCHIVED_POOL)
+    plan = outcome.plan
+    if not isinstance(plan, Plan):
+        answer = Preview(fits=False, candidates=[], reason=plan.summary)
+        if preemptible is not None:
+            answer.preemptible = preemptible
+        return with_warnings(answer, intake.warnings)
+    # a gang preview shows the members of the best gang (docs/placement-rules.md, "Previewing a placement")
+    ranked = plan.members or plan.ranked[:PREVIEW_CANDIDATES]
+    return with_warnings(Preview(fits=True, candidates=[candidate(c) for c in ranked]), intake.warnings)
+
+
+def candidate(ranked: Ranked) -> Candidate:
+    """A preview candidate of a ranked node: its atoms, total score and each scorer's, rounded to 6
+    places."""
+    return Candidate(
+        nodeId=ranked.node_id,
+        nodeName=ranked.node_name,
+        atoms=list(ranked.atoms),
+        score=round(ranked.score, 6),
+        scores={k: round(v, 6) for k, v in ranked.scores.items()},
+    )

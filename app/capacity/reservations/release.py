@@ -1,0 +1,97 @@
+"""Release a reservation (``POST /v1/reservations/{id}/release``; docs/lifecycle.md), and the cut of
+live allocations that BookingRepair shares (:func:`free_allocations`).
+
+The release locks the reservation row, cuts its quota holdings, then its bookings and scalar holdings,
+at the release instant: what had not started is removed, what had is kept as history up to that
+instant. A cut only shrinks what is held, so it takes no ``quota_usage`` or ``node_resources`` lock
+(lock order of every capacity path: the reservation's own row -> pools -> nodes -> devices ->
+node_resources -> quota_usage; docs/lifecycle.md).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.answers.reservations import Reservation
+from app.capacity.commit.cuts import cut_allocations
+from app.capacity.conditions import appended, released_condition
+from app.capacity.edges import notify_pool
+from app.capacity.placing.inline import statement_now
+from app.capacity.reservations.access import reservation_not_found, visible
+from app.capacity.views import reservation_view
+from app.db.locks import lock_pool
+from app.db.tables import allocations, reservations
+from app.db.tx import run_again_on_deadlock
+from app.quota import refunds
+
+
+@run_again_on_deadlock
+async def release_reservation(
+    engine: AsyncEngine, reservation_id: str, tenant_id: str | None, now: datetime | None = None
+) -> Reservation:
+    """Release a reservation at ``now`` (default: the database clock): its quota holdings, bookings and
+    scalar holdings are cut at that instant (removed when the window had not started), its allocations
+    keep ``start``, ``end`` and get ``releasedAt``, and it gets a ``Released`` condition. Releasing
+    twice, or releasing an ended or preempted reservation, is a no-op that answers the reservation.
+    Another tenant's reservation is NotFound."""
+    async with engine.begin() as conn:
+        # SELECT * FROM reservations WHERE id = :reservation_id FOR UPDATE
+        row = (
+            await conn.execute(
+                sa.select(reservations).where(reservations.c.id == reservation_id).with_for_update()
+            )
+        ).first()
+        if not visible(row, tenant_id):
+            raise reservation_not_found(reservation_id)
+        if row.status in ("released", "preempted", "ended"):
+            return await reservation_view(conn, row)
+        # the instant after the row lock: a repair or wake that held the row first wrote later instants
+        at = now if now is not None else await statement_now(conn)
+        if row.status == "placed":
+            await refunds.cut_holdings(conn, row.id, at)  # shrinks only: no quota_usage lock
+            await free_allocations(conn, await _live_allocations(conn, row.id), row.pool_id, at)
+            await notify_pool(conn, row.pool_id)  # wake edge: a release
+        # UPDATE reservations SET status = 'released', released_at = :at, updated_at = now(),
+        #   conditions = :conditions WHERE id = :reservation_id
+        await conn.execute(
+            sa.update(reservations)
+            .where(reservations.c.id == reservation_id)
+            .values(
+                status="released",
+                released_at=at,
+                updated_at=sa.func.now(),
+                conditions=appended(row.conditions, released_condition(at, row.status)),
+            )
+        )
+        row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).one()
+        return await reservation_view(conn, row)
+
+
+async def _live_allocations(conn: AsyncConnection, reservation_id: str) -> list[Any]:
+    """The ``allocations`` rows of the reservation not released yet, by node id."""
+    # SELECT * FROM allocations WHERE reservation_id = :reservation_id AND released_at IS NULL
+    #   ORDER BY node_id
+    return list(
+        (
+            await conn.execute(
+                sa.select(allocations)
+                .where(allocations.c.reservation_id == reservation_id, allocations.c.released_at.is_(None))
+                .order_by(allocations.c.node_id)
+            )
+        ).all()
+    )
+
+
+async def free_allocations(conn: AsyncConnection, live: list[Any], pool_id: str, at: datetime) -> None:
+    """Cut live allocations at ``at``: their bookings and scalar holdings end there (or are removed when
+    they had not started), and the allocations get ``released_at`` (lock order pools -> ... ->
+    node_resources). Cutting only shrinks what is held, so it takes no node_resources lock: a guard
+    that read the longer holding meanwhile was only more careful than it had to be."""
+    if not live:
+        return
+    await lock_pool(conn, pool_id, for_update=False)
+    await cut_allocations(conn, [a.id for a in live], at)  # app.capacity.commit.cuts
