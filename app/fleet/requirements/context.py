@@ -4,7 +4,7 @@ A check is ``check(target, request, ctx) -> list[str]``: the target's record, th
 and the :class:`Context` of this explanation; it returns every reason that applies (empty: the target
 meets the requirement). Each reason is a whole text ``<NAME>: <detail>`` made with :func:`reason`, so
 the prefix is the requirement's name. :func:`missing_labels` is the rule data access and licenses
-share.
+share; :func:`per_node_shortfall` the one GPUs, scratch and node shape share.
 """
 
 from __future__ import annotations
@@ -44,3 +44,17 @@ def missing_labels(name: str, needed: list[str] | None, available: list[str] | N
         return [reason(name, f"unknown, want {labels_text(needed)}")]
     missing = [label for label in needed if label not in available]
     return [reason(name, f"lacks {labels_text(missing)}")] if missing else []
+
+
+def per_node_shortfall(
+    name: str, needs: str, need: int, have: int | None, unknown: str, unit: str = ""
+) -> list[str]:
+    """The reasons of requirement ``name`` for a per-node figure a node must reach (nodes never pool
+    theirs): ``<name>: <needs>, <unknown>`` when the node's figure ``have`` is unknown (None), ``<name>:
+    <needs>, node has <have><unit>`` when it is below ``need``, or none (equality fits). ``needs`` says
+    what the request asks (``needs 4 per node``), ``unit`` follows the node's figure (``" MB"``)."""
+    if have is None:
+        return [reason(name, f"{needs}, {unknown}")]
+    if have < need:
+        return [reason(name, f"{needs}, node has {have}{unit}")]
+    return []

@@ -4,7 +4,7 @@ unknown scratch capacity when scratch_mb_per_node is requested". Nodes never com
 from __future__ import annotations
 
 from app.fleet.documents import FleetTarget, PlacementRequestDoc
-from app.fleet.requirements.context import Context, reason
+from app.fleet.requirements.context import Context, per_node_shortfall
 
 NAME = "scratch"
 RULE = "has too little scratch per node, or unknown scratch capacity when scratch_mb_per_node is requested"
@@ -16,8 +16,4 @@ def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> li
     if need is None:
         return []
     scratch = target.node.scratch_mb if target.node else None
-    if scratch is None:
-        return [reason(NAME, f"needs {need} MB per node, node scratch unknown")]
-    if scratch < need:
-        return [reason(NAME, f"needs {need} MB per node, node has {scratch} MB")]
-    return []
+    return per_node_shortfall(NAME, f"needs {need} MB per node", need, scratch, "node scratch unknown", " MB")
