@@ -47,14 +47,17 @@ def missing_labels(name: str, needed: list[str] | None, available: list[str] | N
 
 
 def per_node_shortfall(
-    name: str, needs: str, need: int, have: int | None, unknown: str, unit: str = ""
+    name: str, need: int | None, have: int | None, what: str, unknown: str, unit: str = ""
 ) -> list[str]:
-    """The reasons of requirement ``name`` for a per-node figure a node must reach (nodes never pool
-    theirs): ``<name>: <needs>, <unknown>`` when the node's figure ``have`` is unknown (None), ``<name>:
-    <needs>, node has <have><unit>`` when it is below ``need``, or none (equality fits). ``needs`` says
-    what the request asks (``needs 4 per node``), ``unit`` follows the node's figure (``" MB"``)."""
+    """The reasons of requirement ``name`` for a per-node figure a node must reach alone (nodes never
+    pool theirs): none when the request asks nothing (``need`` None) or the node's figure ``have`` is at
+    least ``need``; ``<name>: needs <need> <what>, <unknown>`` when ``have`` is unknown (None);
+    ``<name>: needs <need> <what>, node has <have><unit>`` when it is below (``what``: ``MB per node``,
+    ``unit``: ``" MB"``)."""
+    if need is None:
+        return []
     if have is None:
-        return [reason(name, f"{needs}, {unknown}")]
+        return [reason(name, f"needs {need} {what}, {unknown}")]
     if have < need:
-        return [reason(name, f"{needs}, node has {have}{unit}")]
+        return [reason(name, f"needs {need} {what}, node has {have}{unit}")]
     return []

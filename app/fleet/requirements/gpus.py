@@ -13,8 +13,5 @@ RULE = "has too few GPUs per node, or an unknown GPU count, when gpus_per_node i
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:
     """``request.gpus_per_node`` against ``node.gpus`` (whole GPUs; None = unknown)."""
-    need = request.gpus_per_node
-    if need is None:
-        return []
     gpus = target.node.gpus if target.node else None
-    return per_node_shortfall(NAME, f"needs {need} per node", need, gpus, "node GPU count unknown")
+    return per_node_shortfall(NAME, request.gpus_per_node, gpus, "per node", "node GPU count unknown")

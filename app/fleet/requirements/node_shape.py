@@ -24,13 +24,11 @@ def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> li
     """``request.cpus_per_node`` against ``node.cpus`` (always), ``mem_mb_per_node`` against
     ``node.mem_mb`` (when requested); an unknown figure the request needs rejects."""
     node = target.node
-    cpus_per_node = request.cpus_per_node
-    needs = f"needs {cpus_per_node} CPUs per node ({_layout(request)})"
-    cpus = node.cpus if node else None
-    reasons = per_node_shortfall(NAME, needs, cpus_per_node, cpus, "node CPUs unknown")
-    mem_mb = request.mem_mb_per_node
-    if mem_mb is not None:
-        needs = f"needs {mem_mb} MB of memory per node"
-        have = node.mem_mb if node else None
-        reasons += per_node_shortfall(NAME, needs, mem_mb, have, "node memory unknown", " MB")
-    return reasons
+    cpus, mem_mb = (node.cpus, node.mem_mb) if node else (None, None)
+    reasons = per_node_shortfall(
+        NAME, request.cpus_per_node, cpus, f"CPUs per node ({_layout(request)})", "node CPUs unknown"
+    )
+    memory = "MB of memory per node"
+    return reasons + per_node_shortfall(
+        NAME, request.mem_mb_per_node, mem_mb, memory, "node memory unknown", " MB"
+    )

@@ -12,8 +12,6 @@ RULE = "has too little scratch per node, or unknown scratch capacity when scratc
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:
     """``request.scratch_mb_per_node`` against ``node.scratch_mb`` (MB; 0 = none, None = unknown)."""
-    need = request.scratch_mb_per_node
-    if need is None:
-        return []
     scratch = target.node.scratch_mb if target.node else None
-    return per_node_shortfall(NAME, f"needs {need} MB per node", need, scratch, "node scratch unknown", " MB")
+    need = request.scratch_mb_per_node
+    return per_node_shortfall(NAME, need, scratch, "MB per node", "node scratch unknown", " MB")
