@@ -7,6 +7,8 @@ released (docs/architecture.md). Expected outcomes such as "nothing fits" are va
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -68,6 +70,17 @@ class InvalidInput(AppError):
         details = {**self.details, "path": path} if path is not None else dict(self.details)
         InvalidInput.__init__(wrapped, message, path=path, details=details)
         return wrapped
+
+
+@contextmanager
+def errors_under(prefix: str) -> Iterator[None]:
+    """Re-raise an :class:`InvalidInput` of the block one level down, under ``prefix``
+    (:meth:`InvalidInput.under`), for a body made of named documents: ``with errors_under("fleet"):
+    load_fleet(data)`` names ``fleet.targets.3.node.cpus``. Other errors pass unchanged."""
+    try:
+        yield
+    except InvalidInput as error:
+        raise error.under(prefix) from None
 
 
 class Unsatisfiable(AppError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, NotFound, errors_under
 from app.fleet.build_plan import FleetBuildRefused
 
 CASES = [
@@ -35,3 +35,15 @@ def test_under_keeps_or_sets_the_type() -> None:
     converted = InvalidInput("bad", path="a").under("capacity.ws", as_type=FleetBuildRefused)
     assert type(converted) is FleetBuildRefused and converted.status == 422
     assert InvalidInput("bad").under("").path is None
+
+
+def test_errors_under_re_raises_the_block_s_invalid_input_one_level_down() -> None:
+    with pytest.raises(InvalidInput) as caught, errors_under("request"):
+        raise FleetBuildRefused("bad", path="cpus")
+    assert type(caught.value) is FleetBuildRefused and caught.value.path == "request.cpus"
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    with pytest.raises(NotFound) as other, errors_under("request"):
+        raise NotFound("gone")
+    assert other.value.details == {}  # not an InvalidInput: unchanged
+    with errors_under("request"):
+        pass

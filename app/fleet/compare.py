@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, errors_under
 from app.fleet.documents import FleetTarget, PlacementFleet, load_request
 from app.fleet.explain import explain_placement
 from app.fleet.history import JobRecord, parse_time
@@ -262,13 +262,10 @@ def compare_documents(
     from app.fleet.documents import load_fleet
     from app.fleet.history import load_job_history
 
-    loaded: list[Any] = []
-    for what, data, loader in (("fleet", fleet, load_fleet), ("history", history, load_job_history)):
-        try:
-            loaded.append(loader(data))
-        except InvalidInput as error:
-            raise error.under(what) from None
-    fleet_doc, history_doc = loaded
+    with errors_under("fleet"):
+        fleet_doc = load_fleet(fleet)
+    with errors_under("history"):
+        history_doc = load_job_history(history)
     comparison = compare_orderings(
         fleet_doc, list(history_doc.jobs), now, jobs=jobs, max_age_seconds=max_age_seconds
     )

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -122,6 +122,20 @@ class _Document(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _Interval(_Document):
+    """An interval ``[low, high]`` (a subclass narrows the two numbers): ``low <= high``, else a
+    :class:`FieldError` on ``high``."""
+
+    low: float
+    high: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.low > self.high:
+            raise FieldError("high", "must be at least low")
+        return self
+
+
 class NodeShape(_Document):
     """One compute node as one job gets it (docs/explain.md: never the cluster's total, never the login node).
 
@@ -145,19 +159,13 @@ class FreeCapacity(_Document):
     gpus: NonNegativeInt | None = None
 
 
-class QueueWait(_Document):
+class QueueWait(_Interval):
     """A queue-wait interval in seconds, ``low <= high``, with its source (docs/explain.md: ``history``,
     ``declared`` or ``scheduler-estimate``)."""
 
     low: NonNegativeNumber
     high: NonNegativeNumber
     source: Literal["history", "declared", "scheduler-estimate"]
-
-    @model_validator(mode="after")
-    def _ordered(self) -> QueueWait:
-        if self.low > self.high:
-            raise FieldError("high", "must be at least low")
-        return self
 
 
 class FleetTarget(_Document):
@@ -260,18 +268,12 @@ class PlacementFleet(_Document):
         return self
 
 
-class RuntimeRange(_Document):
+class RuntimeRange(_Interval):
     """Execution time in seconds on a speed-1.0 target, ``0 < low <= high`` (docs/explain.md:
     runtime_seconds)."""
 
     low: PositiveNumber
     high: PositiveNumber
-
-    @model_validator(mode="after")
-    def _ordered(self) -> RuntimeRange:
-        if self.low > self.high:
-            raise FieldError("high", "must be at least low")
-        return self
 
 
 class PlacementRequestDoc(_Document):

@@ -16,11 +16,10 @@ them by the same keys over its known part. With no eligible target the job is he
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from app.errors import InvalidInput
+from app.errors import InvalidInput, errors_under
 from app.fleet.documents import FleetTarget, PlacementFleet, PlacementRequestDoc, load_fleet, load_request
 from app.fleet.estimate import (
     CalibratedEstimate,
@@ -146,28 +145,16 @@ def explain_documents(
     """Explain from parsed JSON documents (the HTTP body's ``fleet``, ``request``, ``estimate``) to the
     ``vq.placement-explanation/1`` object. Raises :class:`InvalidInput` whose path is prefixed with the
     document, e.g. ``fleet.targets.3.node.cpus``."""
-    loaded: dict[str, Any] = {}
-    loaders: list[tuple[str, Any, Callable[[Any], Any]]] = [
-        ("fleet", fleet, load_fleet),
-        ("request", request, load_request),
-    ]
+    with errors_under("fleet"):
+        fleet_doc = load_fleet(fleet)
+    with errors_under("request"):
+        request_doc = load_request(request)
+    estimate_doc: CalibratedEstimate | None = None
     if estimate is not None:
-        loaders.append(("estimate", estimate, load_estimate))
-    for what, data, loader in loaders:
-        try:
-            loaded[what] = loader(data)
-        except InvalidInput as error:
-            raise error.under(what) from None
-    if "estimate" in loaded:
-        try:
-            check_estimate_program(loaded["request"], loaded["estimate"])
-        except InvalidInput as error:
-            raise error.under("estimate") from None
+        with errors_under("estimate"):
+            estimate_doc = load_estimate(estimate)
+            check_estimate_program(request_doc, estimate_doc)
     explanation = explain_placement(
-        loaded["fleet"],
-        loaded["request"],
-        now,
-        max_age_seconds=max_age_seconds,
-        estimate=loaded.get("estimate"),
+        fleet_doc, request_doc, now, max_age_seconds=max_age_seconds, estimate=estimate_doc
     )
     return to_json(explanation)

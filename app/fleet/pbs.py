@@ -17,14 +17,18 @@ Pure: text in, values out. Format rules and their sources are in ``docs/fleet.md
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from app.errors import quote_input
 
 
 class PbsParseError(ValueError):
     """Text that is not valid PBS/Torque output; the message says what and where."""
+
+
+T = TypeVar("T")
 
 
 # --- values ---------------------------------------------------------------------------------------
@@ -96,6 +100,19 @@ def unfold(text: str) -> str:
 _ATTRIBUTE_RE = re.compile(r"^[ \t]+(?P<key>[A-Za-z_][\w.]*) = ?(?P<value>.*)$")
 
 
+def _attribute(attributes: Mapping[str, str], key: str) -> str | None:
+    """The value of ``key`` as printed, stripped (``None`` when not printed)."""
+    value = attributes.get(key)
+    return None if value is None else value.strip()
+
+
+def _count(value: str, what: str) -> int:
+    """A whole count (digits only); raises :class:`PbsParseError` ``<what> is not a count: ...``."""
+    if not value.isdigit():
+        raise PbsParseError(f"{what} is not a count: {quote_input(value)}")
+    return int(value)
+
+
 def _blocks(text: str, header: re.Pattern[str], what: str) -> list[tuple[str, dict[str, str]]]:
     blocks: list[tuple[str, dict[str, str]]] = []
     for number, line in enumerate(unfold(text).split("\n"), start=1):
@@ -128,53 +145,46 @@ class PbsQueue:
     name: str
     attributes: dict[str, str]
 
-    def _get(self, key: str) -> str | None:
-        value = self.attributes.get(key)
-        return None if value is None else value.strip()
+    def _parsed(self, key: str, parse: Callable[[str], T]) -> T | None:
+        """``parse`` of the attribute ``key``, stripped (``None`` when not printed)."""
+        value = _attribute(self.attributes, key)
+        return None if value is None else parse(value)
 
     @property
     def enabled(self) -> bool | None:
         """``enabled`` (``None`` when not printed)."""
-        value = self._get("enabled")
-        return None if value is None else parse_pbs_bool(value)
+        return self._parsed("enabled", parse_pbs_bool)
 
     @property
     def started(self) -> bool | None:
         """``started`` (``None`` when not printed)."""
-        value = self._get("started")
-        return None if value is None else parse_pbs_bool(value)
+        return self._parsed("started", parse_pbs_bool)
 
     @property
     def queue_type(self) -> str | None:
         """``queue_type`` (``Execution`` or ``Route``)."""
-        return self._get("queue_type")
+        return _attribute(self.attributes, "queue_type")
 
     @property
     def max_walltime_s(self) -> int | None:
         """``resources_max.walltime`` in seconds."""
-        value = self._get("resources_max.walltime")
-        return None if value is None else parse_pbs_walltime(value)
+        return self._parsed("resources_max.walltime", parse_pbs_walltime)
 
     @property
     def default_walltime_s(self) -> int | None:
         """``resources_default.walltime`` in seconds (a default, never a maximum)."""
-        value = self._get("resources_default.walltime")
-        return None if value is None else parse_pbs_walltime(value)
+        return self._parsed("resources_default.walltime", parse_pbs_walltime)
 
     @property
     def max_nodect(self) -> int | None:
         """``resources_max.nodect`` (most nodes one job may have)."""
-        value = self._get("resources_max.nodect")
-        if value is None:
-            return None
-        if not value.isdigit():
-            raise PbsParseError(f"resources_max.nodect is not a count: {quote_input(value)}")
-        return int(value)
+        key = "resources_max.nodect"
+        return self._parsed(key, lambda value: _count(value, key))
 
     @property
     def neednodes(self) -> str | None:
         """``resources_default.neednodes`` (Torque lane membership)."""
-        return self._get("resources_default.neednodes")
+        return _attribute(self.attributes, "resources_default.neednodes")
 
 
 _QUEUE_RE = re.compile(r"^Queue:\s*(?P<name>\S+)\s*$")
@@ -225,8 +235,7 @@ class PbsNode:
     @property
     def state(self) -> str | None:
         """``state`` as printed (may be a comma list, e.g. ``down,offline``)."""
-        value = self.attributes.get("state")
-        return None if value is None else value.strip()
+        return _attribute(self.attributes, "state")
 
     @property
     def properties(self) -> list[str]:
@@ -237,17 +246,11 @@ class PbsNode:
     @property
     def queue(self) -> str | None:
         """PBS Pro ``queue`` attribute (the queue this node is associated with)."""
-        value = self.attributes.get("queue")
-        return None if value is None else value.strip()
+        return _attribute(self.attributes, "queue")
 
     def _int(self, key: str) -> int | None:
-        value = self.attributes.get(key)
-        if value is None:
-            return None
-        value = value.strip()
-        if not value.isdigit():
-            raise PbsParseError(f"node {self.name}: {key} is not a count: {quote_input(value)}")
-        return int(value)
+        value = _attribute(self.attributes, key)
+        return None if value is None else _count(value, f"node {self.name}: {key}")
 
     @property
     def np(self) -> int | None:

@@ -51,13 +51,9 @@ class Principal:
     key_id: str | None = None  # the API key presented ("bootstrap" for BC_BOOTSTRAP_ADMIN_KEY)
 
 
-def _action_matches(granted: str, wanted: str) -> bool:
-    if granted in ("*", wanted):
-        return True
-    return granted.endswith(":*") and wanted.startswith(granted[:-1])
-
-
-def _resource_matches(granted: str, wanted: str) -> bool:
+def _covers(granted: str, wanted: str) -> bool:
+    """The one matching rule of a grant's action and of its resource: ``*``, the name itself, or a
+    prefix ending in ``:*`` (``compute:reservations:*``, ``pool:*``)."""
     if granted in ("*", wanted):
         return True
     return granted.endswith(":*") and wanted.startswith(granted[:-1])
@@ -65,10 +61,7 @@ def _resource_matches(granted: str, wanted: str) -> bool:
 
 def is_allowed(principal: Principal, action: str, resource: str) -> bool:
     """True when some grant covers ``action`` on ``resource``."""
-    return any(
-        _action_matches(g.action, action) and _resource_matches(g.resource, resource)
-        for g in principal.grants
-    )
+    return any(_covers(g.action, action) and _covers(g.resource, resource) for g in principal.grants)
 
 
 def is_admin(principal: Principal) -> bool:
@@ -78,12 +71,17 @@ def is_admin(principal: Principal) -> bool:
 
 def holds_grant_on(principal: Principal, resource: str) -> bool:
     """True when some grant (any action) covers ``resource``, e.g. ``pool:<id>`` (pool listing)."""
-    return any(_resource_matches(g.resource, resource) for g in principal.grants)
+    return any(_covers(g.resource, resource) for g in principal.grants)
 
 
 def can_see_tenant(principal: Principal, tenant_id: str) -> bool:
     """False when a tenant-scoped principal looks at another tenant's resource."""
     return exists_for(principal.tenant_id, tenant_id)
+
+
+def _another_tenants(principal: Principal, resource: str) -> bool:
+    """True when ``resource`` is ``tenant:<id>`` of a tenant ``principal`` may not see."""
+    return resource.startswith("tenant:") and not can_see_tenant(principal, resource[len("tenant:") :])
 
 
 def exists_for(acting_tenant: str | None, owner_tenant: str | None) -> bool:
@@ -106,7 +104,7 @@ def granted_pools(principal: Principal, action: str) -> frozenset[str] | None:
     reading the row's pool first; :func:`authorize` stays the rule."""
     pools: set[str] = set()
     for g in principal.grants:
-        if not _action_matches(g.action, action):
+        if not _covers(g.action, action):
             continue
         if g.resource in ("*", "pool:*"):
             return None
@@ -120,10 +118,7 @@ def refusal(principal: Principal, action: str, resource: str, tenant_scope: bool
     ``{"action", "resource"}``, plus ``tenantId`` (the tenant the key acts for) when the refusal is about
     tenant scope, i.e. ``resource`` is another tenant's (``tenant:<other>``) or ``tenant_scope`` says so."""
     details = {"action": action, "resource": resource}
-    other_tenant = resource.startswith("tenant:") and not can_see_tenant(
-        principal, resource[len("tenant:") :]
-    )
-    if tenant_scope or other_tenant:
+    if tenant_scope or _another_tenants(principal, resource):
         return Forbidden(
             f"this key acts for tenant {principal.tenant_id} only",
             {**details, "tenantId": principal.tenant_id},
@@ -141,8 +136,7 @@ def authorize(principal: Principal, action: str, *resources: str, tenant: str | 
     if tenant is not None and not can_see_tenant(principal, tenant):
         raise refusal(principal, action, f"tenant:{tenant}")
     for resource in resources or ("*",):
-        visible = not resource.startswith("tenant:") or can_see_tenant(principal, resource[len("tenant:") :])
-        if not (visible and is_allowed(principal, action, resource)):
+        if _another_tenants(principal, resource) or not is_allowed(principal, action, resource):
             raise refusal(principal, action, resource)
 
 
@@ -161,7 +155,7 @@ def authorize_owned(principal: Principal, action: str, owner_tenant: str | None,
 def holds_action(principal: Principal, action: str) -> bool:
     """True when some grant covers ``action`` on some resource: without one, :func:`authorize` refuses
     ``action`` whatever the resource (the request guard's check before a body is read)."""
-    return any(_action_matches(g.action, action) for g in principal.grants)
+    return any(_covers(g.action, action) for g in principal.grants)
 
 
 def refusal_everywhere(action: str) -> Forbidden:

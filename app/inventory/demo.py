@@ -158,9 +158,7 @@ def load_demo_manifest(root: Path = EXAMPLES_DIR) -> list[DemoNode]:
         try:
             node = build_imported_node(name, topo_text, xml_text)
         except InvalidInput as exc:
-            raise InvalidInput(
-                f"demo node {name}: {exc.message}", path=exc.path, details=exc.details
-            ) from None
+            raise exc.under("", label=f"demo node {name}", as_type=InvalidInput) from None
         out.append(
             DemoNode(
                 name=name,

@@ -85,17 +85,24 @@ def hello_system_labels(
     return out
 
 
+def _reserved(subject: str, key: str, path: str, written_as: str = "") -> InvalidInput:
+    """The one refusal of a ``bc.dev/`` key written where only the service writes (422, ``path``, details
+    ``{"key"}``): ``<subject> <key> is in the reserved bc.dev/ namespace: only the service writes
+    it<written_as> (from an agent's Hello)``."""
+    return InvalidInput(
+        f"{subject} {key} is in the reserved {SYSTEM_PREFIX} namespace: only the service writes it"
+        f"{written_as} (from an agent's Hello)",
+        path=path,
+        details={"key": key},
+    )
+
+
 def refuse_system_keys(labels: Mapping[str, str] | Iterable[str], path: str = "labels") -> None:
     """Raise :class:`~app.errors.InvalidInput` (422, ``path`` = ``<path>.<key>``) naming the first
     ``bc.dev/`` key: operators, imports and agents' free-form labels never write one."""
     for key in labels:
         if is_system_key(key):
-            raise InvalidInput(
-                f"label {key} is in the reserved {SYSTEM_PREFIX} namespace: only the service writes it "
-                "(from an agent's Hello)",
-                path=f"{path}.{key}",
-                details={"key": key},
-            )
+            raise _reserved("label", key, f"{path}.{key}")
 
 
 def refuse_system_attributes(attributes: Iterable[Mapping[str, Any]], path: str = "devices") -> None:
@@ -106,11 +113,8 @@ def refuse_system_attributes(attributes: Iterable[Mapping[str, Any]], path: str 
     for i, device_attributes in enumerate(attributes):
         for key in device_attributes:
             if is_system_key(key):
-                raise InvalidInput(
-                    f"device attribute {key} is in the reserved {SYSTEM_PREFIX} namespace: only the "
-                    "service writes it, as a system label (from an agent's Hello)",
-                    path=f"{path}.{i}.attributes.{key}",
-                    details={"key": key},
+                raise _reserved(
+                    "device attribute", key, f"{path}.{i}.attributes.{key}", ", as a system label"
                 )
 
 

@@ -245,6 +245,13 @@ def test_unparseable_pbsnodes(text: str) -> None:
         parse_pbsnodes(text)
 
 
+def test_a_count_that_is_not_digits_is_named_where_it_stands() -> None:
+    with pytest.raises(PbsParseError, match=r"^resources_max\.nodect is not a count: 'many'$"):
+        parse_qstat_queues("Queue: a\n    resources_max.nodect = many \n")
+    with pytest.raises(PbsParseError, match=r"^node node1: np is not a count: 'two'$"):
+        parse_pbsnodes("node1\n     np = two\n")
+
+
 @pytest.mark.parametrize(
     ("neednodes", "properties"),
     [

@@ -135,3 +135,14 @@ def test_missing_manifest(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput) as info:
         load_demo_manifest(tmp_path)
     assert info.value.path == "manifest"
+
+
+@pytest.mark.parametrize(
+    ("node", "path"), [(_node(topo="bad.txt"), "topo"), (_node(xml="bad.txt"), "nvidiaSmiXml")]
+)
+def test_parser_errors_name_the_node_and_keep_their_path(tmp_path: Path, node: object, path: str) -> None:
+    root = _write(tmp_path, {"nodes": [node]}, {"a.txt": TOPO, "bad.txt": "nonsense"})
+    with pytest.raises(InvalidInput) as info:
+        load_demo_manifest(root)
+    assert type(info.value) is InvalidInput and info.value.message.startswith("demo node n1: ")
+    assert info.value.path == info.value.details["path"] == path

@@ -11,6 +11,7 @@ from app.placement.request import ReservationRequest, to_placement_request
 from app.placement.system_labels import (
     hello_system_labels,
     label_counts,
+    refuse_system_attributes,
     refuse_system_keys,
     required_capabilities,
 )
@@ -79,3 +80,18 @@ def test_hello_labels_and_refusal() -> None:
     with pytest.raises(InvalidInput) as info:
         refuse_system_keys({"rack": "r1", "bc.dev/cap.x": "1"})
     assert info.value.details == {"path": "labels.bc.dev/cap.x", "key": "bc.dev/cap.x"}
+    assert info.value.message == (
+        "label bc.dev/cap.x is in the reserved bc.dev/ namespace: only the service writes it "
+        "(from an agent's Hello)"
+    )
+
+
+def test_device_attribute_refusal() -> None:
+    refuse_system_attributes([{"model": "H100"}, {}])
+    with pytest.raises(InvalidInput) as info:
+        refuse_system_attributes([{"model": "H100"}, {"bc.dev/cap.x": "1"}], path="nodes.0.devices")
+    assert info.value.details == {"path": "nodes.0.devices.1.attributes.bc.dev/cap.x", "key": "bc.dev/cap.x"}
+    assert info.value.message == (
+        "device attribute bc.dev/cap.x is in the reserved bc.dev/ namespace: only the service writes it, "
+        "as a system label (from an agent's Hello)"
+    )

@@ -5,7 +5,7 @@ GPU count, when gpus_per_node is requested"."""
 from __future__ import annotations
 
 from app.fleet.documents import FleetTarget, PlacementRequestDoc
-from app.fleet.requirements.context import Context, reason
+from app.fleet.requirements.context import Context, per_node_shortfall
 
 NAME = "gpus"
 RULE = "has too few GPUs per node, or an unknown GPU count, when gpus_per_node is requested"
@@ -13,12 +13,5 @@ RULE = "has too few GPUs per node, or an unknown GPU count, when gpus_per_node i
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:
     """``request.gpus_per_node`` against ``node.gpus`` (whole GPUs; None = unknown)."""
-    need = request.gpus_per_node
-    if need is None:
-        return []
     gpus = target.node.gpus if target.node else None
-    if gpus is None:
-        return [reason(NAME, f"needs {need} per node, node GPU count unknown")]
-    if gpus < need:
-        return [reason(NAME, f"needs {need} per node, node has {gpus}")]
-    return []
+    return per_node_shortfall(NAME, request.gpus_per_node, gpus, "per node", "node GPU count unknown")

@@ -5,7 +5,7 @@ not record that number when the request needs it"."""
 from __future__ import annotations
 
 from app.fleet.documents import FleetTarget, PlacementRequestDoc
-from app.fleet.requirements.context import Context, reason
+from app.fleet.requirements.context import Context, per_node_shortfall
 
 NAME = "node_shape"
 RULE = (
@@ -24,18 +24,11 @@ def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> li
     """``request.cpus_per_node`` against ``node.cpus`` (always), ``mem_mb_per_node`` against
     ``node.mem_mb`` (when requested); an unknown figure the request needs rejects."""
     node = target.node
-    reasons = []
-    need = f"needs {request.cpus_per_node} CPUs per node ({_layout(request)})"
-    cpus = node.cpus if node else None
-    if cpus is None:
-        reasons.append(reason(NAME, f"{need}, node CPUs unknown"))
-    elif cpus < request.cpus_per_node:
-        reasons.append(reason(NAME, f"{need}, node has {cpus}"))
-    if request.mem_mb_per_node is not None:
-        mem = node.mem_mb if node else None
-        need = f"needs {request.mem_mb_per_node} MB of memory per node"
-        if mem is None:
-            reasons.append(reason(NAME, f"{need}, node memory unknown"))
-        elif mem < request.mem_mb_per_node:
-            reasons.append(reason(NAME, f"{need}, node has {mem} MB"))
-    return reasons
+    cpus, mem_mb = (node.cpus, node.mem_mb) if node else (None, None)
+    reasons = per_node_shortfall(
+        NAME, request.cpus_per_node, cpus, f"CPUs per node ({_layout(request)})", "node CPUs unknown"
+    )
+    memory = "MB of memory per node"
+    return reasons + per_node_shortfall(
+        NAME, request.mem_mb_per_node, mem_mb, memory, "node memory unknown", " MB"
+    )

@@ -4,7 +4,7 @@ unknown scratch capacity when scratch_mb_per_node is requested". Nodes never com
 from __future__ import annotations
 
 from app.fleet.documents import FleetTarget, PlacementRequestDoc
-from app.fleet.requirements.context import Context, reason
+from app.fleet.requirements.context import Context, per_node_shortfall
 
 NAME = "scratch"
 RULE = "has too little scratch per node, or unknown scratch capacity when scratch_mb_per_node is requested"
@@ -12,12 +12,6 @@ RULE = "has too little scratch per node, or unknown scratch capacity when scratc
 
 def check(target: FleetTarget, request: PlacementRequestDoc, ctx: Context) -> list[str]:
     """``request.scratch_mb_per_node`` against ``node.scratch_mb`` (MB; 0 = none, None = unknown)."""
-    need = request.scratch_mb_per_node
-    if need is None:
-        return []
     scratch = target.node.scratch_mb if target.node else None
-    if scratch is None:
-        return [reason(NAME, f"needs {need} MB per node, node scratch unknown")]
-    if scratch < need:
-        return [reason(NAME, f"needs {need} MB per node, node has {scratch} MB")]
-    return []
+    need = request.scratch_mb_per_node
+    return per_node_shortfall(NAME, need, scratch, "MB per node", "node scratch unknown", " MB")

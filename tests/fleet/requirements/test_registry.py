@@ -74,10 +74,10 @@ def test_each_requirement_has_its_table_test(requirement: object) -> None:
 
 @pytest.mark.parametrize("requirement", REQUIREMENTS, ids=lambda r: r.NAME)
 def test_every_reason_text_is_made_with_the_requirement_name(requirement: object) -> None:
-    """Each module writes its reasons only through ``reason(NAME, ...)`` (or the shared label rule with
-    ``NAME``), so no reason can carry another prefix."""
+    """Each module writes its reasons only through ``reason(NAME, ...)`` (or a shared rule of
+    ``context`` with ``NAME``), so no reason can carry another prefix."""
     source = inspect.getsource(requirement)  # type: ignore[arg-type]
-    calls = re.findall(r"\b(reason|missing_labels)\((\w+)", source)
+    calls = re.findall(r"\b(reason|missing_labels|per_node_shortfall)\(\s*(\w+)", source)
     assert calls and {argument for _, argument in calls} == {"NAME"}
     assert '": ' not in source.split("def check", 1)[1]  # no hand-made "<prefix>: " text
 
