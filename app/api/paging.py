@@ -71,11 +71,6 @@ def next_cursor(kind: str, following: str | Sequence[str] | None) -> str | None:
     return encode_cursor(kind, *key)
 
 
-def envelope(page: dict[str, Any], kind: str) -> dict[str, Any]:
-    """``{items, nextCursor}`` of a service's ``{items, next}`` page (``next``: see :func:`next_cursor`)."""
-    return {"items": page["items"], "nextCursor": next_cursor(kind, page["next"])}
-
-
 def page_after(
     items: Sequence[T],
     kind: str,

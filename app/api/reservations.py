@@ -7,7 +7,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from app.answers.reservations import Preview, Reservation, ReservationList, ReservationStatus
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses, unsatisfiable
-from app.api.paging import CURSOR_QUERY, cursor_key, encode_cursor, time_then_id
+from app.api.paging import CURSOR_QUERY, cursor_key, next_cursor, time_then_id
 from app.capacity.queue import worker as svc_queue
 from app.capacity.reservations import preview as svc_preview
 from app.capacity.reservations import reads as svc_reads
@@ -124,8 +124,7 @@ async def list_reservations(
     authorize(principal, "compute:reservations:read", f"tenant:{tenant}" if tenant else "*")
     after = None if cursor is None else cursor_key(cursor, "reservations", time_then_id)
     page = await svc_reads.list_reservations(svc.engine, tenant, status, limit, after)
-    following = None if page.next is None else encode_cursor("reservations", *page.next)
-    return ReservationList(items=page.items, nextCursor=following)
+    return ReservationList(items=page.items, nextCursor=next_cursor("reservations", page.next))
 
 
 @router.post(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -67,6 +67,19 @@ class PlannedRow:
     candidate: Candidate
 
 
+@dataclass(slots=True)
+class _Attempt:
+    """One attempt's multi-row commit as its steps share it: the connection, the pool, whether a lock
+    held elsewhere is lost rather than waited for, the allocation id of each plan still alive
+    (reservation id -> id) and the races lost so far (reservation id -> :class:`LostRace`)."""
+
+    conn: AsyncConnection
+    pool_id: str
+    skip_locked: bool
+    ids: dict[str, str] = field(default_factory=dict)
+    lost: dict[str, LostRace] = field(default_factory=dict)
+
+
 async def commit_rows(
     conn: AsyncConnection, pool_id: str, planned: Sequence[PlannedRow], attempt: int
 ) -> dict[str, Committed | LostRace]:
@@ -108,32 +121,28 @@ async def _guarded_rows(
     holds the bookings of the batch's winners): a node, atom or ``node_resources`` row another
     transaction holds in a conflicting mode (or waits for) is not waited for but lost, so the
     transaction never waits for a lock while it holds bookings (that would invert the lock order)."""
-    lost: dict[str, LostRace] = {}
-    await _check_nodes(conn, pool_id, planned, lost, skip_locked)
-    await _check_labels(conn, planned, lost)
-    classes = await _check_atoms(conn, planned, lost, skip_locked)
-    alive = [p for p in planned if p.reservation_id not in lost]
-    ids = {p.reservation_id: new_id("alloc") for p in alive}
-    await _insert_allocations(conn, pool_id, alive, ids)
-    await _insert_bookings(conn, pool_id, alive, ids, lost)
-    await _hold_scalars(conn, pool_id, alive, ids, lost, skip_locked)
-    await delete_allocations(conn, [ids[r] for r in lost if r in ids])
-    out: dict[str, Committed | LostRace] = dict(lost)
+    a = _Attempt(conn, pool_id, skip_locked)
+    await _check_nodes(a, planned)
+    await _check_labels(a, planned)
+    classes = await _check_atoms(a, planned)
+    alive = [p for p in planned if p.reservation_id not in a.lost]
+    a.ids = {p.reservation_id: new_id("alloc") for p in alive}
+    await _insert_allocations(a, alive)
+    await _insert_bookings(a, alive)
+    await _hold_scalars(a, alive)
+    await delete_allocations(conn, [a.ids[r] for r in a.lost if r in a.ids])
+    out: dict[str, Committed | LostRace] = dict(a.lost)
     for p in alive:
         rid = p.reservation_id
-        if rid not in lost:
+        if rid not in a.lost:
             c = p.candidate
-            out[rid] = Committed(ids[rid], c.node_id, tuple(c.atoms), dict(c.resources), classes.get(rid, {}))
+            out[rid] = Committed(
+                a.ids[rid], c.node_id, tuple(c.atoms), dict(c.resources), classes.get(rid, {})
+            )
     return out
 
 
-async def _check_nodes(
-    conn: AsyncConnection,
-    pool_id: str,
-    planned: Sequence[PlannedRow],
-    lost: dict[str, LostRace],
-    skip_locked: bool,
-) -> None:
+async def _check_nodes(a: _Attempt, planned: Sequence[PlannedRow]) -> None:
     """Lock the planned nodes that are still schedulable for their entries' tenants, every tenant's in
     one statement (:func:`lock_tenant_nodes_statement`); an entry whose (node, tenant) is not among
     them lost the race."""
@@ -144,27 +153,25 @@ async def _check_nodes(
         "node_ids": [n for n, _ in pairs],
         "tenant_ids": [t for _, t in pairs],
         "tolerated": [TOLERATED_SEPARATOR.join(tolerated_reasons(t)) for _, t in pairs],
-        "pool_id": pool_id,
+        "pool_id": a.pool_id,
     }
-    rows = (await lock_tenant_nodes_statement(skip_locked).run(conn, params)).all()
+    rows = (await lock_tenant_nodes_statement(a.skip_locked).run(a.conn, params)).all()
     still = {(r[0], r[1]) for r in rows}
     for p in planned:
         if (p.candidate.node_id, p.request.tenant_id) not in still:
-            lost[p.reservation_id] = _lost(p, NOT_SCHEDULABLE)
+            a.lost[p.reservation_id] = _lost(p, NOT_SCHEDULABLE)
 
 
-async def _check_labels(
-    conn: AsyncConnection, planned: Sequence[PlannedRow], lost: dict[str, LostRace]
-) -> None:
+async def _check_labels(a: _Attempt, planned: Sequence[PlannedRow]) -> None:
     """The locked nodes' labels again, for the entries that ask for labels (one statement)."""
-    asking = [p for p in planned if p.request.node_labels and p.reservation_id not in lost]
+    asking = [p for p in planned if p.request.node_labels and p.reservation_id not in a.lost]
     if not asking:
         return
     keys = sorted({k for p in asking for k in p.request.node_labels})
     # SELECT node_id, key, value, source FROM node_labels WHERE node_id = ANY(:nodes) AND key = ANY(:keys)
     have: dict[str, dict[str, tuple[str, str]]] = defaultdict(dict)
     for r in (
-        await conn.execute(
+        await a.conn.execute(
             sa.select(
                 node_labels.c.node_id, node_labels.c.key, node_labels.c.value, node_labels.c.source
             ).where(
@@ -176,25 +183,23 @@ async def _check_labels(
         have[r.node_id][r.key] = (r.value, r.source)
     for p in asking:
         if not labels_hold(p.request.node_labels, have.get(p.candidate.node_id, {})):
-            lost[p.reservation_id] = _lost(p, NOT_SCHEDULABLE)
+            a.lost[p.reservation_id] = _lost(p, NOT_SCHEDULABLE)
 
 
-async def _check_atoms(
-    conn: AsyncConnection, planned: Sequence[PlannedRow], lost: dict[str, LostRace], skip_locked: bool
-) -> dict[str, dict[str, Decimal]]:
+async def _check_atoms(a: _Attempt, planned: Sequence[PlannedRow]) -> dict[str, dict[str, Decimal]]:
     """Lock the picked atoms that are still healthy and bookable (one statement); returns reservation
     id -> atoms per device class for the entries whose atoms all are."""
-    alive = [p for p in planned if p.reservation_id not in lost and p.candidate.atoms]
+    alive = [p for p in planned if p.reservation_id not in a.lost and p.candidate.atoms]
     if not alive:
         return {}
-    atom_ids = sorted({a for p in alive for a in p.candidate.atoms})
-    rows = (await lock_atoms_statement(skip_locked).run(conn, {"atom_ids": atom_ids})).all()
+    atom_ids = sorted({atom for p in alive for atom in p.candidate.atoms})
+    rows = (await lock_atoms_statement(a.skip_locked).run(a.conn, {"atom_ids": atom_ids})).all()
     ok = {r[0]: (r[1], r[2]) for r in rows}
     classes: dict[str, dict[str, Decimal]] = {}
     for p in alive:
-        found = [ok.get(a) for a in p.candidate.atoms]
+        found = [ok.get(atom) for atom in p.candidate.atoms]
         if any(f is None or f[1] != p.candidate.node_id for f in found):
-            lost[p.reservation_id] = _lost(p, ATOM_UNHEALTHY)
+            a.lost[p.reservation_id] = _lost(p, ATOM_UNHEALTHY)
             continue
         counts: dict[str, Decimal] = defaultdict(Decimal)
         for f in found:
@@ -204,21 +209,19 @@ async def _check_atoms(
     return classes
 
 
-async def _insert_allocations(
-    conn: AsyncConnection, pool_id: str, alive: Sequence[PlannedRow], ids: dict[str, str]
-) -> None:
+async def _insert_allocations(a: _Attempt, alive: Sequence[PlannedRow]) -> None:
     """One multi-row INSERT of the allocations (the bookings and holdings refer to them)."""
     if not alive:
         return
     # INSERT INTO allocations (id, reservation_id, pool_id, node_id, atoms, resources, during)
     #   VALUES (:id, :reservation_id, ...)     -- one statement compiled once, the rows sent as one batch
-    await conn.execute(
+    await a.conn.execute(
         INSERT_ALLOCATION,
         [
             {
-                "id": ids[p.reservation_id],
+                "id": a.ids[p.reservation_id],
                 "reservation_id": p.reservation_id,
-                "pool_id": pool_id,
+                "pool_id": a.pool_id,
                 "node_id": p.candidate.node_id,
                 "atoms": list(p.candidate.atoms),
                 "resources": {k: str(v) for k, v in p.candidate.resources.items()},
@@ -229,43 +232,36 @@ async def _insert_allocations(
     )
 
 
-async def _insert_bookings(
-    conn: AsyncConnection,
-    pool_id: str,
-    alive: Sequence[PlannedRow],
-    ids: dict[str, str],
-    lost: dict[str, LostRace],
-) -> None:
+async def _insert_bookings(a: _Attempt, alive: Sequence[PlannedRow]) -> None:
     """One multi-row INSERT of every atom's booking (a whole-node lease's held atoms too,
     ``Candidate.booked_atoms``); an entry with fewer rows back lost the race."""
     rows = [
-        (atom, ids[p.reservation_id], p.request.start, p.request.end)
+        (atom, a.ids[p.reservation_id], p.request.start, p.request.end)
         for p in alive
-        if p.reservation_id not in lost
+        if p.reservation_id not in a.lost
         for atom in p.candidate.booked_atoms
     ]
     if not rows:
         return
     atom_ids, allocation_ids, starts, ends = (list(c) for c in zip(*rows, strict=True))
-    params = {"atom_ids": atom_ids, "ids": allocation_ids, "starts": starts, "ends": ends, "pool_id": pool_id}
+    params = {
+        "atom_ids": atom_ids,
+        "ids": allocation_ids,
+        "starts": starts,
+        "ends": ends,
+        "pool_id": a.pool_id,
+    }
     # <INSERT_BOOKINGS>: ON CONFLICT DO NOTHING RETURNING allocation_id (fewer rows: booked meanwhile)
     booked: dict[str, int] = defaultdict(int)
-    for (allocation_id,) in (await INSERT_BOOKINGS.run(conn, params)).all():
+    for (allocation_id,) in (await INSERT_BOOKINGS.run(a.conn, params)).all():
         booked[allocation_id] += 1
     for p in alive:
         rid = p.reservation_id
-        if rid not in lost and booked[ids[rid]] != len(p.candidate.booked_atoms):
-            lost[rid] = _lost(p, ATOM_BOOKED)
+        if rid not in a.lost and booked[a.ids[rid]] != len(p.candidate.booked_atoms):
+            a.lost[rid] = _lost(p, ATOM_BOOKED)
 
 
-async def _hold_scalars(
-    conn: AsyncConnection,
-    pool_id: str,
-    alive: Sequence[PlannedRow],
-    ids: dict[str, str],
-    lost: dict[str, LostRace],
-    skip_locked: bool = False,
-) -> None:
+async def _hold_scalars(a: _Attempt, alive: Sequence[PlannedRow]) -> None:
     """Each scalar of the surviving entries with the guarded hold of :mod:`app.capacity.commit.single`
     (``node_resources`` row lock, then the peak guard), in (node, resource) order:
 
@@ -281,7 +277,7 @@ async def _hold_scalars(
     holds = sorted(
         (p.candidate.node_id, resource, p.reservation_id, Decimal(n), p)
         for p in alive
-        if p.reservation_id not in lost
+        if p.reservation_id not in a.lost
         for resource, n in p.candidate.resources.items()
     )
     if not holds:
@@ -290,14 +286,14 @@ async def _hold_scalars(
     params = {"node_ids": [k[0] for k in keys], "resources": [k[1] for k in keys]}
     # SELECT node_id, resource FROM node_resources WHERE (node_id, resource) IN (...)
     #  ORDER BY node_id, resource FOR UPDATE [SKIP LOCKED]
-    locked = {(r[0], r[1]) for r in (await lock_scalars_statement(skip_locked).run(conn, params)).all()}
+    locked = {(r[0], r[1]) for r in (await lock_scalars_statement(a.skip_locked).run(a.conn, params)).all()}
     groups: dict[tuple[str, str], list[tuple[str, Decimal, PlannedRow]]] = defaultdict(list)
     for node_id, resource, rid, _n, p in holds:
         if (node_id, resource) not in locked:
-            if rid not in lost:
-                lost[rid] = _lost(p, SCALAR_RAN_OUT, resource)
+            if rid not in a.lost:
+                a.lost[rid] = _lost(p, SCALAR_RAN_OUT, resource)
     for node_id, resource, rid, n, p in holds:
-        if rid not in lost:
+        if rid not in a.lost:
             groups[(node_id, resource)].append((rid, n, p))
     totals: dict[tuple[str, str, Any, Any], Decimal] = defaultdict(Decimal)
     for (node_id, resource), group in groups.items():
@@ -307,7 +303,7 @@ async def _hold_scalars(
         key for key in groups if windows_apart(k for k in totals if (k[0], k[1]) == key)
     }
     rows = [
-        (ids[rid], resource, node_id, n, r.start, r.end, totals[(node_id, resource, r.start, r.end)])
+        (a.ids[rid], resource, node_id, n, r.start, r.end, totals[(node_id, resource, r.start, r.end)])
         for (node_id, resource), group in groups.items()
         if (node_id, resource) in apart
         for rid, n, p in group
@@ -318,27 +314,29 @@ async def _hold_scalars(
         columns = [list(c) for c in zip(*rows, strict=True)]
         names = ("ids", "resources", "node_ids", "amounts", "starts", "ends", "totals")
         # <HOLD_SCALARS>: INSERT ... SELECT FROM unnest(...) WHERE peak + group total <= cap RETURNING
-        written = await HOLD_SCALARS.run(conn, {**dict(zip(names, columns, strict=True)), "pool_id": pool_id})
+        written = await HOLD_SCALARS.run(
+            a.conn, {**dict(zip(names, columns, strict=True)), "pool_id": a.pool_id}
+        )
         held = {(r[0], r[1]) for r in written.all()}
     for (node_id, resource), group in sorted(groups.items()):
-        if all((ids[rid], resource) in held for rid, _, _ in group if rid not in lost):
+        if all((a.ids[rid], resource) in held for rid, _, _ in group if rid not in a.lost):
             continue
         for rid, n, p in group:  # one at a time: the first that no longer fit lose
-            if rid in lost or (ids[rid], resource) in held:
+            if rid in a.lost or (a.ids[rid], resource) in held:
                 continue
             r = p.request
             one = {
-                "allocation_id": ids[rid],
+                "allocation_id": a.ids[rid],
                 "resource": resource,
                 "node_id": node_id,
-                "pool_id": pool_id,
+                "pool_id": a.pool_id,
                 "amount": n,
                 "starts_at": r.start,
                 "ends_at": r.end,
             }
             # INSERT INTO scalar_holdings ... WHERE <peak> + :amount <= floor(allocatable * ratio) RETURNING
-            if (await conn.execute(HOLD_SCALAR, one)).first() is None:
-                lost[rid] = _lost(p, SCALAR_RAN_OUT, resource)
+            if (await a.conn.execute(HOLD_SCALAR, one)).first() is None:
+                a.lost[rid] = _lost(p, SCALAR_RAN_OUT, resource)
 
 
 async def delete_allocations(conn: AsyncConnection, allocation_ids: Iterable[str]) -> None:
