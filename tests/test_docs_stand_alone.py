@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # the design and the specifications this project was first written from live outside the repository
-OUTSIDE = re.compile("DESIGN" + r"\.md|STYLE" + r"\.md|seed 00[0-9]", re.IGNORECASE)
+OUTSIDE = re.compile("DESIGN" + r"\.md|STYLE" + r"\.md|seed" + r" 00[0-9]", re.IGNORECASE)
 NAMED_PATH = re.compile(r"`((?:app|tests|docs|bench|alembic|openapi|examples)/[A-Za-z0-9_./-]+)`")
 
 
