@@ -144,3 +144,15 @@ def test_no_module_imports_another_modules_private_names() -> None:
                 if private:
                     found.append(f"{path.relative_to(ROOT)}: from {node.module} import {', '.join(private)}")
     assert found == []
+
+
+MAX_MODULE_LINES = 500  # docs/architecture.md, "Folder layout": a module holds one concern
+
+
+def test_no_module_is_over_500_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in sorted((ROOT / "app").rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
