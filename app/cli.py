@@ -48,8 +48,10 @@ def serve(
     demo: Annotated[bool, typer.Option("--demo", help="Load the demo pool and print an admin key.")] = False,
     workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
 ) -> None:
-    """Run the HTTP service (on the embedded PostgreSQL when DATABASE_URL is unset). A bad setting or
-    an unreachable database: one line on stderr and exit 2 (docs/operating.md, "Settings")."""
+    """Run the HTTP service (on the embedded PostgreSQL when DATABASE_URL is unset).
+
+    A bad setting or an unreachable database: one line on stderr and exit 2 (docs/operating.md,
+    "Settings")."""
     import uvicorn
 
     from app.db.engine import default_data_dir, migrate
@@ -77,7 +79,8 @@ def serve(
             console.print(f"[bold]admin key[/bold] (shown once): {summary['adminKey']}")
         else:
             console.print("admin key: BC_BOOTSTRAP_ADMIN_KEY")
-        console.print(f"try: curl -s -H 'Authorization: Bearer <key>' http://{host}:{port}/v1/pools")
+        shown = summary.get("adminKey") or "$BC_BOOTSTRAP_ADMIN_KEY"
+        console.print(f"try: curl -s -H 'Authorization: Bearer {shown}' http://{host}:{port}/v1/pools")
         console.print("(each start with --demo prints a new admin key; earlier ones stay valid)")
     where = (
         "DATABASE_URL"

@@ -140,6 +140,17 @@ def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+def _not_an_object(content_type: str) -> str:
+    """The message for a body that is not a JSON object, naming a content type that is not JSON (a
+    ``curl -d`` without ``-H 'Content-Type: application/json'`` sends a form)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        return "the body must be a JSON object"
+    return (
+        f"the body must be a JSON object sent as Content-Type: application/json (it was {media or 'missing'})"
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map AppError, validation errors, HTTP errors and unexpected errors to the one shape (and say so
     in the OpenAPI document: :func:`document_errors`)."""
@@ -167,7 +178,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(unavailable.to_body(), status_code=503, headers=unavailable.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors: list[dict[str, Any]] = []
         for e in exc.errors():
             loc, kind = tuple(e.get("loc", ())), e.get("type", "")
@@ -184,6 +195,8 @@ def install_error_handlers(app: FastAPI) -> None:
         for e in errors:
             if e["type"] == "missing" and e["path"] == "":
                 e["message"] = "a JSON body is required"
+            if e["path"] == "" and e["type"] in ("model_attributes_type", "dict_type"):
+                e["message"] = _not_an_object(request.headers.get("content-type", ""))
             if e["type"] == "json_invalid":  # the location is a byte offset, not a field
                 e["message"] = f"the body is not valid JSON ({e['message']} at character {e['path']})"
                 e["path"] = ""
@@ -205,11 +218,13 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:  # FastAPI could not read the body (not UTF-8 / not JSON): bad input
+            message = f"the body could not be read as JSON: {exc.detail}"
+            error = {"path": "", "message": message, "type": "json_invalid"}
             body = {
                 "error": {
                     "code": "INVALID_INPUT",
-                    "message": f"the body could not be read as JSON: {exc.detail}",
-                    "details": {"path": ""},
+                    "message": message,
+                    "details": {"path": "", "errors": [error]},
                 }
             }
             return JSONResponse(body, status_code=422)

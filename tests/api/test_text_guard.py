@@ -57,6 +57,7 @@ async def test_a_body_that_is_not_utf8_is_invalid_input(admin_client: httpx.Asyn
         "/v1/pools", content=b"\xff\xfe{", headers={"Content-Type": "application/json"}
     )
     assert r.status_code == 422 and r.json()["error"]["code"] == "INVALID_INPUT"
+    assert r.json()["error"]["details"]["errors"][0]["path"] == ""  # details.errors on every 422
     wrong = await admin_client.request("TRACE", "/healthz")
     assert wrong.status_code == 405 and "GET" in wrong.headers.get("allow", "")
 
@@ -80,3 +81,20 @@ async def test_a_key_named_twice_is_refused_on_every_route(admin_client: httpx.A
     assert empty.status_code == 422 and empty.json()["error"]["message"] == "a JSON body is required"
     age = await admin_client.post("/v1/placement/explain", json={"fleet": {}, "request": {}, "maxAge": True})
     assert age.status_code == 422 and age.json()["error"]["details"]["path"] == "maxAge"
+
+
+async def test_a_body_that_is_not_a_json_object_says_what_to_send(admin_client: httpx.AsyncClient) -> None:
+    pool = await make_pool(admin_client)
+    body = json.dumps({"tenantId": "t", "poolId": pool, "devices": [], "idempotencyKey": "k"})
+    form = await admin_client.post(
+        "/v1/reservations", content=body, headers={"Content-Type": "application/x-www-form-urlencoded"}
+    )
+    error = form.json()["error"]
+    assert form.status_code == 422 and error["details"]["path"] == ""
+    assert error["message"] == (
+        "the body must be a JSON object sent as Content-Type: application/json "
+        "(it was application/x-www-form-urlencoded)"
+    )
+    listed = await admin_client.post("/v1/reservations", json=[])
+    assert listed.status_code == 422 and listed.json()["error"]["message"] == "the body must be a JSON object"
+    assert (await admin_client.get("/v1/reservations")).json()["items"] == []
