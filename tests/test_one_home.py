@@ -55,6 +55,8 @@ HOMES: list[tuple[str, bool, str]] = [
     ("Ended", True, "app/capacity/conditions.py"),
     ("WindowEnded", True, "app/capacity/conditions.py"),
     ("WindowPassed", True, "app/capacity/conditions.py"),
+    ("DeadlinePassed", True, "app/capacity/conditions.py"),
+    ("passed while the reservation was {}", False, "app/capacity/conditions.py"),
     ("Released", True, "app/capacity/conditions.py"),
     ("Scheduled", True, "app/capacity/controllers/wake.py"),
     ("Woken", True, "app/capacity/controllers/wake.py"),

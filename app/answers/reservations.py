@@ -87,6 +87,10 @@ class ReservationSpec(ApiModel):
     resources: dict[str, Number]
     start: Timestamp | None = Field(description="ISO 8601; null: the database's now when placed")
     duration: str | int
+    deadline: Timestamp | None = Field(
+        default=None,
+        description="ISO 8601; still pending or queued then, it is ended (DeadlinePassed); null: none",
+    )
     binding: Literal["device", "node", "kubernetes"]
     gang: GangSpec | None
     spot: bool

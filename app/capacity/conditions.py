@@ -1,10 +1,10 @@
 """The one home of a reservation's conditions made by the capacity service (docs/architecture.md, "Reservation
 lifecycle"): each is a :class:`~app.answers.reservations.Condition`, ``{type, status: "True", reason,
 message}`` plus the fields of its kind. ``Unschedulable`` (its reasons, and how a newer one replaces the
-one before), ``Ended`` (``WindowEnded``, ``WindowPassed``) and ``Released`` (``ReleaseRequested``) are
-made here; ``Scheduled`` by the wake (:mod:`app.capacity.controllers.wake`), ``Repaired`` by
-BookingRepair (:mod:`app.capacity.controllers.repair`) and ``Preempted`` by spot preemption
-(:mod:`app.capacity.placing.preemption`) carry fields of their own.
+one before), ``Ended`` (``WindowEnded``, ``WindowPassed``, ``DeadlinePassed``) and ``Released``
+(``ReleaseRequested``) are made here; ``Scheduled`` by the wake (:mod:`app.capacity.controllers.wake`),
+``Repaired`` by BookingRepair (:mod:`app.capacity.controllers.repair`) and ``Preempted`` by spot
+preemption (:mod:`app.capacity.placing.preemption`) carry fields of their own.
 
 ``{type: Unschedulable, status: "True", reason, message}``, ``reason`` being ``NoFit`` (nothing fits: the
 message is the pending summary of :mod:`app.placement.summary`, or the lost races of the placer) or
@@ -30,6 +30,7 @@ QUOTA_EXCEEDED = "QuotaExceeded"
 ENDED = "Ended"
 WINDOW_ENDED = "WindowEnded"
 WINDOW_PASSED = "WindowPassed"
+DEADLINE_PASSED = "DeadlinePassed"
 RELEASED = "Released"
 RELEASE_REQUESTED = "ReleaseRequested"
 
@@ -81,6 +82,16 @@ def window_passed_condition(start: datetime) -> Condition:
     """The condition of a pending reservation whose explicit start passed before it could be placed."""
     return condition(
         ENDED, WINDOW_PASSED, f"the start {start.isoformat()} passed while the reservation was pending"
+    )
+
+
+def deadline_passed_condition(deadline: datetime, status_before: str) -> Condition:
+    """The condition of a reservation still ``status_before`` (pending or queued) at its ``deadline``
+    (docs/lifecycle.md, "Deadlines")."""
+    return condition(
+        ENDED,
+        DEADLINE_PASSED,
+        f"the deadline {deadline.isoformat()} passed while the reservation was {status_before}",
     )
 
 

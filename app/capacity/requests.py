@@ -51,7 +51,13 @@ def quota_amounts(request: PlacementRequest) -> dict[str, Decimal]:
 
 def check_start(body: ReservationRequest, now: datetime, max_lead: timedelta = MAX_LEAD) -> None:
     """Raise InvalidInput (path ``start``) for a window that starts in the past (more than 60 s behind
-    the database clock, to allow for client clock skew) or more than ``max_lead`` ahead of it."""
+    the database clock, to allow for client clock skew) or more than ``max_lead`` ahead of it, and
+    (path ``deadline``) for a deadline at or before the database clock: such a reservation could never
+    be placed (docs/lifecycle.md, "Deadlines")."""
+    if body.deadline is not None and body.deadline <= now:
+        raise InvalidInput(
+            f"deadline {body.deadline.isoformat()} has passed (now {now.isoformat()})", path="deadline"
+        )
     if body.start is None:
         return
     if body.start < now - START_SKEW:

@@ -30,6 +30,12 @@ from app.placement.model import PlacementRequest
 from app.placement.request import ReservationRequest
 
 
+def spec_view(spec: dict[str, Any]) -> ReservationSpec:
+    """The answer's ``spec`` from a stored spec: ``deadline`` is shown ``null`` when the spec has none
+    (none was given: the spec leaves it out, so specs stored before deadlines hash alike)."""
+    return ReservationSpec.model_validate({"deadline": None, **spec})
+
+
 def placed_view(
     body: ReservationRequest,
     reservation_id: str,
@@ -47,7 +53,7 @@ def placed_view(
         poolId=body.poolId,
         status=ReservationStatus.placed,
         idempotencyKey=body.idempotencyKey,
-        spec=ReservationSpec.model_validate(spec),
+        spec=spec_view(spec),
         allocations=allocs,
         conditions=conditions or [],
         createdAt=created_at.isoformat(),
@@ -155,7 +161,7 @@ def _reservation(row: Any, allocs: list[Allocation], status: str, conditions: li
         poolId=row.pool_id,
         status=status,
         idempotencyKey=row.idempotency_key,
-        spec=ReservationSpec.model_validate(row.spec),
+        spec=spec_view(row.spec),
         allocations=allocs,
         conditions=conditions,
         createdAt=row.created_at.isoformat(),

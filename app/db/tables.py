@@ -178,6 +178,8 @@ reservations = sa.Table(
     sa.Column("released_at", TS),
     # the end of the placed window: the lifecycle controller ends the reservation after it
     sa.Column("ends_at", TS),
+    # the latest start (the body's deadline, also in spec): still waiting then, it is ended
+    sa.Column("deadline", TS),
     sa.UniqueConstraint("tenant_id", "idempotency_key"),
     sa.CheckConstraint(
         "status IN ('placed', 'pending', 'queued', 'released', 'preempted', 'ended')", name="status"
@@ -198,6 +200,13 @@ reservations = sa.Table(
         "created_at",
         "id",
         postgresql_where=sa.text("status = 'queued'"),
+    ),
+    # the lifecycle's deadline sweep reads waiting reservations by their deadline
+    # (app/capacity/controllers/lifecycle.py, end_passed_deadlines)
+    sa.Index(
+        "ix_reservations_waiting_deadline",
+        "deadline",
+        postgresql_where=sa.text("status IN ('pending', 'queued') AND deadline IS NOT NULL"),
     ),
 )
 

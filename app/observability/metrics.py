@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.capacity.commit.lost_races import LOST_RACE_KINDS
+from app.capacity.conditions import DEADLINE_PASSED, WINDOW_ENDED, WINDOW_PASSED
 from app.capacity.controllers import census
 from app.errors import AppError
 
@@ -154,6 +155,14 @@ REPAIRS = Counter(
     "atoms of its node), other_node, or pending (nothing fits; the reservation waits).",
     ["result"],
 )
+ENDED_REASONS = (WINDOW_ENDED, WINDOW_PASSED, DEADLINE_PASSED)
+RESERVATIONS_ENDED = Counter(
+    "bc_reservations_ended_total",
+    "Reservations the lifecycle controller ended, by the reason of their Ended condition: WindowEnded "
+    "(placed, window over), WindowPassed (pending, its explicit start passed) or DeadlinePassed (pending or "
+    "queued at its deadline).",
+    ["reason"],
+)
 # 0.1 s .. ~27 h, factor 4
 WAIT_BUCKETS = tuple(0.1 * 4**i for i in range(10))
 WAKE_WAIT = Histogram(
@@ -210,6 +219,8 @@ for _result in WAKE_RESULTS:
     WAKES.labels(_result)
 for _result in REPAIR_RESULTS:
     REPAIRS.labels(_result)
+for _reason in ENDED_REASONS:
+    RESERVATIONS_ENDED.labels(_reason)
 for _source in WAKE_SOURCES:
     WAKE_EDGES_HEARD.labels(_source)
 for _result in PREEMPTION_RESULTS:

@@ -72,6 +72,13 @@ def window_end(start: datetime, seconds: int) -> datetime | None:
     return end
 
 
+def deadline_passed(deadline: datetime | None, start: datetime) -> bool:
+    """True when a window starting at ``start`` may not be taken because of the reservation's
+    ``deadline``: the start is at or after it (docs/lifecycle.md, "Deadlines"). At its deadline a
+    reservation still waiting is due to be ended, so the deadline instant itself is too late."""
+    return deadline is not None and start >= deadline
+
+
 def parse_duration(value: str | int) -> int:
     """Seconds from ``'90m'``, ``'1d'``, ``'3d'``, ``'2h'``, ``'30s'``, ``'1w'`` or a whole number of
     seconds. Raises ``ValueError`` for anything else, zero, or more than 366 days."""
@@ -221,7 +228,8 @@ class ReservationRequest(BaseModel):
     """The body of ``POST /v1/reservations`` and ``POST /v1/capacity/preview`` (docs/api.md).
 
     At least one device or resource; ``duration`` is ``'90m'``, ``'1d'`` or seconds; ``start`` defaults
-    to the database's now. ``nodeLabels`` is refused: only modules set it through the capacity port.
+    to the database's now. ``deadline``, when given, is after ``start``: the latest instant a window may
+    start (:func:`deadline_passed`). ``nodeLabels`` is refused: only modules set it through the capacity port.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -237,6 +245,11 @@ class ReservationRequest(BaseModel):
         description="ISO 8601 with a UTC offset, in years 1970..9999; absent: the database's now",
     )
     duration: Annotated[StrictStr | StrictInt, WithJsonSchema(DURATION_SCHEMA)]  # a boolean is neither
+    deadline: datetime | None = Field(
+        default=None,
+        description="ISO 8601 with a UTC offset, after start, in years 1970..9999: a reservation still "
+        "pending or queued then is ended (DeadlinePassed); absent: it waits without end",
+    )
     binding: Literal["device", "node", "kubernetes"] = "device"
     gang: GangBody | None = None
     spot: StrictBool = False
@@ -260,6 +273,20 @@ class ReservationRequest(BaseModel):
             raise ValueError(f"start + duration ends after year {LAST_WINDOW_YEAR}")
         return value
 
+    @field_validator("deadline")
+    @classmethod
+    def _deadline(cls, value: datetime | None, info: ValidationInfo) -> datetime | None:
+        if value is None:
+            return value
+        if value.tzinfo is None:
+            raise ValueError("deadline needs a timezone, e.g. 2026-12-01T12:00:00Z")
+        if window_end(value, 0) is None:
+            raise ValueError(f"deadline must lie in years {FIRST_WINDOW_YEAR}..{LAST_WINDOW_YEAR} (UTC)")
+        start = info.data.get("start")  # validated before deadline (field order)
+        if start is not None and value <= start:
+            raise ValueError(f"deadline must be after start ({start.isoformat()})")
+        return value
+
     @model_validator(mode="after")
     def _claims_something(self) -> ReservationRequest:
         if not self.devices and not self.resources:
@@ -277,6 +304,8 @@ class ReservationRequest(BaseModel):
         """The canonical JSON spec stored with a reservation and compared for idempotent retries."""
         spec = self.model_dump(mode="json", by_alias=True, exclude={"idempotencyKey"})
         spec["resources"] = {name: num(amount) for name, amount in self.resources.items()}
+        if spec["deadline"] is None:  # absent, as in the specs stored before deadlines: same hash
+            del spec["deadline"]
         return spec
 
 

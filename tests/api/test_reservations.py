@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -199,6 +200,47 @@ async def test_malformed_request_is_422_with_path_and_writes_nothing(
     err = (await admin_client.post("/v1/reservations", json=shorthand)).json()["error"]
     assert err["details"]["path"] == "devices.0.selector" and err["details"]["position"] == 6
     assert await _counts(engine) == before
+
+
+async def test_a_bad_deadline_is_422_at_deadline_and_writes_nothing(
+    admin_client: httpx.AsyncClient, engine: Any
+) -> None:
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("n1"))
+    async with engine.connect() as conn:
+        now = (await conn.exec_driver_sql("SELECT now()")).scalar_one()
+    start = now + timedelta(hours=1)
+    before = await _counts(engine)
+    cases: list[dict[str, Any]] = [
+        {"deadline": "2030-01-01T00:00:00"},  # no timezone
+        {"deadline": "tomorrow"},
+        {"deadline": "0001-01-01T00:00:00Z"},  # outside years 1970..9999
+        {"deadline": "2020-01-01T00:00:00Z"},  # passed: it could never be placed
+        {"start": start.isoformat(), "deadline": (start - timedelta(minutes=1)).isoformat()},
+        {"start": start.isoformat(), "deadline": start.isoformat()},  # after the start, not at it
+    ]
+    for fields in cases:
+        body = reservation(pool, 1, key="deadline-1", **fields)
+        for route in ("/v1/reservations", "/v1/capacity/preview"):
+            r = await admin_client.post(route, json=body)
+            assert r.status_code == 422, (route, fields, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "INVALID_INPUT" and err["details"]["path"] == "deadline", (fields, err)
+        bulk = await admin_client.post("/v1/reservations/batch", json={"items": [body]})
+        [item] = bulk.json()["items"]
+        assert item["status"] == 422 and item["error"]["details"]["path"] == "items.0.deadline", item
+    assert await _counts(engine) == before
+    # the key was not used: the same key with a good deadline creates, and the answers show it
+    deadline = now + timedelta(hours=2)
+    body = reservation(pool, 1, key="deadline-1", deadline=deadline.isoformat())
+    created = await admin_client.post("/v1/reservations", json=body)
+    assert created.status_code == 201 and created.json()["status"] == "placed"
+    assert datetime.fromisoformat(created.json()["spec"]["deadline"]) == deadline
+    got = (await admin_client.get(f"/v1/reservations/{created.json()['id']}")).json()
+    assert got == created.json()
+    # the deadline is part of the body: a retry with another one is another body
+    other = reservation(pool, 1, key="deadline-1", deadline=(deadline + timedelta(minutes=1)).isoformat())
+    assert (await admin_client.post("/v1/reservations", json=other)).status_code == 409
 
 
 async def test_idempotent_retry_returns_the_same_reservation(

@@ -7,7 +7,8 @@ replica is simply not found by the others. A task runs every ``interval`` second
 :meth:`Lifecycle.poke` names it (an edge heard in this process). A failing run is logged and retried at
 the next tick; it never stops the controller.
 
-Built in: ``end-reservations`` (placed reservations whose window is over become ``ended``). Other parts
+Built in: ``end-reservations`` (placed reservations whose window is over become ``ended``, and so do
+pending ones whose explicit start passed and waiting ones whose deadline passed). Other parts
 add their own task to :func:`default_tasks` (or pass more to :class:`Lifecycle`).
 """
 
@@ -25,11 +26,20 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.answers.reservations import Condition
-from app.capacity.conditions import appended, ended_condition, window_passed_condition
+from app.capacity.conditions import (
+    DEADLINE_PASSED,
+    WINDOW_ENDED,
+    WINDOW_PASSED,
+    appended,
+    deadline_passed_condition,
+    ended_condition,
+    window_passed_condition,
+)
 from app.capacity.config import END_BATCH
 from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import db_now
 from app.db.tables import TS, reservations
+from app.observability.metrics import RESERVATIONS_ENDED
 
 
 async def end_reservations(
@@ -63,6 +73,7 @@ async def end_reservations(
         await _mark_ended(conn, [(r.id, r.conditions, ended_condition(r.ends_at)) for r in due])
         for pool_id in sorted({r.pool_id for r in due}):
             await notify_pool(conn, pool_id)  # wake edge: an end (what was held stopped counting)
+    RESERVATIONS_ENDED.labels(WINDOW_ENDED).inc(len(due))
     return [r.id for r in due]
 
 
@@ -93,6 +104,49 @@ async def end_passed_windows(
             )
         ).all()
         await _mark_ended(conn, [(r.id, r.conditions, window_passed_condition(r.start)) for r in due])
+    RESERVATIONS_ENDED.labels(WINDOW_PASSED).inc(len(due))
+    return [r.id for r in due]
+
+
+# ``status IN ('pending', 'queued')`` with the literals in the SQL text, so that the plan can prove the
+# partial index ix_reservations_waiting_deadline's predicate (bound values could not prove it)
+IS_WAITING = reservations.c.status.in_([sa.literal_column("'pending'"), sa.literal_column("'queued'")])
+
+
+async def end_passed_deadlines(
+    engine: AsyncEngine, now: datetime | None = None, limit: int = END_BATCH
+) -> list[str]:
+    """Move pending and queued reservations whose ``deadline`` is at or before ``now`` (default: the
+    database clock) to ``ended`` with the condition ``Ended`` / ``DeadlinePassed``; returns their ids,
+    earliest deadline first (docs/lifecycle.md, "Deadlines").
+
+    A waiting reservation holds nothing (no booking, holding or quota), so nothing is freed and no wake
+    edge is sent. Replica-safe as :func:`end_reservations`: the rows are claimed ``FOR UPDATE SKIP
+    LOCKED`` (a wake placing one holds its row, and is skipped; a queued one in a batch worker's claim
+    too), and PostgreSQL re-checks ``status`` on a row it locks, so one placed, released or ended
+    meanwhile is not ended here, and each reservation is ended once."""
+    async with engine.begin() as conn:
+        at = now if now is not None else await db_now(conn)
+        # SELECT id, status, deadline, conditions FROM reservations
+        #  WHERE status IN ('pending', 'queued') AND deadline <= :now
+        #  ORDER BY deadline LIMIT :limit FOR UPDATE SKIP LOCKED       -- ix_reservations_waiting_deadline
+        due = (
+            await conn.execute(
+                sa.select(
+                    reservations.c.id,
+                    reservations.c.status,
+                    reservations.c.deadline,
+                    reservations.c.conditions,
+                )
+                .where(IS_WAITING, reservations.c.deadline <= at)
+                .order_by(reservations.c.deadline)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+        ).all()
+        ended = [(r.id, r.conditions, deadline_passed_condition(r.deadline, r.status)) for r in due]
+        await _mark_ended(conn, ended)
+    RESERVATIONS_ENDED.labels(DEADLINE_PASSED).inc(len(due))
     return [r.id for r in due]
 
 
@@ -124,10 +178,10 @@ class LifecycleTask:
 
 async def _end_all_due(engine: AsyncEngine) -> int:
     """End every reservation that is due, in batches: placed ones whose window is over
-    (``WindowEnded``), then pending ones whose explicit start passed (``WindowPassed``); returns how many
-    were ended."""
+    (``WindowEnded``), then pending ones whose explicit start passed (``WindowPassed``), then pending or
+    queued ones whose deadline passed (``DeadlinePassed``); returns how many were ended."""
     total = 0
-    for end in (end_reservations, end_passed_windows):
+    for end in (end_reservations, end_passed_windows, end_passed_deadlines):
         while True:
             ended = await end(engine)
             total += len(ended)

@@ -18,7 +18,8 @@ large request does not block the small ones behind it (it can then wait long: do
 Placing a woken reservation is creation's path: the inline placer plans and commits with the guarded
 statements, which charge quota last (a pending one holds nothing). It is placed at
 ``[now, now + duration)`` when it has no explicit ``start``, else for its own window; one whose explicit
-start passed is ended by the lifecycle's end task (``WindowPassed``), never placed late. A reservation
+start passed is ended by the lifecycle's end task (``WindowPassed``), never placed late; so is one whose
+window would start at or after its ``deadline`` (``DeadlinePassed``, docs/lifecycle.md). A reservation
 that fits but whose tenant's quota does not hold now stays pending (condition reason ``QuotaExceeded``)
 until a quota edge of its tenant. A placed one gets the condition ``Scheduled`` with the time it waited.
 
@@ -65,7 +66,7 @@ from app.capacity.requests import placement_request, quota_amounts
 from app.db.tables import reservations
 from app.errors import QuotaExceeded
 from app.observability.metrics import WAKE_EDGES_HEARD, WAKE_WAIT, WAKES
-from app.placement.request import ReservationRequest
+from app.placement.request import ReservationRequest, deadline_passed
 
 log = logging.getLogger("better_compute.wake")
 
@@ -143,6 +144,8 @@ async def _wake_one(
         return Woken(row.id, STILL_PENDING)  # its window passed: the end task ends it (WindowPassed)
     request = placement_request(config, body, now)
     assert request.start is not None and request.end is not None
+    if deadline_passed(row.deadline, request.start):
+        return Woken(row.id, STILL_PENDING)  # too late to start: the end task ends it (DeadlinePassed)
     charge = QuotaCharge(
         row.tenant_id, row.pool_id, row.id, quota_amounts(request), request.start, request.end
     )

@@ -61,12 +61,13 @@ async def insert_reservations(
                 "spec": spec,
                 "spec_hash": spec_hash(spec),
                 "idempotency_key": b.idempotencyKey,
+                "deadline": b.deadline,
             }
         )
     inserted: dict[str, Any] = {}
     if values:
-        # INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key)
-        #   VALUES (...), ... ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING *
+        # INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key,
+        #   deadline) VALUES (...), ... ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING *
         rows = (
             await conn.execute(
                 pg_insert(reservations)

@@ -79,7 +79,7 @@ from app.observability.metrics import (
     QUEUED_WAIT,
     count_batch_attempts,
 )
-from app.placement.request import ReservationRequest
+from app.placement.request import ReservationRequest, deadline_passed
 
 log = logging.getLogger("better_compute.queue")
 
@@ -93,6 +93,9 @@ READ = "compute:reservations:read"
 # ``status = 'queued'`` with the literal in the SQL text, so that even a generic plan of the prepared
 # statement can use the partial index ix_reservations_queued (a bound status could not prove its WHERE)
 IS_QUEUED = reservations.c.status == sa.literal_column("'queued'")
+# the Unschedulable messages of a queued reservation decided too late to place (docs/lifecycle.md)
+START_PASSED_WHILE_QUEUED = "the start passed while the reservation was queued"
+DEADLINE_PASSED_WHILE_QUEUED = "the deadline passed while the reservation was queued"
 
 
 def queues(config: CapacityConfig, body: ReservationRequest) -> bool:
@@ -126,8 +129,8 @@ async def create(
         return with_warnings(row_view(row, []), warnings), True
 
 
-# INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key)
-#   SELECT :id, :tenant_id, p.id, 'queued', :spec, :spec_hash, :idempotency_key FROM pools p
+# INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key, deadline)
+#   SELECT :id, :tenant_id, p.id, 'queued', :spec, :spec_hash, :idempotency_key, :deadline FROM pools p
 #    WHERE p.id = :pool_id
 #   ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
 #   RETURNING reservations.*, pg_notify('bc_queue', reservations.pool_id),
@@ -139,7 +142,7 @@ async def create(
 ENQUEUE = Prepared(
     pg_insert(reservations)
     .from_select(
-        ["id", "tenant_id", "pool_id", "status", "spec", "spec_hash", "idempotency_key"],
+        ["id", "tenant_id", "pool_id", "status", "spec", "spec_hash", "idempotency_key", "deadline"],
         sa.select(
             sa.bindparam("id", type_=sa.Text),
             sa.bindparam("tenant_id", type_=sa.Text),
@@ -148,6 +151,7 @@ ENQUEUE = Prepared(
             sa.bindparam("spec", type_=JSONB),
             sa.bindparam("spec_hash", type_=sa.Text),
             sa.bindparam("idempotency_key", type_=sa.Text),
+            sa.bindparam("deadline", type_=reservations.c.deadline.type),
         ).where(pools.c.id == sa.bindparam("pool_id", type_=sa.Text)),
     )
     .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
@@ -178,6 +182,7 @@ async def _enqueue(conn: AsyncConnection, body: ReservationRequest, spec: dict[s
         "spec": spec,
         "spec_hash": digest,
         "idempotency_key": body.idempotencyKey,
+        "deadline": body.deadline,
     }
     return (await ENQUEUE.run(conn, params)).first()
 
@@ -291,21 +296,22 @@ async def _work_batch(
             if not rows:
                 return 0, claim.left
             entries: dict[str, BatchEntry] = {}
-            passed: set[str] = set()
+            passed: dict[str, str] = {}  # too late to place: pending with this reason, the end task ends it
             for row in rows:
                 body = ReservationRequest.model_validate({**row.spec, "idempotencyKey": row.idempotency_key})
                 if body.start is not None and body.start <= now:
-                    passed.add(row.id)  # its window passed while queued: pending, the end task ends it
+                    passed[row.id] = START_PASSED_WHILE_QUEUED
                     continue
                 request = placement_request(config, body, now)
+                assert request.start is not None
+                if deadline_passed(row.deadline, request.start):
+                    passed[row.id] = DEADLINE_PASSED_WHILE_QUEUED
+                    continue
                 entries[row.id] = BatchEntry(row.id, request, quota_amounts(request))
             opts = batch_options(config)
             planning = True
             tokens = await place_batch(conn, cache, opts, pool_id, list(entries.values()), warm)
-            passed_reason = "the start passed while the reservation was queued"
-            decisions = [
-                _decision(entries.get(r.id), r, passed_reason if r.id in passed else None) for r in rows
-            ]
+            decisions = [_decision(entries.get(r.id), r, passed.get(r.id)) for r in rows]
             views = [decided_view(r, d, entries.get(r.id)) for r, d in zip(rows, decisions, strict=True)]
             await decide(conn, decisions, views)
             _observe(rows, decisions, now)

@@ -145,8 +145,9 @@ async def _create(
         return with_warnings(await _store_pending(conn, charge, reason), warnings), True
 
 
-# WITH inserted AS (INSERT INTO reservations (...) VALUES (...) ON CONFLICT (tenant_id, idempotency_key)
-#                   DO NOTHING RETURNING created_at)       -- no row: the key was used (or is being used)
+# WITH inserted AS (INSERT INTO reservations (..., deadline) VALUES (...)
+#                   ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING created_at)
+#                                                  -- no row: the key was used (or is being used)
 # SELECT inserted.created_at, p.id, p.archived_at, p.inventory_version
 #   FROM pools p LEFT JOIN inserted ON true WHERE p.id = :pool
 #                          -- a plain read: the pool row is locked FOR SHARE only right before the commit
@@ -161,6 +162,7 @@ _INSERTED = (
         spec=sa.bindparam("spec", type_=reservations.c.spec.type),
         spec_hash=sa.bindparam("spec_hash", type_=sa.Text),
         idempotency_key=sa.bindparam("idempotency_key", type_=sa.Text),
+        deadline=sa.bindparam("deadline", type_=TS),
     )
     .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
     .returning(reservations.c.created_at)
@@ -187,6 +189,7 @@ async def _insert_reservation(
         "spec": spec,
         "spec_hash": digest,
         "idempotency_key": body.idempotencyKey,
+        "deadline": body.deadline,
     }
     try:
         row = (await INSERT_RESERVATION.run(conn, params)).first()
