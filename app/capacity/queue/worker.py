@@ -294,7 +294,7 @@ async def _work_batch(
             passed: set[str] = set()
             for row in rows:
                 body = ReservationRequest.model_validate({**row.spec, "idempotencyKey": row.idempotency_key})
-                if body.start is not None and body.start <= now:
+                if body.fixed_start is not None and body.fixed_start <= now:
                     passed.add(row.id)  # its window passed while queued: pending, the end task ends it
                     continue
                 request = placement_request(config, body, now)
