@@ -15,14 +15,16 @@ Reads, all plain (no locks; a create commits what it finds through the guarded c
 
 Cost bound: those reads, the pure search (``O(m log m)`` per node for its ``m`` intervals), and at most
 ``BC_CAPACITY_EARLIEST_PLANS`` plans (default 16). Past that bound, or past ``last``, the answer is
-:class:`NoWindow` with its reason.
+:class:`NoWindow` with its reason. The intervals are read span by span (:func:`find_earliest`): one day
+of starts first, then twice as long each time, so the reads follow how far the answer lies, not how far
+the pool is booked ahead.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -68,6 +70,9 @@ def plans_spent_reason(plans: int) -> str:
     return f"earliest: no fit at the first {plans} candidate starts (BC_CAPACITY_EARLIEST_PLANS)"
 
 
+FIRST_SPAN = timedelta(days=1)  # the first span of starts searched; each next one doubles it
+
+
 async def find_earliest(
     conn: AsyncConnection,
     cache: PoolCache,
@@ -82,38 +87,59 @@ async def find_earliest(
     placement at that start would be (same pipeline, filters, shortlist and gang planner), within
     ``now + config.max_lead``; or :class:`NoWindow`. ``first_failed``: the caller planned
     ``request.start`` already and it did not fit, so that start is not planned again. Raises NotFound
-    (pool)."""
+    (pool).
+
+    Starts are searched in spans from ``request.start``: one day (:data:`FIRST_SPAN`), then each span
+    twice as long, up to the lead. The search of a span reads only the intervals overlapping it (plus the
+    window's length), and its candidate starts are exactly the wider search's starts within it, so a
+    request that fits soon reads only the near future, and one that fits late reads at most twice what
+    the last span holds."""
     assert request.start is not None and request.end is not None
     head = head or await read_pool_head(conn, request.pool_id)
     if head.archived:
         return NoWindow(ARCHIVED_POOL)
-    found = await read_search(conn, cache, head, request, now + config.max_lead)
+    last = now + config.max_lead
     duration = request.end - request.start
+    states = await _node_states(conn, head.id)
     plans = 0
-    for start in found.starts():
-        if first_failed and start == request.start:
-            continue
-        if plans >= config.earliest_plans:
-            return NoWindow(plans_spent_reason(plans))
-        plans += 1
-        moved = replace(request, start=start, end=start + duration)
-        outcome = await plan_request(conn, cache, moved, config.options, config.shortlist_min, head=head)
-        if outcome.head.archived:
-            return NoWindow(ARCHIVED_POOL)
-        if isinstance(outcome.plan, Plan):
-            return EarliestWindow(moved, outcome.plan)
-    return NoWindow(found.why_none())
+    searched: datetime | None = None  # the starts up to here were candidates of an earlier span
+    span = FIRST_SPAN
+    while True:
+        span_end = min(request.start + span, last)
+        found = await read_search(conn, cache, head, request, span_end, states)
+        for start in found.starts():
+            if (searched is not None and start <= searched) or (first_failed and start == request.start):
+                continue
+            if plans >= config.earliest_plans:
+                return NoWindow(plans_spent_reason(plans))
+            plans += 1
+            moved = replace(request, start=start, end=start + duration)
+            outcome = await plan_request(conn, cache, moved, config.options, config.shortlist_min, head=head)
+            if outcome.head.archived:
+                return NoWindow(ARCHIVED_POOL)
+            if isinstance(outcome.plan, Plan):
+                return EarliestWindow(moved, outcome.plan)
+        if span_end >= last:
+            return NoWindow(found.why_none())
+        searched, span = span_end, span * 2
 
 
 async def read_search(
-    conn: AsyncConnection, cache: PoolCache, head: PoolHead, request: PlacementRequest, last: datetime
+    conn: AsyncConnection,
+    cache: PoolCache,
+    head: PoolHead,
+    request: PlacementRequest,
+    last: datetime,
+    states: dict[str, NodeState] | None = None,
 ) -> EarliestSearch:
-    """The pure search for ``request`` with candidate starts up to ``last``, on this module's reads."""
+    """The pure search for ``request`` with candidate starts up to ``last``, on this module's reads
+    (``states``: the nodes' states when the caller read them already)."""
     assert request.start is not None and request.end is not None
     inventory = await cache.inventory(conn, head)
     lease = request.binding == NODE_BINDING
     span = window(request.start, last + (request.end - request.start))
-    states = await _node_states(conn, head.id)
+    if states is None:
+        states = await _node_states(conn, head.id)
     holdings = await _node_holdings(conn, head.id, request, span, lease)
     quota = await _quota_room(conn, request, span)
     snapshots = [
@@ -164,7 +190,8 @@ async def _node_holdings(
     """node id -> its bookings (of the requested classes' atoms; every atom for a lease) and scalar
     holdings (of the requested resources; every resource for a lease) overlapping ``span``::
 
-    SELECT d.node_id, array_agg(b.device_id), array_agg(lower(b.during)), array_agg(upper(b.during))
+    SELECT d.node_id, array_agg(b.device_id ORDER BY b.device_id, b.during), array_agg(lower(b.during) ...),
+           array_agg(upper(b.during) ...)
       FROM device_bookings b JOIN devices d ON d.pk = b.device_pk
      WHERE b.pool_id = :pool AND b.during && :span [AND d.class = ANY(:classes)]
      GROUP BY d.node_id
@@ -176,23 +203,25 @@ async def _node_holdings(
     if not lease:
         classes = sorted({d.device_class for d in request.devices})
         where.append(devices.c["class"] == sa.any_(sa.literal(classes, pg.ARRAY(sa.Text))))
-    bookings: dict[str, dict[str, list[tuple[datetime, datetime]]]] = defaultdict(lambda: defaultdict(list))
+    bookings: dict[str, dict[str, list[tuple[datetime, datetime]]]] = {}
     if lease or request.devices:
+        order = (device_bookings.c.device_id, device_bookings.c.during)  # per atom in time order
         stmt = (
             sa.select(
                 devices.c.node_id,
-                _raw_array(device_bookings.c.device_id),
-                _raw_array(sa.func.lower(device_bookings.c.during)),
-                _raw_array(sa.func.upper(device_bookings.c.during)),
+                _raw_array(pg.aggregate_order_by(device_bookings.c.device_id, *order)),
+                _raw_array(pg.aggregate_order_by(sa.func.lower(device_bookings.c.during), *order)),
+                _raw_array(pg.aggregate_order_by(sa.func.upper(device_bookings.c.during), *order)),
             )
             .join(devices, devices.c.pk == device_bookings.c.device_pk)
             .where(*where)
             .group_by(devices.c.node_id)
         )
         for node_id, atom_ids, starts, ends in (await conn.execute(stmt)).all():
-            per_atom = bookings[node_id]
-            for atom_id, s, e in zip(atom_ids, starts, ends, strict=True):
-                per_atom[atom_id].append((s, e))
+            per_atom: dict[str, list[tuple[datetime, datetime]]] = {}
+            for atom_id, held in zip(atom_ids, zip(starts, ends, strict=True), strict=True):
+                per_atom.setdefault(atom_id, []).append(held)
+            bookings[node_id] = per_atom
     scalars: dict[str, dict[str, list[Held]]] = defaultdict(lambda: defaultdict(list))
     if lease or request.resources:
         held_where: list[Any] = [
