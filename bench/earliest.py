@@ -165,13 +165,15 @@ async def run(args: argparse.Namespace) -> None:
             times = await measure(url, pool_id, expected, args.repeat)
             rows.append((size, times))
         print(
-            f"\n{'nodes':>7} {'plain p50':>10} {'p99':>8} {'earliest p50':>13} {'p99':>8} {'p99 ratio':>10}"
+            f"\n{'nodes':>7} {'plain p50':>10} {'p99':>8} {'earliest p50':>13} {'p99':>8} "
+            f"{'ratio p50':>10} {'p99':>6} {'no-fit plan p50':>16} {'p99':>8}"
         )
         for size, times in rows:
-            p, e = times["plain"], times["earliest"]
+            p, e, n = times["plain"], times["earliest"], times["no-fit plan"]
             print(
                 f"{size:>7,} {pct(p, 0.5):>8.1f}ms {pct(p, 0.99):>6.1f}ms {pct(e, 0.5):>11.1f}ms "
-                f"{pct(e, 0.99):>6.1f}ms {pct(e, 0.99) / pct(p, 0.99):>9.2f}x"
+                f"{pct(e, 0.99):>6.1f}ms {pct(e, 0.5) / pct(p, 0.5):>9.1f}x "
+                f"{pct(e, 0.99) / pct(p, 0.99):>5.1f}x {pct(n, 0.5):>14.1f}ms {pct(n, 0.99):>6.1f}ms"
             )
     finally:
         await admin_exec(args.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

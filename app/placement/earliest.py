@@ -199,42 +199,73 @@ def _judge(
     return _NodeJudge(node.id, atoms, counts, holdings, dict(request.resources), rooms, lease)
 
 
-@dataclass(frozen=True, slots=True)
 class EarliestSearch:
-    """The candidate starts of one request (:func:`search`): ``nodes`` judged, the ``quota``, the span
-    ``[first, last]`` of starts and the window length ``duration``; ``members`` nodes are needed at one
-    start (a gang's members, else 1)."""
+    """The candidate starts of one request in increasing order, over the nodes added so far
+    (:meth:`add`); :func:`search` adds every node at once. The span of starts is ``[first, last]``,
+    ``first`` being the requested start; ``members`` nodes are needed at one start (a gang's members,
+    else 1).
 
-    judges: tuple[_NodeJudge, ...]
-    quota: QuotaRoom
-    first: datetime
-    last: datetime
-    duration: timedelta
-    members: int
+    Nodes may be added while starts are taken (:meth:`next_start` with ``before``): a caller that knows a
+    lower bound of every node not added yet (:func:`node_bound`) takes only the starts below it, so the
+    nodes whose holdings cannot hold the request early are never read."""
 
-    def starts(self) -> Iterator[datetime]:
-        """Every candidate start in ``[first, last]`` in increasing order: a start at which the quota
-        holds and at least ``members`` nodes meet the necessary condition. The earliest start at which
-        the request fits is one of them (the module's docstring)."""
-        d = self.duration
-        streams: list[Iterator[tuple[datetime, int]]] = [
-            ((t, 0) for t in judge.starts(self.first, self.last, d)) for judge in self.judges
-        ]
+    def __init__(self, request: PlacementRequest, quota: QuotaRoom, last: datetime) -> None:
+        assert request.start is not None and request.end is not None
+        self.request, self.quota, self.last = request, quota, last
+        self.first, self.duration = request.start, request.end - request.start
+        self.members = request.gang.members if request.gang is not None else 1
+        self.pool = PoolSnapshot(id=request.pool_id)
+        self.judges: list[_NodeJudge] = []
+        # (start, source, stream): source 0 is a node's own start (its condition holds there), 1 a quota end
+        self._heap: list[tuple[datetime, int, int]] = []
+        self._streams: list[Iterator[datetime]] = []
+        self._previous: datetime | None = None
         quota_ends = sorted(
-            {h.end for held in self.quota.holdings.values() for h in held if self.first < h.end <= self.last}
+            {h.end for held in quota.holdings.values() for h in held if self.first < h.end <= last}
         )
-        streams.append((t, 1) for t in quota_ends)
-        previous: datetime | None = None
-        for t, source in heapq.merge(*streams):
-            if t == previous:
-                continue  # the node-verified source (0) sorts first at a tie
-            previous = t
+        self._push(iter(quota_ends), 1)
+
+    def _push(self, stream: Iterator[datetime], source: int) -> None:
+        first = next(stream, None)
+        if first is not None:
+            self._streams.append(stream)
+            heapq.heappush(self._heap, (first, source, len(self._streams) - 1))
+
+    def add(self, node: NodeSnapshot, rooms: Mapping[str, Decimal], holdings: NodeHoldings) -> None:
+        """Judge ``node`` (static inventory and its state that is not a window; ``rooms``: resource ->
+        ``floor(allocatable x ratio)``; ``holdings``: what it holds overlapping ``[first, last +
+        duration)``) from now on."""
+        judge = _judge(node, self.pool, self.request, rooms, holdings)
+        if judge is not None:
+            self.judges.append(judge)
+            self._push(judge.starts(self.first, self.last, self.duration), 0)
+
+    def next_start(self, before: datetime | None = None) -> datetime | None:
+        """The next candidate start (below ``before`` when given), or None: a start at which the quota
+        holds and at least ``members`` of the added nodes meet the necessary condition. The earliest start
+        at which the request fits is one of them (the module's docstring)."""
+        d = self.duration
+        while self._heap:
+            t, source, i = self._heap[0]
+            if before is not None and t >= before:
+                return None
+            heapq.heappop(self._heap)
+            following = next(self._streams[i], None)
+            if following is not None:
+                heapq.heappush(self._heap, (following, source, i))
+            if self._previous is not None and t <= self._previous:
+                continue  # taken already (a node's own start sorts before a quota end at a tie)
+            self._previous = t
             if not quota_holds(self.quota, t, t + d):
                 continue
-            if source == 0 and self.members == 1:
-                yield t
-            elif self.nodes_holding(t, self.members) >= self.members:
-                yield t
+            if (source == 0 and self.members == 1) or self.nodes_holding(t, self.members) >= self.members:
+                return t
+        return None
+
+    def starts(self) -> Iterator[datetime]:
+        """:meth:`next_start` until there is none."""
+        while (t := self.next_start()) is not None:
+            yield t
 
     def nodes_holding(self, start: datetime, enough: int) -> int:
         """How many nodes meet the necessary condition for ``[start, start + duration)``, counting up to
@@ -248,7 +279,7 @@ class EarliestSearch:
         return found
 
     def why_none(self) -> str:
-        """Why :meth:`starts` yields nothing (docs/lifecycle.md, "Earliest start")."""
+        """Why there is no candidate start (docs/lifecycle.md, "Earliest start")."""
         d = self.duration
         node_starts = sorted({t for j in self.judges for t in j.starts(self.first, self.last, d)})
         if len([j for j in self.judges if next(j.starts(self.first, self.last, d), None)]) < self.members:
@@ -256,6 +287,40 @@ class EarliestSearch:
         if not any(quota_holds(self.quota, t, t + d) for t in node_starts):
             return no_quota_reason(self.last)
         return no_start_reason(self.members, self.last)
+
+
+@dataclass(frozen=True, slots=True)
+class BusyAtFirst:
+    """What holds a node at the requested start, per device class (all classes under ``""`` for a
+    lease): how many atoms are booked across that instant, the first and the last of their ends."""
+
+    atoms: int
+    first_end: datetime
+    last_end: datetime
+
+
+def node_bound(
+    node: NodeInventory, request: PlacementRequest, busy: Mapping[str, BusyAtFirst]
+) -> datetime | None:
+    """A lower bound of the node's first candidate start, from what holds it at the requested start
+    ``T0`` alone, or None when the node has too few atoms of a requested class to ever hold it. Before
+    the first end of the atoms booked across ``T0`` no more atoms of their class are free than at ``T0``
+    (atoms free at ``T0`` may only get booked), so a class short at ``T0`` stays short until then; a
+    lease waits for the last end (the node must hold nothing). Scalars and selectors are left out: the
+    bound stays a lower bound."""
+    assert request.start is not None
+    bound = request.start
+    if request.binding == NODE_BINDING:
+        held = busy.get("")
+        return max(bound, held.last_end) if held is not None else bound
+    for device in request.devices:
+        total = sum(1 for a in node.atoms if a.device_class == device.device_class)
+        if total < device.count:
+            return None
+        held = busy.get(device.device_class)
+        if held is not None and total - held.atoms < device.count:
+            bound = max(bound, held.first_end)
+    return bound
 
 
 def no_nodes_reason(members: int, last: datetime) -> str:
@@ -291,14 +356,7 @@ def search(
     ``floor(allocatable x ratio)``), ``holdings`` (node id -> what it holds, overlapping
     ``[T0, last + duration)``) and ``quota``; starts run from ``T0`` to ``last`` (the database clock plus
     ``BC_CAPACITY_MAX_LEAD``)."""
-    assert request.start is not None and request.end is not None
-    pool = PoolSnapshot(id=request.pool_id)
-    judges = []
+    found = EarliestSearch(request, quota, last)
     for node in nodes:
-        judge = _judge(
-            node, pool, request, capacities.get(node.id, {}), holdings.get(node.id, NodeHoldings())
-        )
-        if judge is not None:
-            judges.append(judge)
-    members = request.gang.members if request.gang is not None else 1
-    return EarliestSearch(tuple(judges), quota, request.start, last, request.end - request.start, members)
+        found.add(node, capacities.get(node.id, {}), holdings.get(node.id, NodeHoldings()))
+    return found

@@ -11,11 +11,14 @@ from decimal import Decimal
 import pytest
 
 from app.placement.earliest import (
+    BusyAtFirst,
+    EarliestSearch,
     Held,
     NodeHoldings,
     QuotaRoom,
     no_nodes_reason,
     no_quota_reason,
+    node_bound,
     peak,
     search,
 )
@@ -257,3 +260,41 @@ def test_the_earliest_start_is_the_first_candidate(seed: int) -> None:
         (t for t in range(last_minute + 1) if _fits_by_brute_force(t, d, layout, gpus, members)), None
     )
     assert starts(found, 1) == ([] if expected is None else [at(expected)])
+    # the I/O half's way (nodes added lowest bound first) takes the same candidates
+    full = search(req, nodes, {}, {n: booked(n, w) for n, w in layout.items()}, QuotaRoom(), at(last_minute))
+    assert _by_bounds(req, layout, at(last_minute), 3) == starts(full, 3)
+
+
+def _by_bounds(req: PlacementRequest, layout: dict, last: datetime, n: int) -> list[datetime]:
+    """The first ``n`` candidates as the I/O half takes them: nodes added lowest bound first, one at a
+    time, each candidate taken only below the bound of every node not added yet."""
+    bounds = []
+    for name, per_atom in layout.items():
+        across = [e for windows in per_atom.values() for s, e in windows if at(s) <= T0 < at(e)]
+        busy = {"gpu": BusyAtFirst(len(across), at(min(across)), at(max(across)))} if across else {}
+        bound = node_bound(gpu_snapshot(name, 8).inventory, req, busy)
+        if bound is not None:
+            bounds.append((bound, name))
+    bounds.sort()
+    found, added, out = EarliestSearch(req, QuotaRoom(), last), 0, []
+    while len(out) < n:
+        t = found.next_start(bounds[added][0] if added < len(bounds) else None)
+        if t is None:
+            if added == len(bounds):
+                break
+            name = bounds[added][1]
+            found.add(gpu_snapshot(name, 8), {}, booked(name, layout[name]))
+            added += 1
+            continue
+        out.append(t)
+    return out
+
+
+def test_node_bound_waits_for_the_first_end_of_a_short_class() -> None:
+    node = gpu_snapshot("a", 8).inventory
+    busy = {"gpu": BusyAtFirst(4, at(30), at(90))}
+    assert node_bound(node, request(4), busy) == T0  # 4 free at T0: no wait
+    assert node_bound(node, request(5), busy) == at(30)  # short until the first of the four frees
+    assert node_bound(node, request(9), busy) is None  # never: 8 atoms
+    assert node_bound(node, request(1, binding="node"), {"": busy["gpu"]}) == at(90)  # a lease: all of them
+    assert node_bound(node, request(1, binding="node"), {}) == T0

@@ -6,11 +6,12 @@ Reads, all plain (no locks; a create commits what it finds through the guarded c
 
 - the pool head and its cached static inventory, and each node's state that is not a window (NoSchedule
   reasons, leasable, unhealthy or unbookable atoms), as it is now;
-- the intervals overlapping ``[T0, last + d)``, where ``T0`` is the requested start, ``d`` the duration
-  and ``last`` the database clock plus ``BC_CAPACITY_MAX_LEAD``: the bookings of atoms of the requested
-  classes (of every atom for a lease), the scalar holdings of the requested resources (of every resource
-  for a lease), and the tenant's quota holdings of the charged resources that have a limit, with the
-  limits;
+- what holds each node across the requested start ``T0`` (bookings of the requested classes, per node
+  and class: how many atoms, their first and last end), for each node's lower bound;
+- per span of starts ``[T0, span_end]`` (see :func:`find_earliest`): the tenant's quota holdings of the
+  charged resources that have a limit, with the limits, overlapping ``[T0, span_end + d)`` (``d`` the
+  duration); and, node batch by node batch (lowest bound first), the nodes' bookings and scalar holdings
+  of the requested resources (every resource for a lease) overlapping it;
 - per verified candidate, what :func:`~app.capacity.planning.plan.plan_request` reads.
 
 Cost bound: those reads, the pure search (``O(m log m)`` per node for its ``m`` intervals), and at most
@@ -36,9 +37,17 @@ from app.capacity.config import CapacityConfig
 from app.capacity.planning.plan import plan_request
 from app.capacity.planning.snapshot import PoolCache, PoolHead, read_pool_head
 from app.capacity.requests import quota_amounts
-from app.db.tables import device_bookings, devices, nodes, quota_holdings, quota_limits, scalar_holdings
+from app.db.tables import (
+    allocations,
+    device_bookings,
+    devices,
+    nodes,
+    quota_holdings,
+    quota_limits,
+    scalar_holdings,
+)
 from app.db.windows import window
-from app.placement.earliest import EarliestSearch, Held, NodeHoldings, QuotaRoom, search
+from app.placement.earliest import BusyAtFirst, EarliestSearch, Held, NodeHoldings, QuotaRoom, node_bound
 from app.placement.filters.lease import NODE_BINDING
 from app.placement.model import Candidate, NodeSnapshot, NodeState, PlacementRequest, Plan
 from app.placement.summary import ARCHIVED_POOL
@@ -71,6 +80,7 @@ def plans_spent_reason(plans: int) -> str:
 
 
 FIRST_SPAN = timedelta(days=1)  # the first span of starts searched; each next one doubles it
+NODE_BATCH = 256  # nodes whose intervals one read brings, lowest bound first
 
 
 async def find_earliest(
@@ -89,25 +99,55 @@ async def find_earliest(
     ``request.start`` already and it did not fit, so that start is not planned again. Raises NotFound
     (pool).
 
-    Starts are searched in spans from ``request.start``: one day (:data:`FIRST_SPAN`), then each span
-    twice as long, up to the lead. The search of a span reads only the intervals overlapping it (plus the
-    window's length), and its candidate starts are exactly the wider search's starts within it, so a
-    request that fits soon reads only the near future, and one that fits late reads at most twice what
-    the last span holds."""
+    What is read follows how soon the answer lies, not how far ahead the pool is booked:
+
+    - starts are searched in spans from ``request.start``: one day (:data:`FIRST_SPAN`), then each span
+      twice as long, up to the lead. A span's search reads only the intervals overlapping it (plus the
+      window's length), and its candidates are exactly the wider search's candidates within it;
+    - within a span, nodes are added to the search lowest bound first (:func:`~app.placement.earliest.
+      node_bound`, from one read of what holds each node at ``request.start``), :data:`NODE_BATCH` at a
+      time, and a candidate is taken only when it lies below the bound of every node not added yet, so
+      the intervals of nodes that cannot hold the request that early are never read."""
     assert request.start is not None and request.end is not None
     head = head or await read_pool_head(conn, request.pool_id)
     if head.archived:
         return NoWindow(ARCHIVED_POOL)
     last = now + config.max_lead
     duration = request.end - request.start
+    inventory = await cache.inventory(conn, head)
     states = await _node_states(conn, head.id)
+    busy = await _busy_at_first(conn, head.id, request)
+    bounds: list[tuple[datetime, str]] = []
+    for node_id in inventory.order:
+        if node_id in states:
+            bound = node_bound(inventory.nodes[node_id], request, busy.get(node_id, {}))
+            if bound is not None:
+                bounds.append((bound, node_id))
+    bounds.sort()
     plans = 0
     searched: datetime | None = None  # the starts up to here were candidates of an earlier span
     span = FIRST_SPAN
     while True:
         span_end = min(request.start + span, last)
-        found = await read_search(conn, cache, head, request, span_end, states)
-        for start in found.starts():
+        reach = window(request.start, span_end + duration)
+        found = EarliestSearch(request, await _quota_room(conn, request, reach), span_end)
+        pending = [node_id for bound, node_id in bounds if bound <= span_end]
+        added = 0
+        while True:
+            before = bounds[added][0] if added < len(pending) else None
+            start = found.next_start(before)
+            if start is None:
+                if added >= len(pending):
+                    break
+                batch = pending[added : added + NODE_BATCH]
+                added += len(batch)
+                holdings = await _node_holdings(conn, request, reach, batch)
+                for node_id in batch:
+                    node = NodeSnapshot(inventory.nodes[node_id], states[node_id])
+                    found.add(
+                        node, inventory.capacities.get(node_id, {}), holdings.get(node_id, NodeHoldings())
+                    )
+                continue
             if (searched is not None and start <= searched) or (first_failed and start == request.start):
                 continue
             if plans >= config.earliest_plans:
@@ -122,32 +162,6 @@ async def find_earliest(
         if span_end >= last:
             return NoWindow(found.why_none())
         searched, span = span_end, span * 2
-
-
-async def read_search(
-    conn: AsyncConnection,
-    cache: PoolCache,
-    head: PoolHead,
-    request: PlacementRequest,
-    last: datetime,
-    states: dict[str, NodeState] | None = None,
-) -> EarliestSearch:
-    """The pure search for ``request`` with candidate starts up to ``last``, on this module's reads
-    (``states``: the nodes' states when the caller read them already)."""
-    assert request.start is not None and request.end is not None
-    inventory = await cache.inventory(conn, head)
-    lease = request.binding == NODE_BINDING
-    span = window(request.start, last + (request.end - request.start))
-    if states is None:
-        states = await _node_states(conn, head.id)
-    holdings = await _node_holdings(conn, head.id, request, span, lease)
-    quota = await _quota_room(conn, request, span)
-    snapshots = [
-        NodeSnapshot(inventory.nodes[node_id], states.get(node_id, NodeState()))
-        for node_id in inventory.order
-        if node_id in states
-    ]
-    return search(request, snapshots, inventory.capacities, holdings, quota, last)
 
 
 async def _node_states(conn: AsyncConnection, pool_id: str) -> dict[str, NodeState]:
@@ -180,42 +194,84 @@ async def _node_states(conn: AsyncConnection, pool_id: str) -> dict[str, NodeSta
 
 
 def _raw_array(expr: Any) -> Any:
-    """``array_agg(expr)`` decoded by asyncpg and passed through untouched (100,000 bookings)."""
+    """``array_agg(expr)`` decoded by asyncpg and passed through untouched (many bookings)."""
     return sa.func.array_agg(expr, type_=sa.types.NullType())
 
 
-async def _node_holdings(
-    conn: AsyncConnection, pool_id: str, request: PlacementRequest, span: Any, lease: bool
-) -> dict[str, NodeHoldings]:
-    """node id -> its bookings (of the requested classes' atoms; every atom for a lease) and scalar
-    holdings (of the requested resources; every resource for a lease) overlapping ``span``::
+async def _busy_at_first(
+    conn: AsyncConnection, pool_id: str, request: PlacementRequest
+) -> dict[str, dict[str, BusyAtFirst]]:
+    """node id -> device class -> the atoms booked across ``request.start`` (every class under ``""``
+    for a lease), for :func:`~app.placement.earliest.node_bound`::
 
-    SELECT d.node_id, array_agg(b.device_id ORDER BY b.device_id, b.during), array_agg(lower(b.during) ...),
-           array_agg(upper(b.during) ...)
+    SELECT d.node_id, d.class, count(*), min(upper(b.during)), max(upper(b.during))
       FROM device_bookings b JOIN devices d ON d.pk = b.device_pk
-     WHERE b.pool_id = :pool AND b.during && :span [AND d.class = ANY(:classes)]
-     GROUP BY d.node_id
+     WHERE b.pool_id = :pool AND b.during @> :start [AND d.class = ANY(:classes)]
+     GROUP BY d.node_id, d.class
+    """
+    lease = request.binding == NODE_BINDING
+    where: list[Any] = [
+        device_bookings.c.pool_id == pool_id,
+        device_bookings.c.during.op("@>")(request.start),
+    ]
+    if not lease:
+        if not request.devices:
+            return {}
+        where.append(devices.c["class"].in_(sorted({d.device_class for d in request.devices})))
+    upper = sa.func.upper(device_bookings.c.during)
+    stmt = (
+        sa.select(
+            devices.c.node_id, devices.c["class"], sa.func.count(), sa.func.min(upper), sa.func.max(upper)
+        )
+        .join(devices, devices.c.pk == device_bookings.c.device_pk)
+        .where(*where)
+        .group_by(devices.c.node_id, devices.c["class"])
+    )
+    busy: dict[str, dict[str, BusyAtFirst]] = defaultdict(dict)
+    for node_id, device_class, count, first_end, last_end in (await conn.execute(stmt)).all():
+        key = "" if lease else device_class
+        known = busy[node_id].get(key)
+        if known is not None:  # a lease: the classes together
+            count = count + known.atoms
+            first_end, last_end = min(first_end, known.first_end), max(last_end, known.last_end)
+        busy[node_id][key] = BusyAtFirst(count, first_end, last_end)
+    return busy
+
+
+async def _node_holdings(
+    conn: AsyncConnection, request: PlacementRequest, span: Any, node_ids: list[str]
+) -> dict[str, NodeHoldings]:
+    """node id -> its bookings (per atom, in time order) and scalar holdings (of the requested resources;
+    every resource for a lease) overlapping ``span``, for ``node_ids``; reached through the allocations'
+    and holdings' node indexes::
+
+    SELECT a.node_id, array_agg(b.device_id ORDER BY b.device_id, b.during), array_agg(lower(b.during) ...),
+           array_agg(upper(b.during) ...)
+      FROM allocations a JOIN device_bookings b ON b.allocation_id = a.id
+     WHERE a.node_id = ANY(:nodes) AND a.during && :span AND b.during && :span
+     GROUP BY a.node_id
     SELECT node_id, resource, amount, starts_at, ends_at FROM scalar_holdings
-     WHERE pool_id = :pool AND ends_at > lower(:span) AND starts_at < upper(:span)
+     WHERE node_id = ANY(:nodes) AND ends_at > lower(:span) AND starts_at < upper(:span)
        [AND resource = ANY(:resources)]
     """
-    where: list[Any] = [device_bookings.c.pool_id == pool_id, device_bookings.c.during.op("&&")(span)]
-    if not lease:
-        classes = sorted({d.device_class for d in request.devices})
-        where.append(devices.c["class"] == sa.any_(sa.literal(classes, pg.ARRAY(sa.Text))))
+    lease = request.binding == NODE_BINDING
     bookings: dict[str, dict[str, list[tuple[datetime, datetime]]]] = {}
     if lease or request.devices:
         order = (device_bookings.c.device_id, device_bookings.c.during)  # per atom in time order
         stmt = (
             sa.select(
-                devices.c.node_id,
+                allocations.c.node_id,
                 _raw_array(pg.aggregate_order_by(device_bookings.c.device_id, *order)),
                 _raw_array(pg.aggregate_order_by(sa.func.lower(device_bookings.c.during), *order)),
                 _raw_array(pg.aggregate_order_by(sa.func.upper(device_bookings.c.during), *order)),
             )
-            .join(devices, devices.c.pk == device_bookings.c.device_pk)
-            .where(*where)
-            .group_by(devices.c.node_id)
+            .join(device_bookings, device_bookings.c.allocation_id == allocations.c.id)
+            .where(
+                allocations.c.node_id.in_(node_ids),
+                allocations.c.during.op("&&")(span),
+                device_bookings.c.during.op("&&")(span),
+            )
+            .group_by(allocations.c.node_id)
         )
         for node_id, atom_ids, starts, ends in (await conn.execute(stmt)).all():
             per_atom: dict[str, list[tuple[datetime, datetime]]] = {}
@@ -225,7 +281,7 @@ async def _node_holdings(
     scalars: dict[str, dict[str, list[Held]]] = defaultdict(lambda: defaultdict(list))
     if lease or request.resources:
         held_where: list[Any] = [
-            scalar_holdings.c.pool_id == pool_id,
+            scalar_holdings.c.node_id.in_(node_ids),
             scalar_holdings.c.ends_at > span.lower,
             scalar_holdings.c.starts_at < span.upper,
         ]
