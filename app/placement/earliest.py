@@ -299,22 +299,31 @@ class BusyAtFirst:
     last_end: datetime
 
 
+def class_counts(node: NodeInventory) -> dict[str, int]:
+    """How many atoms of each device class the node has (static: the I/O half memoizes it per
+    inventory version)."""
+    counts: dict[str, int] = {}
+    for atom in node.atoms:
+        counts[atom.device_class] = counts.get(atom.device_class, 0) + 1
+    return counts
+
+
 def node_bound(
-    node: NodeInventory, request: PlacementRequest, busy: Mapping[str, BusyAtFirst]
+    atoms_of: Mapping[str, int], request: PlacementRequest, busy: Mapping[str, BusyAtFirst]
 ) -> datetime | None:
-    """A lower bound of the node's first candidate start, from what holds it at the requested start
-    ``T0`` alone, or None when the node has too few atoms of a requested class to ever hold it. Before
-    the first end of the atoms booked across ``T0`` no more atoms of their class are free than at ``T0``
-    (atoms free at ``T0`` may only get booked), so a class short at ``T0`` stays short until then; a
-    lease waits for the last end (the node must hold nothing). Scalars and selectors are left out: the
-    bound stays a lower bound."""
+    """A lower bound of the node's first candidate start, from its atoms per class (``atoms_of``,
+    :func:`class_counts`) and what holds it at the requested start ``T0`` alone, or None when the node
+    has too few atoms of a requested class to ever hold it. Before the first end of the atoms booked
+    across ``T0`` no more atoms of their class are free than at ``T0`` (atoms free at ``T0`` may only
+    get booked), so a class short at ``T0`` stays short until then; a lease waits for the last end (the
+    node must hold nothing). Scalars and selectors are left out: the bound stays a lower bound."""
     assert request.start is not None
     bound = request.start
     if request.binding == NODE_BINDING:
         held = busy.get("")
         return max(bound, held.last_end) if held is not None else bound
     for device in request.devices:
-        total = sum(1 for a in node.atoms if a.device_class == device.device_class)
+        total = atoms_of.get(device.device_class, 0)
         if total < device.count:
             return None
         held = busy.get(device.device_class)

@@ -16,6 +16,7 @@ from app.placement.earliest import (
     Held,
     NodeHoldings,
     QuotaRoom,
+    class_counts,
     no_nodes_reason,
     no_quota_reason,
     node_bound,
@@ -272,7 +273,7 @@ def _by_bounds(req: PlacementRequest, layout: dict, last: datetime, n: int) -> l
     for name, per_atom in layout.items():
         across = [e for windows in per_atom.values() for s, e in windows if at(s) <= T0 < at(e)]
         busy = {"gpu": BusyAtFirst(len(across), at(min(across)), at(max(across)))} if across else {}
-        bound = node_bound(gpu_snapshot(name, 8).inventory, req, busy)
+        bound = node_bound(class_counts(gpu_snapshot(name, 8).inventory), req, busy)
         if bound is not None:
             bounds.append((bound, name))
     bounds.sort()
@@ -291,7 +292,7 @@ def _by_bounds(req: PlacementRequest, layout: dict, last: datetime, n: int) -> l
 
 
 def test_node_bound_waits_for_the_first_end_of_a_short_class() -> None:
-    node = gpu_snapshot("a", 8).inventory
+    node = class_counts(gpu_snapshot("a", 8).inventory)
     busy = {"gpu": BusyAtFirst(4, at(30), at(90))}
     assert node_bound(node, request(4), busy) == T0  # 4 free at T0: no wait
     assert node_bound(node, request(5), busy) == at(30)  # short until the first of the four frees

@@ -47,7 +47,15 @@ from app.db.tables import (
     scalar_holdings,
 )
 from app.db.windows import window
-from app.placement.earliest import BusyAtFirst, EarliestSearch, Held, NodeHoldings, QuotaRoom, node_bound
+from app.placement.earliest import (
+    BusyAtFirst,
+    EarliestSearch,
+    Held,
+    NodeHoldings,
+    QuotaRoom,
+    class_counts,
+    node_bound,
+)
 from app.placement.filters.lease import NODE_BINDING
 from app.placement.model import Candidate, NodeSnapshot, NodeState, PlacementRequest, Plan
 from app.placement.summary import ARCHIVED_POOL
@@ -81,6 +89,7 @@ def plans_spent_reason(plans: int) -> str:
 
 FIRST_SPAN = timedelta(days=1)  # the first span of starts searched; each next one doubles it
 NODE_BATCH = 256  # nodes whose intervals one read brings, lowest bound first
+CLASS_COUNTS = "earliest.class_counts"  # the inventory memo's key of each node's atoms per class
 
 
 async def find_earliest(
@@ -117,12 +126,14 @@ async def find_earliest(
     inventory = await cache.inventory(conn, head)
     states = await _node_states(conn, head.id)
     busy = await _busy_at_first(conn, head.id, request)
+    counts = inventory.memo.get(CLASS_COUNTS)
+    if counts is None:  # static: once per inventory version
+        counts = inventory.memo[CLASS_COUNTS] = {n: class_counts(inventory.nodes[n]) for n in inventory.order}
     bounds: list[tuple[datetime, str]] = []
     for node_id in inventory.order:
-        if node_id in states:
-            bound = node_bound(inventory.nodes[node_id], request, busy.get(node_id, {}))
-            if bound is not None:
-                bounds.append((bound, node_id))
+        bound = node_bound(counts[node_id], request, busy.get(node_id, {}))
+        if bound is not None:
+            bounds.append((bound, node_id))
     bounds.sort()
     plans = 0
     searched: datetime | None = None  # the starts up to here were candidates of an earlier span
@@ -143,7 +154,7 @@ async def find_earliest(
                 added += len(batch)
                 holdings = await _node_holdings(conn, request, reach, batch)
                 for node_id in batch:
-                    node = NodeSnapshot(inventory.nodes[node_id], states[node_id])
+                    node = NodeSnapshot(inventory.nodes[node_id], states.get(node_id, NodeState()))
                     found.add(
                         node, inventory.capacities.get(node_id, {}), holdings.get(node_id, NodeHoldings())
                     )
@@ -165,9 +176,11 @@ async def find_earliest(
 
 
 async def _node_states(conn: AsyncConnection, pool_id: str) -> dict[str, NodeState]:
-    """Each node's state that is not a window, as it is now (the search assumes it at every start)::
+    """The state that is not a window of the pool's nodes that have any, as it is now (the search
+    assumes it at every start); a node absent has none (schedulable, leasable, every atom available)::
 
-    SELECT id, no_schedule_reasons, leasable FROM nodes WHERE pool_id = :pool
+    SELECT id, no_schedule_reasons, leasable FROM nodes
+     WHERE pool_id = :pool AND (no_schedule_reasons <> '{}' OR NOT leasable)
     SELECT d.node_id, d.id FROM devices d JOIN nodes n ON n.id = d.node_id
      WHERE n.pool_id = :pool AND NOT (d.healthy AND d.bookable)
     """
@@ -180,17 +193,21 @@ async def _node_states(conn: AsyncConnection, pool_id: str) -> dict[str, NodeSta
         )
     ).all():
         unavailable[r.node_id].add(r.id)
+    no_reasons = sa.literal([], pg.ARRAY(sa.Text))
     rows = (
         await conn.execute(
             sa.select(nodes.c.id, nodes.c.no_schedule_reasons, nodes.c.leasable).where(
-                nodes.c.pool_id == pool_id
+                nodes.c.pool_id == pool_id,
+                sa.or_(nodes.c.no_schedule_reasons != no_reasons, sa.not_(nodes.c.leasable)),
             )
         )
     ).all()
-    return {
-        r.id: NodeState(tuple(r.no_schedule_reasons), r.leasable, frozenset(unavailable.get(r.id, ())))
-        for r in rows
-    }
+    states = {node_id: NodeState(unavailable=frozenset(atoms)) for node_id, atoms in unavailable.items()}
+    for r in rows:
+        states[r.id] = NodeState(
+            tuple(r.no_schedule_reasons), r.leasable, frozenset(unavailable.get(r.id, ()))
+        )
+    return states
 
 
 def _raw_array(expr: Any) -> Any:
@@ -219,22 +236,30 @@ async def _busy_at_first(
             return {}
         where.append(devices.c["class"].in_(sorted({d.device_class for d in request.devices})))
     upper = sa.func.upper(device_bookings.c.during)
-    stmt = (
+    per_class = (
         sa.select(
-            devices.c.node_id, devices.c["class"], sa.func.count(), sa.func.min(upper), sa.func.max(upper)
+            devices.c.node_id.label("node_id"),
+            devices.c["class"].label("device_class"),
+            sa.func.count().label("atoms"),
+            sa.func.min(upper).label("first_end"),
+            sa.func.max(upper).label("last_end"),
         )
         .join(devices, devices.c.pk == device_bookings.c.device_pk)
         .where(*where)
         .group_by(devices.c.node_id, devices.c["class"])
+        .subquery()
     )
-    busy: dict[str, dict[str, BusyAtFirst]] = defaultdict(dict)
-    for node_id, device_class, count, first_end, last_end in (await conn.execute(stmt)).all():
+    # one row of arrays, decoded by asyncpg: a pool may have every node busy at the start
+    row = (await conn.execute(sa.select(*(_raw_array(c) for c in per_class.c)).select_from(per_class))).one()
+    busy: dict[str, dict[str, BusyAtFirst]] = {}
+    for node_id, device_class, count, first_end, last_end in zip(*(c or () for c in row), strict=True):
         key = "" if lease else device_class
-        known = busy[node_id].get(key)
+        held = busy.setdefault(node_id, {})
+        known = held.get(key)
         if known is not None:  # a lease: the classes together
             count = count + known.atoms
             first_end, last_end = min(first_end, known.first_end), max(last_end, known.last_end)
-        busy[node_id][key] = BusyAtFirst(count, first_end, last_end)
+        held[key] = BusyAtFirst(count, first_end, last_end)
     return busy
 
 
