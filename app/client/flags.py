@@ -39,7 +39,6 @@ REQUEST_FLAGS: dict[str, str] = {
     "duration": "--for",
     "idempotencyKey": "--idempotency-key",
     "spot": "--spot",
-    "start": "--earliest",
 }
 LIST_RESERVATION_FLAGS: dict[str, str] = {"tenantId": "--tenant", "status": "--status", "limit": "--limit"}
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 
 import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.capacity.controllers.lifecycle import end_passed_windows
 from tests.factories import add_node, gpu_node, make_pool, reservation
 
 
@@ -143,7 +145,7 @@ async def test_a_quota_limit_reached_until_a_time(admin_client: httpx.AsyncClien
 
 
 async def test_nothing_within_the_lead_is_null_with_a_reason_and_a_pending_create(
-    admin_client: httpx.AsyncClient,
+    admin_client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
     pool = await make_pool(admin_client)
     await add_node(admin_client, pool, gpu_node("c1", 8, cordoned=True))
@@ -155,3 +157,27 @@ async def test_nothing_within_the_lead_is_null_with_a_reason_and_a_pending_creat
     assert pending["status"] == "pending"
     message = pending["conditions"][0]["message"]
     assert message.startswith("earliest: no node can hold it") and "when a wake edge lets it fit" in message
+    # it waits like a request without a start: no passed start ends it
+    assert pending["id"] not in await end_passed_windows(engine)
+    assert (await admin_client.get(f"/v1/reservations/{pending['id']}")).json()["status"] == "pending"
+
+
+async def test_a_bulk_item_with_start_earliest_is_placed_at_its_window(
+    admin_client: httpx.AsyncClient,
+) -> None:
+    pool = await make_pool(admin_client)
+    await add_node(admin_client, pool, gpu_node("b1", 8))
+    held = await _hold(admin_client, pool, 4, "1h")
+    items = [
+        {**reservation(pool, 8, duration="1h"), "start": "earliest"},
+        reservation(pool, 2, duration="1h"),  # a plain item beside it, in the batch transaction
+    ]
+    r = await admin_client.post("/v1/reservations/batch", json={"items": items})
+    assert r.status_code == 200, r.text
+    earliest, plain = (item["reservation"] for item in r.json()["items"])
+    assert earliest["status"] == "placed" and plain["status"] == "placed"
+    # the plain items are committed first (their batch), then the earliest item searches: it waits for
+    # the later of the two holdings in the way
+    assert _end(plain) > _end(held)
+    assert datetime.fromisoformat(earliest["allocations"][0]["start"]) == _end(plain)
+    assert earliest["spec"]["start"] == "earliest"
