@@ -191,6 +191,9 @@ MemOpt = Annotated[float | None, typer.Option("--memory", help="Memory (MiB).")]
 IdemOpt = Annotated[str | None, typer.Option("--idempotency-key", help="Retry key (default: random).")]
 ClassOpt = Annotated[str, typer.Option("--class", help="Device class.")]
 SpotOpt = Annotated[bool, typer.Option("--spot", help="Spot work: regular work may preempt it.")]
+EarliestOpt = Annotated[
+    bool, typer.Option("--earliest", help="Start at the first window that fits (start: earliest).")
+]
 
 
 def _request_command(send: Callable[[ServiceClient, dict[str, Any], Output], bool]) -> Callable[..., None]:
@@ -210,12 +213,24 @@ def _request_command(send: Callable[[ServiceClient, dict[str, Any], Output], boo
         idempotency_key: IdemOpt = None,
         device_class: ClassOpt = "gpu",
         spot: SpotOpt = False,
+        earliest: EarliestOpt = False,
         output: OutputOpt = Output.table,
         server: ServerOpt = DEFAULT_SERVER,
         key: KeyOpt = None,
     ) -> None:
         flags = RequestFlags(
-            tenant, pool, gpus, for_, selector, nvlink, cpu, memory, idempotency_key, device_class, spot
+            tenant,
+            pool,
+            gpus,
+            for_,
+            selector,
+            nvlink,
+            cpu,
+            memory,
+            idempotency_key,
+            device_class,
+            spot,
+            earliest,
         )
         with service(server, key, REQUEST_FLAGS) as api:
             done = send(api, flags.request_body(), output)
@@ -385,7 +400,8 @@ COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
     (
         "reserve",
         _request_command(_reserve),
-        "Reserve GPUs (and cpu/memory) now for a duration (exit 3: pending).",
+        "Reserve GPUs (and cpu/memory) now, or at the first window that fits (--earliest), for a "
+        "duration (exit 3: pending).",
     ),
     (
         "preview",

@@ -70,6 +70,7 @@ def capacity_config(settings: Settings) -> CapacityConfig:
         shortlist_min=settings.capacity_shortlist_min,
         enforce_device_limits=settings.capacity_enforce_device_limits,
         max_lead=settings.capacity_max_lead,
+        earliest_plans=settings.capacity_earliest_plans,
         preemption=settings.capacity_preemption,
         placer=settings.capacity_placer,
         max_batch=settings.capacity_max_batch,

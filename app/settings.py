@@ -13,7 +13,9 @@ notation: ``100/second``, ``5/minute``); serving ``BC_LIMIT_CONCURRENCY`` and ``
 ``BC_NODE_LIVENESS_SWEEP_SECONDS`` (docs/agent.md).
 ``BC_CAPACITY_PREEMPTION`` (default on: regular work may preempt spot work, docs/preemption.md),
 ``BC_CAPACITY_MAX_LEAD`` (how far ahead a window may start: seconds or an ISO 8601 duration such as
-``P366D``), ``BC_LIFECYCLE_INTERVAL`` (seconds between the lifecycle controller's sweeps),
+``P366D``), ``BC_CAPACITY_EARLIEST_PLANS`` (how many candidate starts an earliest-start search plans, at
+most; docs/lifecycle.md, "Earliest start"), ``BC_LIFECYCLE_INTERVAL`` (seconds between the lifecycle
+controller's sweeps),
 ``BC_LIFECYCLE_SWEEP`` (seconds between two full sweeps of the pending reservations, the safety net of
 the wake edges; docs/lifecycle.md),
 ``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection), ``BC_METRICS_REQUIRE_KEY`` (``/metrics``
@@ -85,6 +87,8 @@ class Settings(BaseSettings):
     capacity_shortlist_min: int = Field(default=48, ge=1)
     # a reservation's start is at most this far ahead of the database clock (422 naming ``start``)
     capacity_max_lead: timedelta = Field(default=timedelta(days=366), gt=timedelta(0))
+    # the earliest-start search plans at most this many candidate starts (docs/lifecycle.md, "Earliest start")
+    capacity_earliest_plans: int = Field(default=16, ge=1, le=256)
     # the lifecycle controller ends reservations within this many seconds of their end
     lifecycle_interval: float = Field(default=5.0, gt=0, le=3600)
     # every pool with pending reservations is planned again at least this often (wake edges' safety net)

@@ -26,6 +26,7 @@ from typer.testing import CliRunner, Result
 from app.cli import app
 from app.client.api import ServiceClient
 from app.client.flags import REQUEST_FLAGS, RequestFlags, UsageError, with_flag
+from app.client.render import when
 from tests.conftest import ADMIN_KEY, TABLES
 from tests.factories import gpu_node
 from tests.servers import REPO, Server, free_port, running_server
@@ -194,6 +195,27 @@ def test_spot_work_and_the_preview_that_would_preempt_it(server: Server) -> None
     assert f"fits by preempting 1 spot reservation(s) on {name}" in out, out
     code, out, _ = finished(cli_process(server.url, "preview", *common, "--gpus", "4", "--spot"))
     assert code == 3 and "preempting" not in out  # spot never preempts spot
+
+
+def test_reserve_earliest_and_the_preview_that_names_the_window(server: Server) -> None:
+    pool = make_pool(server, {"e1": 4})
+    (name, _node_id), tenant = next(iter(pool.nodes.items())), f"t-{secrets.token_hex(3)}"
+    common = ["--tenant", tenant, "--pool", pool.id]
+    code, out, err = finished(
+        cli_process(server.url, "reserve", *common, "--gpus", "2", "--for", "1h", "-o", "json")
+    )
+    assert code == 0, err
+    held_end = json.loads(out)["allocations"][0]["end"]
+    code, out, _ = finished(cli_process(server.url, "preview", *common, "--gpus", "4", "--for", "1h"))
+    assert (
+        code == 3 and "does not fit" in out and f"earliest: from {when(held_end)}" in out and name in out
+    ), out
+    code, out, err = finished(
+        cli_process(server.url, "reserve", *common, "--gpus", "4", "--for", "1h", "--earliest", "-o", "json")
+    )
+    assert code == 0, err
+    placed = json.loads(out)
+    assert placed["spec"]["start"] == "earliest" and placed["allocations"][0]["start"] == held_end
 
 
 def test_get_pools_and_nodes_in_every_output(server: Server) -> None:
@@ -419,6 +441,8 @@ def test_request_flags_make_the_api_body() -> None:
         "duration": "90m",
         "idempotencyKey": "k-1",
     }
+    earliest = RequestFlags("acme", "pool_x", 1, "1h", None, False, None, None, "k", "gpu", earliest=True)
+    assert earliest.request_body()["start"] == "earliest"
     cpu_only = RequestFlags("acme", "pool_x", 0, "1d", None, False, 4.0, None, None, "gpu").request_body()
     assert cpu_only["devices"] == [] and cpu_only["idempotencyKey"].startswith("cli-")
     with pytest.raises(UsageError, match="--selector and --nvlink need --gpus"):

@@ -40,6 +40,7 @@ BAD_SETTINGS = [
     ({"BC_SCHEDULER_PLUGINS": '["tests.no_such_module:plugin"]'}, "BC_SCHEDULER_PLUGINS", "no_such_module"),
     ({"BC_SCHEDULER_PLUGINS": '["tests.example_plugins"]'}, "BC_SCHEDULER_PLUGINS", "module:attribute"),
     ({"BC_SCHEDULER_TOP_N": "0"}, "BC_SCHEDULER_TOP_N", "greater than or equal to 1"),
+    ({"BC_CAPACITY_EARLIEST_PLANS": "0"}, "BC_CAPACITY_EARLIEST_PLANS", "greater than or equal to 1"),
     ({"DATABASE_URL": "mysql://root@127.0.0.1/compute"}, "DATABASE_URL", "postgresql://"),
 ]
 

@@ -85,7 +85,10 @@ class ReservationSpec(ApiModel):
     poolId: str
     devices: list[DeviceRequestSpec]
     resources: dict[str, Number]
-    start: Timestamp | None = Field(description="ISO 8601; null: the database's now when placed")
+    start: Timestamp | None = Field(
+        description="ISO 8601, or 'earliest' (the first window that fit, docs/lifecycle.md); null: the "
+        "database's now when placed"
+    )
     duration: str | int
     deadline: Timestamp | None = Field(
         default=None,
@@ -151,6 +154,29 @@ class Preemptible(ApiModel):
     hiddenReservations: int = Field(description="Victims of other tenants, counted, never named")
 
 
+class EarliestMember(ApiModel):
+    """One node of an earliest window: the node and the atoms the plan at that start picked."""
+
+    nodeId: str
+    nodeName: str
+    atoms: list[str]
+
+
+class Earliest(ApiModel):
+    """The first window at or after the requested start at which the whole request fits
+    (docs/lifecycle.md, "Earliest start"): the best node of the plan at that start and its atoms; for a
+    gang, the first member's, with every member in ``members``."""
+
+    start: Timestamp = Field(description="ISO 8601, inclusive")
+    end: Timestamp = Field(description="ISO 8601, exclusive: start + duration")
+    nodeId: str
+    nodeName: str
+    atoms: list[str]
+    members: list[EarliestMember] | None = Field(
+        default=None, description="A gang's members at that start, the first one first; absent otherwise"
+    )
+
+
 class Preview(ApiModel):
     """``{fits, candidates, reason?, preemptible?}``: up to 10 candidates best first (a gang: its
     members), or why not, and what preempting spot work would do."""
@@ -169,6 +195,12 @@ class Preview(ApiModel):
     preemptible: Preemptible | None = Field(
         default=None, description="A regular request that fits only by preempting spot work"
     )
+    earliest: Earliest | None = Field(
+        default=None,
+        description="When it does not fit for its window: the first window within BC_CAPACITY_MAX_LEAD "
+        "at which it fits, or null (earliestReason says why); absent when it fits",
+    )
+    earliestReason: str | None = Field(default=None, description="Why earliest is null; absent otherwise")
 
 
 class ItemError(ApiModel):

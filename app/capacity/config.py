@@ -28,6 +28,8 @@ class CapacityConfig:
     # BC_CAPACITY_ENFORCE_DEVICE_LIMITS: host resources need bc.dev/cap.devices.limits (requiredCapabilities)
     enforce_device_limits: bool = False
     max_lead: timedelta = MAX_LEAD
+    # BC_CAPACITY_EARLIEST_PLANS: candidate starts an earliest-start search plans (docs/lifecycle.md)
+    earliest_plans: int = 16
     # BC_CAPACITY_PREEMPTION: a regular request that does not fit may preempt spot work
     preemption: bool = True
     # BC_CAPACITY_PLACER / BC_CAPACITY_MAX_BATCH (docs/placement-rules.md, "Two placers";

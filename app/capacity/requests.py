@@ -58,15 +58,14 @@ def check_start(body: ReservationRequest, now: datetime, max_lead: timedelta = M
         raise InvalidInput(
             f"deadline {body.deadline.isoformat()} has passed (now {now.isoformat()})", path="deadline"
         )
-    if body.start is None:
+    start = body.fixed_start
+    if start is None:
         return
-    if body.start < now - START_SKEW:
+    if start < now - START_SKEW:
+        raise InvalidInput(f"start {start.isoformat()} is in the past (now {now.isoformat()})", path="start")
+    if start > now + max_lead:
         raise InvalidInput(
-            f"start {body.start.isoformat()} is in the past (now {now.isoformat()})", path="start"
-        )
-    if body.start > now + max_lead:
-        raise InvalidInput(
-            f"start {body.start.isoformat()} is more than {max_lead.days} days ahead "
+            f"start {start.isoformat()} is more than {max_lead.days} days ahead "
             f"(now {now.isoformat()}, at most {(now + max_lead).isoformat()})",
             path="start",
         )

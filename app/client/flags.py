@@ -82,6 +82,7 @@ class RequestFlags:
     idempotency_key: str | None
     device_class: str
     spot: bool = False  # --spot: may be preempted by regular work (docs/preemption.md)
+    earliest: bool = False  # --earliest: the first window that fits (docs/lifecycle.md, "Earliest start")
 
     def request_body(self) -> dict[str, Any]:
         """The ``POST /v1/reservations`` (and preview) body. Raises :class:`UsageError` when an amount
@@ -118,4 +119,5 @@ class RequestFlags:
             "duration": self.duration,
             "idempotencyKey": self.idempotency_key or f"cli-{secrets.token_hex(8)}",
             **({"spot": True} if self.spot else {}),
+            **({"start": "earliest"} if self.earliest else {}),
         }

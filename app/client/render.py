@@ -139,9 +139,19 @@ def _section(title: str, body: RenderableType | str) -> Group:
 
 def preview_view(answer: Mapping[str, Any], wide: bool) -> RenderableType:
     """``fits``: the candidates best first (node name, score, atoms; ``wide`` adds the node id and
-    each scorer); else ``does not fit: <reason>``, and what preempting spot work would take."""
+    each scorer); else ``does not fit: <reason>``, the earliest window that fits (or why none), and
+    what preempting spot work would take."""
     if not answer.get("fits"):
         text = Text.from_markup(f"[yellow]does not fit[/yellow]: {escape(str(answer.get('reason', '')))}")
+        if "earliest" in answer:
+            earliest = answer["earliest"]
+            if earliest is None:
+                text.append(f"\nno earliest window: {answer.get('earliestReason', '')}")
+            else:
+                text.append(
+                    f"\nearliest: from {when(earliest['start'])} to {when(earliest['end'])} on "
+                    f"{earliest.get('nodeName') or earliest['nodeId']} ({joined(earliest.get('atoms', []))})"
+                )
         preemptible = answer.get("preemptible")
         if preemptible:
             nodes = joined(c.get("nodeName") or c["nodeId"] for c in preemptible.get("candidates", []))

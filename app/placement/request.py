@@ -58,6 +58,9 @@ MAX_KEY_LENGTH = 253  # a selector key
 # a window lies within years 1970..9999 (UTC): later ends cannot be represented (Python's datetime stops
 # at 9999-12-31), earlier starts are no reservation anyone makes
 FIRST_WINDOW_YEAR, LAST_WINDOW_YEAR = 1970, 9999
+# ``start: "earliest"``: the first window within the lead at which the request fits (docs/lifecycle.md,
+# "Earliest start")
+EARLIEST = "earliest"
 
 
 def window_end(start: datetime, seconds: int) -> datetime | None:
@@ -240,9 +243,10 @@ class ReservationRequest(BaseModel):
     resources: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9._/-]*$", max_length=64)], ResourceAmount] = (
         Field(default_factory=dict)
     )
-    start: datetime | None = Field(
+    start: datetime | Literal["earliest"] | None = Field(
         default=None,
-        description="ISO 8601 with a UTC offset, in years 1970..9999; absent: the database's now",
+        description="ISO 8601 with a UTC offset, in years 1970..9999; absent: the database's now; "
+        "'earliest': the first window within BC_CAPACITY_MAX_LEAD at which it fits",
     )
     duration: Annotated[StrictStr | StrictInt, WithJsonSchema(DURATION_SCHEMA)]  # a boolean is neither
     deadline: datetime | None = Field(
@@ -257,10 +261,12 @@ class ReservationRequest(BaseModel):
 
     @field_validator("start")
     @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
+    def _aware(cls, value: datetime | str | None) -> datetime | str | None:
+        if not isinstance(value, datetime):
+            return value  # None or "earliest"
+        if value.tzinfo is None:
             raise ValueError("start needs a timezone, e.g. 2026-12-01T12:00:00Z")
-        if value is not None and window_end(value, 0) is None:
+        if window_end(value, 0) is None:
             raise ValueError(f"start must lie in years {FIRST_WINDOW_YEAR}..{LAST_WINDOW_YEAR} (UTC)")
         return value
 
@@ -269,7 +275,7 @@ class ReservationRequest(BaseModel):
     def _duration(cls, value: str | int, info: ValidationInfo) -> str | int:
         seconds = parse_duration(value)
         start = info.data.get("start")  # validated before duration (field order)
-        if start is not None and window_end(start, seconds) is None:
+        if isinstance(start, datetime) and window_end(start, seconds) is None:
             raise ValueError(f"start + duration ends after year {LAST_WINDOW_YEAR}")
         return value
 
@@ -283,7 +289,7 @@ class ReservationRequest(BaseModel):
         if window_end(value, 0) is None:
             raise ValueError(f"deadline must lie in years {FIRST_WINDOW_YEAR}..{LAST_WINDOW_YEAR} (UTC)")
         start = info.data.get("start")  # validated before deadline (field order)
-        if start is not None and value <= start:
+        if isinstance(start, datetime) and value <= start:
             raise ValueError(f"deadline must be after start ({start.isoformat()})")
         return value
 
@@ -295,6 +301,16 @@ class ReservationRequest(BaseModel):
         if len(set(classes)) != len(classes):
             raise ValueError("each device class appears once in devices")
         return self
+
+    @property
+    def fixed_start(self) -> datetime | None:
+        """The explicit start, or None (absent, or ``"earliest"``)."""
+        return self.start if isinstance(self.start, datetime) else None
+
+    @property
+    def earliest(self) -> bool:
+        """``start: "earliest"``: search the first window that fits (docs/lifecycle.md)."""
+        return self.start == EARLIEST
 
     @property
     def duration_seconds(self) -> int:
@@ -324,7 +340,7 @@ def to_placement_request(
     requiredCapabilities (:func:`app.placement.system_labels.required_capabilities`: ``binding:
     kubernetes`` -> ``bc.dev/cap.binding.kubernetes: '*'``; host resources ->
     ``bc.dev/cap.devices.limits: '*'`` when ``enforce_device_limits``)."""
-    start = body.start or now
+    start = body.fixed_start or now  # "earliest" searches from now
     wanted = dict(node_labels or {})
     wanted.update(
         required_capabilities(body.binding, body.resources, enforce_device_limits=enforce_device_limits)

@@ -272,10 +272,13 @@ async def test_preview_answers_candidates_or_reason(admin_client: httpx.AsyncCli
     # labels may change, so a selector on one is a reason to wait, not a refusal (docs/api.md)
     by_label = reservation(pool, 0, devices=[{"class": "gpu", "count": 1, "selector": "rack = r9"}])
     none = (await admin_client.post("/v1/capacity/preview", json=by_label)).json()
+    # no label changes with time: no window within the lead either (docs/lifecycle.md, "Earliest start")
+    assert none.pop("earliestReason").startswith("earliest: no node can hold it at any start up to ")
     assert none == {
         "fits": False,
         "candidates": [],
         "reason": "no node fits (2 nodes): 2 × selector: 0 of 8 gpu match",
+        "earliest": None,
     }
     # 9 GPUs: no node of the pool has them, so it could never fit (was "no node fits", issue 22)
     never = (await admin_client.post("/v1/capacity/preview", json=reservation(pool, 9))).json()

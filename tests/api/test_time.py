@@ -64,9 +64,15 @@ async def test_cpu_is_held_per_instant_next_month_and_now(
     later_start = at(later["allocations"][0]["start"])
 
     reason = "no node fits (1 node): 1 × scalars: cpu needs 1, 0 free"
-    for start in (now_end - SECOND, later_start - timedelta(hours=1) + SECOND):
+    later_end = at(later["allocations"][0]["end"])
+    # the earliest window is where the holding in the way ends (docs/lifecycle.md, "Earliest start")
+    for start, earliest in (
+        (now_end - SECOND, now_end),
+        (later_start - timedelta(hours=1) + SECOND, later_end),
+    ):
         body = _cpu(pool, 1, start, duration="1h")
         preview = (await admin_client.post("/v1/capacity/preview", json=body)).json()
+        assert at(preview.pop("earliest")["start"]) == earliest
         assert preview == {"fits": False, "candidates": [], "reason": reason}
         pending = await _reserve(admin_client, body)
         assert pending["status"] == "pending"

@@ -40,6 +40,7 @@ from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import db_now
 from app.db.tables import TS, reservations
 from app.observability.metrics import RESERVATIONS_ENDED
+from app.placement.request import EARLIEST
 
 
 async def end_reservations(
@@ -84,11 +85,13 @@ async def end_passed_windows(
     clock) to ``ended`` with the condition ``Ended`` / ``WindowPassed``; returns their ids, oldest start
     first. A pending reservation holds nothing, so nothing is freed. Replica-safe as
     :func:`end_reservations` (``FOR UPDATE SKIP LOCKED``, then ``status = 'pending'`` re-checked)."""
-    start = sa.cast(reservations.c.spec["start"].astext, TS)
+    # a pending "earliest" reservation has no explicit start: it waits like one without (docs/lifecycle.md)
+    start = sa.cast(sa.func.nullif(reservations.c.spec["start"].astext, EARLIEST), TS)
     async with engine.begin() as conn:
         at = now if now is not None else await db_now(conn)
-        # SELECT id, (spec->>'start')::timestamptz AS start, conditions FROM reservations
-        #  WHERE status = 'pending' AND spec->>'start' IS NOT NULL AND (spec->>'start')::timestamptz <= :now
+        # SELECT id, nullif(spec->>'start', 'earliest')::timestamptz AS start, conditions FROM reservations
+        #  WHERE status = 'pending' AND spec->>'start' IS NOT NULL
+        #    AND nullif(spec->>'start', 'earliest')::timestamptz <= :now
         #  ORDER BY 2 LIMIT :limit FOR UPDATE SKIP LOCKED
         due = (
             await conn.execute(

@@ -140,7 +140,7 @@ async def _wake_one(
     transaction); the cache assumptions of a placement are appended to ``assumptions``."""
     now = await db_now(conn)
     body = ReservationRequest.model_validate({**row.spec, "idempotencyKey": row.idempotency_key})
-    if body.start is not None and body.start <= now:
+    if body.fixed_start is not None and body.fixed_start <= now:
         return Woken(row.id, STILL_PENDING)  # its window passed: the end task ends it (WindowPassed)
     request = placement_request(config, body, now)
     assert request.start is not None and request.end is not None

@@ -10,7 +10,8 @@ row ``queued`` with its pool's queue edge in one statement (:data:`app.capacity.
 :func:`queue_edge`), and a batch worker of some replica (:mod:`app.capacity.queue.worker`) plans queued
 reservations oldest first and commits them together (:mod:`app.capacity.placing.batch`).
 
-Gangs, whole-node leases, BookingRepair, wakes and preemption need an answer at once: they always place
+Gangs, whole-node leases, ``start: "earliest"`` creates, BookingRepair, wakes and preemption need an
+answer at once: they always place
 inline (:func:`placer_id_for_request` answers ``inline`` for those requests whatever the setting).
 ``BC_CAPACITY_PLACER`` (``CapacityConfig.placer``) picks the way of plain reservations.
 """
@@ -157,7 +158,10 @@ def must_place_inline(request: PlacementRequest | ReservationRequest) -> bool:
     """Gangs and whole-node leases always place inline (docs/placement-rules.md): they need an answer at
     once. The one
     rule, for a placement request or the create body it comes from (both carry ``gang`` and
-    ``binding``)."""
+    ``binding``). A create with ``start: "earliest"`` too: it searches its window and commits at once
+    (docs/lifecycle.md, "Earliest start")."""
+    if isinstance(request, ReservationRequest) and request.earliest:
+        return True
     return request.gang is not None or request.binding == "node"
 
 

@@ -299,7 +299,7 @@ async def _work_batch(
             passed: dict[str, str] = {}  # too late to place: pending with this reason, the end task ends it
             for row in rows:
                 body = ReservationRequest.model_validate({**row.spec, "idempotencyKey": row.idempotency_key})
-                if body.start is not None and body.start <= now:
+                if body.fixed_start is not None and body.fixed_start <= now:
                     passed[row.id] = START_PASSED_WHILE_QUEUED
                     continue
                 request = placement_request(config, body, now)

@@ -5,8 +5,9 @@ Each item is independent: its own idempotency key, authorization (checked by the
 called) and quota; one item's error does not fail the others, and nothing is changed for an item that
 fails. The plain items are written, planned and committed like a pool-lease batch, in one transaction
 per call (pools in id order, :func:`app.capacity.placing.batch.place_batch`), after the whole body was
-read and before any answer is written: no lock is held while waiting for HTTP. Gangs and whole-node
-leases are created inline, one transaction each, after the batch.
+read and before any answer is written: no lock is held while waiting for HTTP. Gangs, whole-node
+leases and ``start: "earliest"`` items (their window is searched first, docs/lifecycle.md, "Earliest
+start") are created inline, one transaction each, after the batch.
 
 Per item the answer is an :class:`ItemResult` ``(status, Reservation | None, error | None)``: 201
 created (placed or pending), 200 an idempotent retry, else the error's status (404 pool, 409

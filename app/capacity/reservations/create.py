@@ -39,6 +39,7 @@ from app.capacity.commit.shapes import CommitExtras, MarkPlaced, QuotaCharge
 from app.capacity.conditions import no_fit_conditions, stored
 from app.capacity.config import CapacityConfig
 from app.capacity.placing import preemption
+from app.capacity.placing.earliest import place_earliest
 from app.capacity.placing.inline import Pending, Placed, place_inline
 from app.capacity.planning.admission import admit
 from app.capacity.planning.snapshot import PoolCache, PoolHead
@@ -109,19 +110,33 @@ async def _create(
         charge = QuotaCharge(
             body.tenantId, body.poolId, reservation_id, quota_amounts(request), request.start, request.end
         )
-        outcome = await place_inline(
-            conn,
-            cache,
-            request,
-            reservation_id,
-            config.options,
-            config.max_attempts,
-            config.shortlist_min,
-            before_commit,
-            extras=CommitExtras(charge, MarkPlaced(reservation_id, request.end)),
-            head=head,
-            pool_share=pool_share,
-        )
+        if body.earliest:  # docs/lifecycle.md, "Earliest start": placed at the window found, or pending
+            request, outcome = await place_earliest(
+                conn,
+                cache,
+                config,
+                request,
+                reservation_id,
+                created_at,
+                before_commit=before_commit,
+                head=head,
+                pool_share=pool_share,
+                deadline=body.deadline,
+            )
+        else:
+            outcome = await place_inline(
+                conn,
+                cache,
+                request,
+                reservation_id,
+                config.options,
+                config.max_attempts,
+                config.shortlist_min,
+                before_commit,
+                extras=CommitExtras(charge, MarkPlaced(reservation_id, request.end)),
+                head=head,
+                pool_share=pool_share,
+            )
         if isinstance(outcome, Pending) and preemption.applies(config.preemption, request):
             how = preemption.PreemptOptions(config.options, config.max_attempts, charge)
             by_preemption = await preemption.place_preempting(

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.answers.reservations import Candidate, Preemptible, Preview
+from app.answers.reservations import Candidate, Earliest, EarliestMember, Preemptible, Preview
 from app.capacity.config import PREVIEW_CANDIDATES, CapacityConfig
 from app.capacity.placing import preemption
 from app.capacity.placing.inline import db_now
 from app.capacity.planning.admission import read_verdict, refusal
+from app.capacity.planning.earliest import EarliestWindow, find_earliest
 from app.capacity.planning.plan import plan_request
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.requests import check_start, placement_request
@@ -27,8 +28,11 @@ async def preview(
     engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
 ) -> Preview:
     """``{fits, candidates: [{nodeId, nodeName, atoms, score, scores}], reason?, satisfiable?, warnings?,
-    preemptible?}`` with up to 10 candidates, best first (for a gang: its members; scores rounded to 6
-    places). ``satisfiable: false``: no node of the pool as built could ever hold it (not an error here;
+    preemptible?, earliest?, earliestReason?}`` with up to 10 candidates, best first (for a gang: its
+    members; scores rounded to 6 places). ``earliest``: when it does not fit for its window, the first
+    window at which it does (:func:`~app.capacity.planning.earliest.find_earliest`), or null with
+    ``earliestReason`` (docs/lifecycle.md, "Earliest start"); absent when it fits. ``satisfiable:
+    false``: no node of the pool as built could ever hold it (not an error here;
     docs/api.md, "Checked at intake"). ``preemptible``: a regular request that fits only by preempting
     spot work (:func:`~app.capacity.placing.preemption.preemptible_view`). Raises InvalidInput
     (``start``, or a request intake refuses) and NotFound (pool)."""
@@ -53,14 +57,25 @@ async def preview(
             answer = Preview(fits=False, satisfiable=False, candidates=[], reason=intake.unsatisfiable)
             return with_warnings(answer, intake.warnings)
         preemptible: Preemptible | None = None
+        later: Earliest | None = None
+        later_reason: str | None = None
         if not isinstance(outcome.plan, Plan) and not outcome.head.archived:
             if preemption.applies(config.preemption, request):
                 preemptible = await preemption.preview_preemptible(conn, cache, request, config.options, now)
+            found = await find_earliest(
+                conn, cache, config, request, now, head=outcome.head, first_failed=True
+            )
+            if isinstance(found, EarliestWindow):
+                later = earliest_answer(found)
+            else:
+                later_reason = found.reason
     if outcome.head.archived:
         return Preview(fits=False, candidates=[], reason=ARCHIVED_POOL)
     plan = outcome.plan
     if not isinstance(plan, Plan):
-        answer = Preview(fits=False, candidates=[], reason=plan.summary)
+        answer = Preview(fits=False, candidates=[], reason=plan.summary, earliest=later)
+        if later is None:
+            answer.earliestReason = later_reason
         if preemptible is not None:
             answer.preemptible = preemptible
         return with_warnings(answer, intake.warnings)
@@ -79,3 +94,23 @@ def candidate(ranked: Ranked) -> Candidate:
         score=round(ranked.score, 6),
         scores={k: round(v, 6) for k, v in ranked.scores.items()},
     )
+
+
+def earliest_answer(found: EarliestWindow) -> Earliest:
+    """The ``earliest`` of a preview: the window and its best node (a gang: the first member, and every
+    member in ``members``)."""
+    assert found.request.start is not None and found.request.end is not None
+    placements = found.placements
+    first = placements[0]
+    answer = Earliest(
+        start=found.request.start.isoformat(),
+        end=found.request.end.isoformat(),
+        nodeId=first.node_id,
+        nodeName=first.node_name,
+        atoms=list(first.atoms),
+    )
+    if found.request.gang is not None and found.request.gang.members > 1:
+        answer.members = [
+            EarliestMember(nodeId=c.node_id, nodeName=c.node_name, atoms=list(c.atoms)) for c in placements
+        ]
+    return answer
