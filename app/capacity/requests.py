@@ -38,6 +38,20 @@ def spec_hash(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def row_values(body: ReservationRequest, spec: Mapping[str, Any], digest: str) -> dict[str, Any]:
+    """The columns of a new reservation row from its body (every insert path: the inline create, the
+    queue's enqueue, the bulk create), the id left to the caller: tenant, pool, the stored ``spec`` and
+    its ``digest`` (:func:`spec_hash`), the idempotency key and the deadline."""
+    return {
+        "tenant_id": body.tenantId,
+        "pool_id": body.poolId,
+        "spec": spec,
+        "spec_hash": digest,
+        "idempotency_key": body.idempotencyKey,
+        "deadline": body.deadline,
+    }
+
+
 def quota_amounts(request: PlacementRequest) -> dict[str, Decimal]:
     """What a request charges: atoms per device class and scalar amounts, times gang members."""
     members = request.gang.members if request.gang else 1

@@ -57,20 +57,13 @@ async def end_reservations(
         at = now if now is not None else await db_now(conn)
         # SELECT id, ends_at, conditions FROM reservations
         #  WHERE status = 'placed' AND ends_at <= :now ORDER BY ends_at LIMIT :limit FOR UPDATE SKIP LOCKED
-        due = (
-            await conn.execute(
-                sa.select(
-                    reservations.c.id,
-                    reservations.c.pool_id,
-                    reservations.c.ends_at,
-                    reservations.c.conditions,
-                )
-                .where(reservations.c.status == "placed", reservations.c.ends_at <= at)
-                .order_by(reservations.c.ends_at)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
-        ).all()
+        due = await _claim_due(
+            conn,
+            (reservations.c.pool_id, reservations.c.ends_at),
+            (reservations.c.status == "placed", reservations.c.ends_at <= at),
+            reservations.c.ends_at,
+            limit,
+        )
         await _mark_ended(conn, [(r.id, r.conditions, ended_condition(r.ends_at)) for r in due])
         for pool_id in sorted({r.pool_id for r in due}):
             await notify_pool(conn, pool_id)  # wake edge: an end (what was held stopped counting)
@@ -93,19 +86,17 @@ async def end_passed_windows(
         #  WHERE status = 'pending' AND spec->>'start' IS NOT NULL
         #    AND nullif(spec->>'start', 'earliest')::timestamptz <= :now
         #  ORDER BY 2 LIMIT :limit FOR UPDATE SKIP LOCKED
-        due = (
-            await conn.execute(
-                sa.select(reservations.c.id, start.label("start"), reservations.c.conditions)
-                .where(
-                    reservations.c.status == "pending",
-                    reservations.c.spec["start"].astext.is_not(None),
-                    start <= at,
-                )
-                .order_by(start)
-                .limit(limit)
-                .with_for_update(of=reservations, skip_locked=True)
-            )
-        ).all()
+        due = await _claim_due(
+            conn,
+            (start.label("start"),),
+            (
+                reservations.c.status == "pending",
+                reservations.c.spec["start"].astext.is_not(None),
+                start <= at,
+            ),
+            start,
+            limit,
+        )
         await _mark_ended(conn, [(r.id, r.conditions, window_passed_condition(r.start)) for r in due])
     RESERVATIONS_ENDED.labels(WINDOW_PASSED).inc(len(due))
     return [r.id for r in due]
@@ -133,24 +124,33 @@ async def end_passed_deadlines(
         # SELECT id, status, deadline, conditions FROM reservations
         #  WHERE status IN ('pending', 'queued') AND deadline <= :now
         #  ORDER BY deadline LIMIT :limit FOR UPDATE SKIP LOCKED       -- ix_reservations_waiting_deadline
-        due = (
-            await conn.execute(
-                sa.select(
-                    reservations.c.id,
-                    reservations.c.status,
-                    reservations.c.deadline,
-                    reservations.c.conditions,
-                )
-                .where(IS_WAITING, reservations.c.deadline <= at)
-                .order_by(reservations.c.deadline)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
-        ).all()
+        due = await _claim_due(
+            conn,
+            (reservations.c.status, reservations.c.deadline),
+            (IS_WAITING, reservations.c.deadline <= at),
+            reservations.c.deadline,
+            limit,
+        )
         ended = [(r.id, r.conditions, deadline_passed_condition(r.deadline, r.status)) for r in due]
         await _mark_ended(conn, ended)
     RESERVATIONS_ENDED.labels(DEADLINE_PASSED).inc(len(due))
     return [r.id for r in due]
+
+
+async def _claim_due(
+    conn: AsyncConnection, columns: tuple[Any, ...], where: tuple[Any, ...], order: Any, limit: int
+) -> list[Any]:
+    """The sweeps' claim: ``SELECT id, <columns>, conditions FROM reservations WHERE <where> ORDER BY
+    <order> LIMIT :limit FOR UPDATE OF reservations SKIP LOCKED``; rows another sweep holds are skipped,
+    and PostgreSQL re-checks ``where`` on a row it locks, so each is claimed by one sweep."""
+    statement = (
+        sa.select(reservations.c.id, *columns, reservations.c.conditions)
+        .where(*where)
+        .order_by(order)
+        .limit(limit)
+        .with_for_update(of=reservations, skip_locked=True)
+    )
+    return list((await conn.execute(statement)).all())
 
 
 async def _mark_ended(

@@ -46,7 +46,7 @@ from app.db.tables import (
     quota_limits,
     scalar_holdings,
 )
-from app.db.windows import window
+from app.db.windows import overlapping, window
 from app.placement.earliest import (
     BusyAtFirst,
     EarliestSearch,
@@ -307,8 +307,7 @@ async def _node_holdings(
     if lease or request.resources:
         held_where: list[Any] = [
             scalar_holdings.c.node_id.in_(node_ids),
-            scalar_holdings.c.ends_at > span.lower,
-            scalar_holdings.c.starts_at < span.upper,
+            *overlapping(scalar_holdings, span.lower, span.upper),
         ]
         if not lease:
             held_where.append(scalar_holdings.c.resource.in_(sorted(request.resources)))
@@ -366,8 +365,7 @@ async def _quota_room(conn: AsyncConnection, request: PlacementRequest, span: An
                     quota_holdings.c.tenant_id == request.tenant_id,
                     quota_holdings.c.pool_id == request.pool_id,
                     quota_holdings.c.resource.in_(sorted(limits)),
-                    quota_holdings.c.ends_at > span.lower,
-                    quota_holdings.c.starts_at < span.upper,
+                    *overlapping(quota_holdings, span.lower, span.upper),
                 )
             )
         ).all():

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.answers.reservations import Condition
 from app.capacity.conditions import stored
-from app.capacity.requests import spec_hash
+from app.capacity.requests import row_values, spec_hash
 from app.db.prepared import Prepared
 from app.db.tables import TS, pools, reservations
 from app.db.unnest import bound_rows
@@ -52,18 +52,7 @@ async def insert_reservations(
             out[i] = Written(error=NotFound(f"pool {quote_input(b.poolId)} not found"))
             continue
         spec = b.spec()
-        values.append(
-            {
-                "id": new_id("res"),
-                "tenant_id": b.tenantId,
-                "pool_id": b.poolId,
-                "status": status,
-                "spec": spec,
-                "spec_hash": spec_hash(spec),
-                "idempotency_key": b.idempotencyKey,
-                "deadline": b.deadline,
-            }
-        )
+        values.append({"id": new_id("res"), "status": status, **row_values(b, spec, spec_hash(spec))})
     inserted: dict[str, Any] = {}
     if values:
         # INSERT INTO reservations (id, tenant_id, pool_id, status, spec, spec_hash, idempotency_key,

@@ -64,7 +64,7 @@ from app.capacity.planning.shared_reads import WarmSlot
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.capacity.queue.decided import decided_payloads, parse_decided, read_view_json
 from app.capacity.queue.intake import Decision, decided_params, decided_update
-from app.capacity.requests import check_start, placement_request, quota_amounts, spec_hash
+from app.capacity.requests import check_start, placement_request, quota_amounts, row_values, spec_hash
 from app.capacity.reservations.access import reservation_named, reservation_not_found
 from app.capacity.reservations.create import create_reservation, idempotent_answer
 from app.capacity.views import decided_view, read_view, row_view, with_warnings
@@ -175,15 +175,7 @@ async def _enqueue(conn: AsyncConnection, body: ReservationRequest, spec: dict[s
     """Write the reservation ``queued`` and send its pool's queue edge (delivered at COMMIT) in one
     statement (:data:`ENQUEUE`, prepared); the row as stored, or None when nothing was written (no such
     pool, or the key was used: :func:`_not_enqueued` tells which)."""
-    params = {
-        "id": new_id("res"),
-        "tenant_id": body.tenantId,
-        "pool_id": body.poolId,
-        "spec": spec,
-        "spec_hash": digest,
-        "idempotency_key": body.idempotencyKey,
-        "deadline": body.deadline,
-    }
+    params = {"id": new_id("res"), **row_values(body, spec, digest)}
     return (await ENQUEUE.run(conn, params)).first()
 
 

@@ -43,7 +43,7 @@ from app.capacity.placing.earliest import place_earliest
 from app.capacity.placing.inline import Pending, Placed, place_inline
 from app.capacity.planning.admission import admit
 from app.capacity.planning.snapshot import PoolCache, PoolHead
-from app.capacity.requests import check_start, placement_request, quota_amounts, spec_hash
+from app.capacity.requests import check_start, placement_request, quota_amounts, row_values, spec_hash
 from app.capacity.views import committed_view, placed_view, reservation_view, row_view, with_warnings
 from app.db.locks import PoolShare, pool_not_found
 from app.db.prepared import Prepared
@@ -197,15 +197,7 @@ async def _insert_reservation(
     """Insert the ``pending`` row and read the pool head (no lock) in one round trip
     (:data:`INSERT_RESERVATION`): the database's ``now()`` (None for a used key) and the head. NotFound
     (nothing written) for no pool."""
-    params = {
-        "reservation_id": reservation_id,
-        "tenant_id": body.tenantId,
-        "pool_id": body.poolId,
-        "spec": spec,
-        "spec_hash": digest,
-        "idempotency_key": body.idempotencyKey,
-        "deadline": body.deadline,
-    }
+    params = {"reservation_id": reservation_id, **row_values(body, spec, digest)}
     try:
         row = (await INSERT_RESERVATION.run(conn, params)).first()
     except IntegrityError as exc:  # the pool foreign key: no such pool, and nothing was written
