@@ -60,6 +60,15 @@ def overlapping(table: sa.Table, start: datetime, end: datetime) -> list[Any]:
     return [table.c.ends_at > start, table.c.starts_at < end]
 
 
+def holdings_over(table: sa.Table, start: Any, end: Any, *where: Any, keys: Sequence[Any] = ()) -> Any:
+    """``SELECT <keys>, resource, amount, starts_at, ends_at FROM table WHERE <where> AND ends_at > :start
+    AND starts_at < :end``: the holdings of ``table`` (``scalar_holdings``, ``quota_holdings``) that
+    overlap ``[start, end)``, for a reader that sweeps them itself (earliest start, preemption)."""
+    return sa.select(*keys, table.c.resource, table.c.amount, table.c.starts_at, table.c.ends_at).where(
+        *where, *overlapping(table, start, end)
+    )
+
+
 def _running(
     table: sa.Table,
     where: Sequence[Any],

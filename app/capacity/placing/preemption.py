@@ -52,6 +52,7 @@ from app.capacity.placing.inline import Placed, plan_seed
 from app.capacity.planning.snapshot import PoolCache, read_snapshot
 from app.db.locks import PoolShare
 from app.db.tables import TS, allocations, reservations, scalar_holdings
+from app.db.windows import holdings_over
 from app.observability.metrics import PREEMPTION_ATTEMPTS, PREEMPTION_VICTIMS
 from app.placement.model import PlacementRequest
 from app.placement.options import SchedulerOptions
@@ -150,24 +151,19 @@ async def read_scalar_holds(
     spot_id = sa.case((sa.and_(reservations.c.status == "placed", _SPOT), reservations.c.id), else_=sa.null())
     rows = (
         await conn.execute(
-            sa.select(
-                scalar_holdings.c.node_id,
-                scalar_holdings.c.resource,
-                scalar_holdings.c.amount,
-                scalar_holdings.c.starts_at,
-                scalar_holdings.c.ends_at,
-                spot_id.label("spot_reservation"),
+            holdings_over(
+                scalar_holdings,
+                start,
+                end,
+                scalar_holdings.c.node_id.in_(node_ids),
+                scalar_holdings.c.resource.in_(names),
+                keys=(scalar_holdings.c.node_id,),
             )
+            .add_columns(spot_id.label("spot_reservation"))
             .select_from(
                 scalar_holdings.join(allocations, allocations.c.id == scalar_holdings.c.allocation_id).join(
                     reservations, reservations.c.id == allocations.c.reservation_id
                 )
-            )
-            .where(
-                scalar_holdings.c.node_id.in_(node_ids),
-                scalar_holdings.c.resource.in_(names),
-                scalar_holdings.c.ends_at > start,
-                scalar_holdings.c.starts_at < end,
             )
         )
     ).all()

@@ -46,7 +46,7 @@ from app.db.tables import (
     quota_limits,
     scalar_holdings,
 )
-from app.db.windows import overlapping, window
+from app.db.windows import holdings_over, window
 from app.placement.earliest import (
     BusyAtFirst,
     EarliestSearch,
@@ -305,23 +305,13 @@ async def _node_holdings(
             bookings[node_id] = per_atom
     scalars: dict[str, dict[str, list[Held]]] = defaultdict(lambda: defaultdict(list))
     if lease or request.resources:
-        held_where: list[Any] = [
-            scalar_holdings.c.node_id.in_(node_ids),
-            *overlapping(scalar_holdings, span.lower, span.upper),
-        ]
+        held_where: list[Any] = [scalar_holdings.c.node_id.in_(node_ids)]
         if not lease:
             held_where.append(scalar_holdings.c.resource.in_(sorted(request.resources)))
-        for r in (
-            await conn.execute(
-                sa.select(
-                    scalar_holdings.c.node_id,
-                    scalar_holdings.c.resource,
-                    scalar_holdings.c.amount,
-                    scalar_holdings.c.starts_at,
-                    scalar_holdings.c.ends_at,
-                ).where(*held_where)
-            )
-        ).all():
+        stmt = holdings_over(
+            scalar_holdings, span.lower, span.upper, *held_where, keys=(scalar_holdings.c.node_id,)
+        )
+        for r in (await conn.execute(stmt)).all():
             scalars[r.node_id][r.resource].append(Held(r.starts_at, r.ends_at, Decimal(r.amount)))
     return {
         node_id: NodeHoldings(bookings.get(node_id, {}), scalars.get(node_id, {}))
@@ -354,20 +344,14 @@ async def _quota_room(conn: AsyncConnection, request: PlacementRequest, span: An
     }
     held: dict[str, list[Held]] = defaultdict(list)
     if limits:
-        for r in (
-            await conn.execute(
-                sa.select(
-                    quota_holdings.c.resource,
-                    quota_holdings.c.amount,
-                    quota_holdings.c.starts_at,
-                    quota_holdings.c.ends_at,
-                ).where(
-                    quota_holdings.c.tenant_id == request.tenant_id,
-                    quota_holdings.c.pool_id == request.pool_id,
-                    quota_holdings.c.resource.in_(sorted(limits)),
-                    *overlapping(quota_holdings, span.lower, span.upper),
-                )
-            )
-        ).all():
+        stmt = holdings_over(
+            quota_holdings,
+            span.lower,
+            span.upper,
+            quota_holdings.c.tenant_id == request.tenant_id,
+            quota_holdings.c.pool_id == request.pool_id,
+            quota_holdings.c.resource.in_(sorted(limits)),
+        )
+        for r in (await conn.execute(stmt)).all():
             held[r.resource].append(Held(r.starts_at, r.ends_at, Decimal(r.amount)))
     return QuotaRoom(limits, {r: wanted[r] for r in limits}, dict(held))
