@@ -19,6 +19,7 @@ from app.api.errors import install_error_handlers
 from app.api.guard import RequestGuard
 from app.api.text_guard import check_json_body
 from app.capacity.config import CapacityConfig
+from app.capacity.controllers.backfill import START_PLANNED, plan_pool, start_all_planned
 from app.capacity.controllers.lifecycle import Lifecycle, LifecycleTask, default_tasks
 from app.capacity.controllers.repair_first import BOOKING_REPAIR, REPAIR_LISTENER, RepairController
 from app.capacity.controllers.wake import LISTENER_RETRY, WAKE_LISTENER, WAKE_PENDING, WakeController
@@ -71,6 +72,7 @@ def capacity_config(settings: Settings) -> CapacityConfig:
         enforce_device_limits=settings.capacity_enforce_device_limits,
         max_lead=settings.capacity_max_lead,
         earliest_plans=settings.capacity_earliest_plans,
+        backfill_depth=settings.capacity_backfill_depth,
         preemption=settings.capacity_preemption,
         placer=settings.capacity_placer,
         max_batch=settings.capacity_max_batch,
@@ -96,6 +98,10 @@ def lifecycle_tasks(
         tasks += [
             LifecycleTask(WAKE_PENDING, wake.sweep_seconds, wake.run),
             LifecycleTask(WAKE_LISTENER, LISTENER_RETRY, wake.listen),
+            # planned starts come due (docs/lifecycle.md, "Planned starts")
+            LifecycleTask(
+                START_PLANNED, settings.lifecycle_interval, partial(start_all_planned, config=wake.config)
+            ),
         ]
     if repair is not None:  # BookingRepair on its own task, ahead of the wakes (docs/lifecycle.md)
         tasks += [
@@ -133,6 +139,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         repair = RepairController(cache, config, settings.lifecycle_interval)
         lifecycle = Lifecycle(engine, lifecycle_tasks(settings, wake, queue, repair))
         wake.poke = partial(lifecycle.poke, WAKE_PENDING)
+        wake.plan_pool = lambda engine, pool_id: plan_pool(engine, cache, config, pool_id)
         wake.yield_to = repair.wait_for_repairs  # repair first: a wake waits while a repair is asked for
         repair.poke = partial(lifecycle.poke, BOOKING_REPAIR)
         queue.poke = partial(lifecycle.poke, QUEUE_WORKER)

@@ -14,8 +14,9 @@ notation: ``100/second``, ``5/minute``); serving ``BC_LIMIT_CONCURRENCY`` and ``
 ``BC_CAPACITY_PREEMPTION`` (default on: regular work may preempt spot work, docs/preemption.md),
 ``BC_CAPACITY_MAX_LEAD`` (how far ahead a window may start: seconds or an ISO 8601 duration such as
 ``P366D``), ``BC_CAPACITY_EARLIEST_PLANS`` (how many candidate starts an earliest-start search plans, at
-most; docs/lifecycle.md, "Earliest start"), ``BC_LIFECYCLE_INTERVAL`` (seconds between the lifecycle
-controller's sweeps),
+most; docs/lifecycle.md, "Earliest start"), ``BC_CAPACITY_BACKFILL_DEPTH`` (how many pending reservations
+per pool get a planned start, 0..1024; docs/lifecycle.md, "Planned starts"), ``BC_LIFECYCLE_INTERVAL``
+(seconds between the lifecycle controller's sweeps),
 ``BC_LIFECYCLE_SWEEP`` (seconds between two full sweeps of the pending reservations, the safety net of
 the wake edges; docs/lifecycle.md),
 ``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection), ``BC_METRICS_REQUIRE_KEY`` (``/metrics``
@@ -89,6 +90,8 @@ class Settings(BaseSettings):
     capacity_max_lead: timedelta = Field(default=timedelta(days=366), gt=timedelta(0))
     # the earliest-start search plans at most this many candidate starts (docs/lifecycle.md, "Earliest start")
     capacity_earliest_plans: int = Field(default=16, ge=1, le=256)
+    # pending reservations per pool given a planned start, oldest first (docs/lifecycle.md, "Planned starts")
+    capacity_backfill_depth: int = Field(default=16, ge=0, le=1024)
     # the lifecycle controller ends reservations within this many seconds of their end
     lifecycle_interval: float = Field(default=5.0, gt=0, le=3600)
     # every pool with pending reservations is planned again at least this often (wake edges' safety net)

@@ -41,6 +41,8 @@ BAD_SETTINGS = [
     ({"BC_SCHEDULER_PLUGINS": '["tests.example_plugins"]'}, "BC_SCHEDULER_PLUGINS", "module:attribute"),
     ({"BC_SCHEDULER_TOP_N": "0"}, "BC_SCHEDULER_TOP_N", "greater than or equal to 1"),
     ({"BC_CAPACITY_EARLIEST_PLANS": "0"}, "BC_CAPACITY_EARLIEST_PLANS", "greater than or equal to 1"),
+    ({"BC_CAPACITY_BACKFILL_DEPTH": "-1"}, "BC_CAPACITY_BACKFILL_DEPTH", "greater than or equal to 0"),
+    ({"BC_CAPACITY_BACKFILL_DEPTH": "many"}, "BC_CAPACITY_BACKFILL_DEPTH", "integer"),
     ({"DATABASE_URL": "mysql://root@127.0.0.1/compute"}, "DATABASE_URL", "postgresql://"),
 ]
 

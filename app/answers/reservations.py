@@ -14,16 +14,18 @@ from app.answers.statuses import ReservationStatus
 class Condition(ApiModel):
     """One step of a reservation's story, e.g. ``Unschedulable`` (reason ``NoFit``) with its message."""
 
-    type: str = Field(description="Unschedulable, Scheduled, Repaired, Preempted, Ended or Released")
+    type: str = Field(description="Unschedulable, Planned, Scheduled, Repaired, Preempted, Ended or Released")
     status: Literal["True", "False", "Unknown"]
     reason: str
     message: str
     at: Timestamp | None = Field(
-        default=None, description="When it happened (Scheduled, Repaired, Preempted, Released)"
+        default=None,
+        description="When it happened (Scheduled, Repaired, Preempted, Released); Planned: the planned start",
     )
     waitedSeconds: float | None = Field(
         default=None, description="Scheduled: how long the reservation waited pending (seconds)"
     )
+    nodeId: str | None = Field(default=None, description="Planned: the node of the planned window")
     oldNodeId: str | None = Field(default=None, description="Repaired: the node the work was booked on")
     oldAtoms: list[str] | None = Field(default=None, description="Repaired: the atoms it was booked on")
     newNodeId: str | None = Field(default=None, description="Repaired: the node it moved to (null: pending)")
@@ -108,8 +110,11 @@ class Reservation(ApiModel):
     status: ReservationStatus
     idempotencyKey: str
     spec: ReservationSpec
-    allocations: list[Allocation]
+    allocations: list[Allocation] = Field(description="What it holds or held; a planned window is not listed")
     conditions: list[Condition]
+    plannedStart: Timestamp | None = Field(
+        description="Pending: the start of its planned window (docs/lifecycle.md, Planned starts); else null"
+    )
     createdAt: Timestamp = Field(description="ISO 8601")
     releasedAt: Timestamp | None = Field(description="ISO 8601; null until released")
     warnings: list[str] | None = Field(

@@ -1,10 +1,12 @@
 """The one home of a reservation's conditions made by the capacity service (docs/architecture.md, "Reservation
 lifecycle"): each is a :class:`~app.answers.reservations.Condition`, ``{type, status: "True", reason,
 message}`` plus the fields of its kind. ``Unschedulable`` (its reasons, and how a newer one replaces the
-one before), ``Ended`` (``WindowEnded``, ``WindowPassed``, ``DeadlinePassed``) and ``Released``
-(``ReleaseRequested``) are made here; ``Scheduled`` by the wake (:mod:`app.capacity.controllers.wake`),
-``Repaired`` by BookingRepair (:mod:`app.capacity.controllers.repair`) and ``Preempted`` by spot
-preemption (:mod:`app.capacity.placing.preemption`) carry fields of their own.
+one before), ``Ended`` (``WindowEnded``, ``WindowPassed``, ``DeadlinePassed``), ``Released``
+(``ReleaseRequested``) and ``Planned`` (``PlannedStart``: a pending reservation's planned window,
+docs/lifecycle.md "Planned starts") are made here; ``Scheduled`` by the wake
+(:mod:`app.capacity.controllers.wake`), ``Repaired`` by BookingRepair
+(:mod:`app.capacity.controllers.repair`) and ``Preempted`` by spot preemption
+(:mod:`app.capacity.placing.preemption`) carry fields of their own.
 
 ``{type: Unschedulable, status: "True", reason, message}``, ``reason`` being ``NoFit`` (nothing fits: the
 message is the pending summary of :mod:`app.placement.summary`, or the lost races of the placer) or
@@ -33,6 +35,8 @@ WINDOW_PASSED = "WindowPassed"
 DEADLINE_PASSED = "DeadlinePassed"
 RELEASED = "Released"
 RELEASE_REQUESTED = "ReleaseRequested"
+PLANNED = "Planned"
+PLANNED_START = "PlannedStart"
 
 
 def condition(kind: str, reason: str, message: str, **fields: Any) -> Condition:
@@ -107,3 +111,18 @@ def with_unschedulable(conditions: Iterable[Condition], reason: str, message: st
     """``conditions`` with their Unschedulable condition replaced by this one (last)."""
     kept = [c for c in conditions if c.type != UNSCHEDULABLE]
     return [*kept, unschedulable_condition(reason, message)]
+
+
+def planned_condition(start: datetime, end: datetime, node_id: str, node_name: str) -> Condition:
+    """The condition of a pending reservation given a planned window ``[start, end)`` on the node
+    (docs/lifecycle.md, "Planned starts"): ``at`` is the planned start, ``nodeId`` the node."""
+    window = f"[{start.isoformat()}, {end.isoformat()})"
+    return condition(
+        PLANNED, PLANNED_START, f"planned for {window} on {node_name}", at=start.isoformat(), nodeId=node_id
+    )
+
+
+def without_planned(conditions: Iterable[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """A stored ``reservations.conditions`` value without its ``Planned`` condition (a plan dropped or
+    turned into a placement)."""
+    return [c for c in conditions or () if c.get("type") != PLANNED]

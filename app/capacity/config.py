@@ -30,6 +30,8 @@ class CapacityConfig:
     max_lead: timedelta = MAX_LEAD
     # BC_CAPACITY_EARLIEST_PLANS: candidate starts an earliest-start search plans (docs/lifecycle.md)
     earliest_plans: int = 16
+    # BC_CAPACITY_BACKFILL_DEPTH: pending reservations per pool given a planned start (docs/lifecycle.md)
+    backfill_depth: int = 16
     # BC_CAPACITY_PREEMPTION: a regular request that does not fit may preempt spot work
     preemption: bool = True
     # BC_CAPACITY_PLACER / BC_CAPACITY_MAX_BATCH (docs/placement-rules.md, "Two placers";

@@ -56,6 +56,7 @@ def placed_view(
         spec=spec_view(spec),
         allocations=allocs,
         conditions=conditions or [],
+        plannedStart=None,
         createdAt=created_at.isoformat(),
         releasedAt=None,
     )
@@ -99,7 +100,7 @@ async def read_allocations(conn: AsyncConnection, reservation_ids: list[str]) ->
     rows = (
         await conn.execute(
             sa.select(allocations)
-            .where(allocations.c.reservation_id.in_(reservation_ids))
+            .where(allocations.c.reservation_id.in_(reservation_ids), allocations.c.planned.is_(False))
             .order_by(allocations.c.created_at, allocations.c.id)
         )
     ).all()
@@ -122,18 +123,24 @@ _ALLOCATION_COLUMNS = (
 
 
 # SELECT r.*, a.id, a.node_id, a.atoms, a.resources, a.during, a.released_at
-#   FROM reservations r LEFT JOIN allocations a ON a.reservation_id = r.id
+#   FROM reservations r LEFT JOIN allocations a ON a.reservation_id = r.id AND NOT a.planned
 #  WHERE r.id = :reservation_id ORDER BY a.created_at, a.id
 READ_VIEW = Prepared(
     sa.select(reservations, *_ALLOCATION_COLUMNS)
-    .select_from(reservations.outerjoin(allocations, allocations.c.reservation_id == reservations.c.id))
+    .select_from(
+        reservations.outerjoin(
+            allocations,
+            sa.and_(allocations.c.reservation_id == reservations.c.id, allocations.c.planned.is_(False)),
+        )
+    )
     .where(reservations.c.id == sa.bindparam("reservation_id", type_=sa.Text))
     .order_by(allocations.c.created_at, allocations.c.id)
 )
 
 
 async def read_view(conn: AsyncConnection, reservation_id: str) -> Reservation | None:
-    """The view of a reservation (``Reservation``: the row and its allocations) in one statement
+    """The view of a reservation (``Reservation``: the row and its allocations, a planned window's left
+    out: ``plannedStart`` and the ``Planned`` condition show it) in one statement
     (:data:`READ_VIEW`, prepared), None when there is none. No visibility check: callers authorize on
     its ``tenantId``."""
     rows = (await READ_VIEW.run(conn, {"reservation_id": reservation_id})).all()
@@ -164,6 +171,7 @@ def _reservation(row: Any, allocs: list[Allocation], status: str, conditions: li
         spec=spec_view(row.spec),
         allocations=allocs,
         conditions=conditions,
+        plannedStart=row.planned_start.isoformat() if row.planned_start else None,
         createdAt=row.created_at.isoformat(),
         releasedAt=row.released_at.isoformat() if row.released_at else None,
     )

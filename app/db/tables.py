@@ -180,6 +180,9 @@ reservations = sa.Table(
     sa.Column("ends_at", TS),
     # the latest start (the body's deadline, also in spec): still waiting then, it is ended
     sa.Column("deadline", TS),
+    # a pending reservation's planned start: its planned allocation (allocations.planned) starts there,
+    # and the lifecycle places it then (docs/lifecycle.md, "Planned starts")
+    sa.Column("planned_start", TS),
     sa.UniqueConstraint("tenant_id", "idempotency_key"),
     sa.CheckConstraint(
         "status IN ('placed', 'pending', 'queued', 'released', 'preempted', 'ended')", name="status"
@@ -208,6 +211,13 @@ reservations = sa.Table(
         "deadline",
         postgresql_where=sa.text("status IN ('pending', 'queued') AND deadline IS NOT NULL"),
     ),
+    # the lifecycle's sweep of planned starts reads pending reservations by their planned start
+    # (app/capacity/controllers/backfill.py, start_planned)
+    sa.Index(
+        "ix_reservations_planned_start",
+        "planned_start",
+        postgresql_where=sa.text("status = 'pending' AND planned_start IS NOT NULL"),
+    ),
 )
 
 allocations = sa.Table(
@@ -222,6 +232,9 @@ allocations = sa.Table(
     sa.Column("during", pg.TSTZRANGE, nullable=False),
     sa.Column("created_at", TS, nullable=False, server_default=NOW),
     sa.Column("released_at", TS),
+    # the planned window of a pending reservation (docs/lifecycle.md, "Planned starts"): booked like a
+    # placement, so every guard keeps it, but not shown among the reservation's allocations
+    sa.Column("planned", sa.Boolean, nullable=False, server_default=sa.text("false")),
 )
 
 device_bookings = sa.Table(

@@ -17,7 +17,8 @@ What is checked, after every run:
   (a whole-node lease books every atom of its node: its atoms plus those it holds unused), on its node
   and window, as many atoms as requested (a lease: at least as many);
 - nothing is held after a release, an end, a cut or a preemption, and a pending reservation holds
-  nothing;
+  nothing but its planned window, which is live, starts at its ``planned_start`` and holds no quota
+  (docs/lifecycle.md, "Planned starts");
 - nothing is in use on an unhealthy or unbookable atom once BookingRepair has settled (the caller
   runs the sweep after the repairs, or leaves this check out while an atom is known to be broken);
 - a whole-node lease books every atom of its node, and its node holds nothing else in its window
@@ -116,8 +117,9 @@ CHECKS: dict[str, str] = {
                 AND (h.amount <> q.n OR h.starts_at <> lower(q.during) OR h.ends_at > q.released_at
                      OR h.ends_at > upper(q.during)))
     """,
-    # a placed reservation holds for its tenant exactly what its spec asks over its window; a pending or
-    # queued one holds nothing; a released or preempted one nothing after that instant
+    # a placed reservation (or one ended after it was placed) holds for its tenant exactly what its spec
+    # asks over its window; a pending or queued one holds nothing, nor one ended while it waited; a
+    # released or preempted one nothing after that instant
     "quota holdings != reservations": """
         WITH wanted AS ("""
     + WANTED
@@ -139,10 +141,12 @@ CHECKS: dict[str, str] = {
           LEFT JOIN windows x ON x.id = w.id
           FULL JOIN quota_holdings h ON h.reservation_id = w.id AND h.resource = w.resource
          WHERE w.id IS NULL
-            OR (r.status IN ('placed', 'ended')
+            OR ((r.status = 'placed' OR (r.status = 'ended' AND x.id IS NOT NULL))
                 AND (h.reservation_id IS NULL OR h.amount <> w.n OR h.tenant_id <> w.tenant_id
                      OR h.starts_at <> x.s OR h.ends_at <> x.e))
             OR (r.status IN ('pending', 'queued') AND h.reservation_id IS NOT NULL)
+            -- ended while it waited (its deadline or start passed): never charged
+            OR (r.status = 'ended' AND x.id IS NULL AND h.reservation_id IS NOT NULL)
             OR (r.status IN ('released', 'preempted') AND h.reservation_id IS NOT NULL
                 AND h.ends_at > r.released_at)
     """,
@@ -150,22 +154,37 @@ CHECKS: dict[str, str] = {
     "placed reservation without one live allocation per member": """
         SELECT r.id, r.status, count(a.id)
           FROM reservations r
-          LEFT JOIN allocations a ON a.reservation_id = r.id AND a.released_at IS NULL
+          LEFT JOIN allocations a ON a.reservation_id = r.id AND a.released_at IS NULL AND NOT a.planned
          GROUP BY r.id, r.status, r.spec
         HAVING (r.status = 'placed') <> (count(a.id) = coalesce((r.spec->'gang'->>'members')::int, 1))
             OR count(a.id) > coalesce((r.spec->'gang'->>'members')::int, 1)
             OR count(a.id) <> count(DISTINCT a.node_id)
     """,
-    # a pending reservation keeps no live allocation (lost races roll back to the savepoint; a repair
-    # that found no room keeps the cut one as history) and nothing booked after that cut
+    # a pending reservation keeps no live allocation but its planned window (lost races roll back to the
+    # savepoint; a repair that found no room keeps the cut one as history) and nothing booked after that
+    # cut; a planned window is checked by the next check
     "pending reservation holding something": """
         SELECT r.id, a.id FROM reservations r JOIN allocations a ON a.reservation_id = r.id
          WHERE r.status IN ('pending', 'queued')
+           AND NOT (a.planned AND r.status = 'pending')
            AND (a.released_at IS NULL
                 OR EXISTS (SELECT 1 FROM device_bookings b
                             WHERE b.allocation_id = a.id AND upper(b.during) > a.released_at)
                 OR EXISTS (SELECT 1 FROM scalar_holdings h
                             WHERE h.allocation_id = a.id AND h.ends_at > a.released_at))
+    """,
+    # a planned window (docs/lifecycle.md, "Planned starts") belongs to a pending, not spot reservation
+    # whose plannedStart is its start, is live and not started by the last sweep of planned starts'
+    # instant; a reservation with a plannedStart has a planned window
+    "planned window out of place": """
+        SELECT r.id, r.status, a.id
+          FROM reservations r
+          LEFT JOIN allocations a ON a.reservation_id = r.id AND a.planned
+         WHERE (a.id IS NOT NULL
+                AND (r.status <> 'pending' OR r.planned_start IS NULL OR a.released_at IS NOT NULL
+                     OR lower(a.during) <> r.planned_start
+                     OR coalesce((r.spec->>'spot')::boolean, false)))
+            OR (a.id IS NULL AND r.planned_start IS NOT NULL)
     """,
     # a live allocation's bookings are exactly its atoms; a whole-node lease's are its atoms and the
     # atoms it holds unused (on its node: the next check)

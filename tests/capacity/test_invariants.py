@@ -126,6 +126,7 @@ BREAKERS: dict[str, Breaker] = {
     "pending reservation holding something": lambda c, s: _sql(
         c, "UPDATE reservations SET status = 'pending'"
     ),
+    "planned window out of place": lambda c, s: _sql(c, "UPDATE allocations SET planned = true"),
     "allocation atoms != bookings": lambda c, s: _sql(c, "DELETE FROM device_bookings"),
     "booking on another node or window": lambda c, s: _sql(
         c, "UPDATE device_bookings SET during = tstzrange(lower(during), upper(during) + interval '1 hour')"

@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.answers.reservations import Condition
+from app.capacity.commit.plans import drop_plans
 from app.capacity.conditions import (
     DEADLINE_PASSED,
     WINDOW_ENDED,
@@ -34,6 +35,7 @@ from app.capacity.conditions import (
     deadline_passed_condition,
     ended_condition,
     window_passed_condition,
+    without_planned,
 )
 from app.capacity.config import END_BATCH
 from app.capacity.edges import notify_pool
@@ -114,11 +116,12 @@ async def end_passed_deadlines(
     database clock) to ``ended`` with the condition ``Ended`` / ``DeadlinePassed``; returns their ids,
     earliest deadline first (docs/lifecycle.md, "Deadlines").
 
-    A waiting reservation holds nothing (no booking, holding or quota), so nothing is freed and no wake
-    edge is sent. Replica-safe as :func:`end_reservations`: the rows are claimed ``FOR UPDATE SKIP
-    LOCKED`` (a wake placing one holds its row, and is skipped; a queued one in a batch worker's claim
-    too), and PostgreSQL re-checks ``status`` on a row it locks, so one placed, released or ended
-    meanwhile is not ended here, and each reservation is ended once."""
+    A waiting reservation holds no quota and nothing but its planned window, if any (docs/lifecycle.md,
+    "Planned starts"): that is dropped, with a wake edge for its pool. Replica-safe as
+    :func:`end_reservations`: the rows are claimed ``FOR UPDATE SKIP LOCKED`` (a wake placing one holds
+    its row, and is skipped; a queued one in a batch worker's claim too), and PostgreSQL re-checks
+    ``status`` on a row it locks, so one placed, released or ended meanwhile is not ended here, and each
+    reservation is ended once."""
     async with engine.begin() as conn:
         at = now if now is not None else await db_now(conn)
         # SELECT id, status, deadline, conditions FROM reservations
@@ -133,6 +136,8 @@ async def end_passed_deadlines(
         )
         ended = [(r.id, r.conditions, deadline_passed_condition(r.deadline, r.status)) for r in due]
         await _mark_ended(conn, ended)
+        for pool_id in await drop_plans(conn, [r.id for r in due]):
+            await notify_pool(conn, pool_id)  # wake edge: a planned window is free again
     RESERVATIONS_ENDED.labels(DEADLINE_PASSED).inc(len(due))
     return [r.id for r in due]
 
@@ -161,7 +166,12 @@ async def _mark_ended(
         await conn.execute(
             sa.update(reservations)
             .where(reservations.c.id == reservation_id)
-            .values(status="ended", conditions=appended(conditions, ended), updated_at=sa.func.now())
+            .values(
+                status="ended",
+                planned_start=None,
+                conditions=appended(without_planned(conditions), ended),
+                updated_at=sa.func.now(),
+            )
         )
 
 

@@ -20,7 +20,10 @@ repairs each reservation in one transaction, its row claimed ``FOR UPDATE SKIP L
 The reservation gets a ``Repaired`` condition naming the old and new atoms and nodes and when. Since the
 allocation is cut before the new plan and the plan reads in the same transaction, nothing stays booked on
 the unhealthy atom after the repair commits, and the guarded commit keeps every other allocation safe.
-Gang reservations are not repaired yet (their members would have to move together).
+Gang reservations are not repaired yet (their members would have to move together). A pending
+reservation's planned window on a broken atom is not repaired: it is dropped
+(:func:`drop_broken_plans`), and the planner plans the reservation again (docs/lifecycle.md, "Planned
+starts").
 """
 
 from __future__ import annotations
@@ -33,7 +36,16 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.answers.reservations import Condition
-from app.capacity.conditions import NO_FIT, appended, condition, from_stored, stored, with_unschedulable
+from app.capacity.commit.plans import drop_plans
+from app.capacity.conditions import (
+    NO_FIT,
+    appended,
+    condition,
+    from_stored,
+    stored,
+    with_unschedulable,
+    without_planned,
+)
 from app.capacity.config import CapacityConfig
 from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import Placed, db_now
@@ -116,8 +128,61 @@ async def broken_reservations(conn: AsyncConnection, limit: int = REPAIR_BATCH) 
     return [r.reservation_id for r in (await conn.execute(stmt)).all()]
 
 
+async def drop_broken_plans(engine: AsyncEngine) -> list[str]:
+    """Drop the planned windows (docs/lifecycle.md, "Planned starts") that book an unhealthy or
+    unbookable atom, in one transaction, the pending reservations claimed ``FOR UPDATE SKIP LOCKED``
+    (replica-safe); each pool that lost one gets a wake edge, and the planner's next pass plans the
+    reservation again around the broken atom. Returns the reservations' ids."""
+    async with engine.begin() as conn:
+        # SELECT r.id, r.conditions FROM reservations r
+        #  WHERE r.status = 'pending' AND r.planned_start IS NOT NULL
+        #    AND EXISTS (SELECT 1 FROM allocations a JOIN device_bookings b ON b.allocation_id = a.id
+        #                  JOIN devices d ON d.pk = b.device_pk
+        #                 WHERE a.reservation_id = r.id AND a.planned AND NOT (d.healthy AND d.bookable))
+        #  ORDER BY r.created_at LIMIT :limit FOR UPDATE OF r SKIP LOCKED
+        broken_atom = (
+            sa.select(sa.literal(1))
+            .select_from(
+                allocations.join(device_bookings, device_bookings.c.allocation_id == allocations.c.id).join(
+                    devices, devices.c.pk == device_bookings.c.device_pk
+                )
+            )
+            .where(
+                allocations.c.reservation_id == reservations.c.id,
+                allocations.c.planned.is_(True),
+                sa.not_(sa.and_(devices.c.healthy, devices.c.bookable)),
+            )
+        )
+        rows = (
+            await conn.execute(
+                sa.select(reservations.c.id, reservations.c.conditions)
+                .where(
+                    reservations.c.status == "pending",
+                    reservations.c.planned_start.is_not(None),
+                    broken_atom.exists(),
+                )
+                .order_by(reservations.c.created_at)
+                .limit(REPAIR_BATCH)
+                .with_for_update(of=reservations, skip_locked=True)
+            )
+        ).all()
+        for pool_id in await drop_plans(conn, [r.id for r in rows]):
+            await notify_pool(conn, pool_id)  # wake edge: the planner plans them again
+        for r in rows:
+            await conn.execute(
+                sa.update(reservations)
+                .where(reservations.c.id == r.id)
+                .values(
+                    planned_start=None, conditions=without_planned(r.conditions), updated_at=sa.func.now()
+                )
+            )
+    return [r.id for r in rows]
+
+
 async def repair_broken(engine: AsyncEngine, cache: PoolCache, config: CapacityConfig) -> list[Repair]:
-    """Repair every reservation :func:`broken_reservations` finds (one transaction each)."""
+    """Repair every reservation :func:`broken_reservations` finds (one transaction each), after dropping
+    the planned windows on broken atoms (:func:`drop_broken_plans`)."""
+    await drop_broken_plans(engine)
     async with engine.connect() as conn:
         ids = await broken_reservations(conn)
     done: list[Repair] = []

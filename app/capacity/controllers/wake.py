@@ -1,6 +1,7 @@
 """The wake-edge controller (docs/lifecycle.md; docs/placement-rules.md, ``mayBeSchedulableSql``).
 
-A pending reservation holds nothing and waits. It is planned again when an edge may make it fit
+A pending reservation holds nothing but its planned window, if it has one (docs/lifecycle.md, "Planned
+starts"), and waits. It is planned again when an edge may make it fit
 (:mod:`app.capacity.edges` lists them and sends them with ``NOTIFY`` in the transaction that
 caused
 them). Every service process LISTENs on a connection it holds (:meth:`WakeController.listen`, a lifecycle
@@ -12,8 +13,10 @@ Per pool the pending reservations are taken oldest first (``created_at, id``), o
 claimed with ``FOR UPDATE SKIP LOCKED``: two replicas hearing one edge never plan the same reservation,
 and a row claimed by the other replica is simply not seen. The claim re-checks ``status = 'pending'``
 on the locked row (PostgreSQL re-evaluates the WHERE of a locked row), so a reservation placed or
-released meanwhile is skipped. One that still does not fit is skipped and the next one is tried, so a
-large request does not block the small ones behind it (it can then wait long: docs/lifecycle.md).
+released meanwhile is skipped. One that still does not fit is skipped and the next one is tried; the
+oldest ones hold planned windows that the younger ones cannot overlap (the planner's pass after the
+wakes of a pool, :mod:`app.capacity.controllers.backfill`), so a large request is not starved by the
+small ones behind it. A woken reservation that fits now drops its own plan first, in the same savepoint.
 
 Placing a woken reservation is creation's path: the inline placer plans and commits with the guarded
 statements, which charge quota last (a pending one holds nothing). It is placed at
@@ -45,6 +48,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.answers.reservations import Condition
+from app.capacity.commit.plans import drop_plans
 from app.capacity.commit.shapes import QuotaCharge
 from app.capacity.conditions import (
     NO_FIT,
@@ -54,6 +58,7 @@ from app.capacity.conditions import (
     from_stored,
     stored,
     with_unschedulable,
+    without_planned,
 )
 from app.capacity.config import CapacityConfig
 from app.capacity.controllers.listener import ListeningController
@@ -100,14 +105,14 @@ def scheduled_condition(at: datetime, waited_seconds: float) -> Condition:
     )
 
 
-def _placed_conditions(
+def placed_conditions(
     conditions: list[dict[str, Any]] | None, at: datetime, waited: float
 ) -> list[dict[str, Any]]:
-    """The stored conditions of a woken, placed reservation: Unschedulable turns ``False``, Scheduled is
-    added."""
+    """The stored conditions of a woken (or planned, docs/lifecycle.md "Planned starts"), placed
+    reservation: Unschedulable turns ``False``, a Planned condition goes, Scheduled is added."""
     story = [
         c.model_copy(update={"status": "False"}) if c.type == UNSCHEDULABLE else c
-        for c in from_stored(conditions)
+        for c in from_stored(without_planned(conditions))
     ]
     return stored([*story, scheduled_condition(at, waited)])
 
@@ -151,6 +156,8 @@ async def _wake_one(
     )
     attempt = await conn.begin_nested()  # SAVEPOINT: a refused charge or no fit leaves nothing behind
     try:
+        if row.planned_start is not None:  # its own plan goes first (restored with the savepoint)
+            await drop_plans(conn, [row.id])
         context = PlacementContext(
             now,
             cache,
@@ -179,8 +186,9 @@ async def _wake_one(
         .where(reservations.c.id == row.id)
         .values(
             status="placed",
-            conditions=_placed_conditions(row.conditions, now, waited),
+            conditions=placed_conditions(row.conditions, now, waited),
             ends_at=request.end,
+            planned_start=None,
             updated_at=sa.func.now(),
         )
     )
@@ -261,6 +269,9 @@ class WakeController(ListeningController[tuple[str, str | None]]):
     (repair first, docs/lifecycle.md)."""
 
     yield_to: Callable[[], Awaitable[None]] | None = None
+    # the planner's pass over a pool, run after each wake of it (set in app/main.py:
+    # app.capacity.controllers.backfill.plan_pool; docs/lifecycle.md, "Planned starts")
+    plan_pool: Callable[[AsyncEngine, str], Awaitable[Any]] | None = None
 
     def channels(self) -> Mapping[str, Callable[[str], None]]:
         return {WAKE_CHANNEL: self.heard}
@@ -294,8 +305,12 @@ class WakeController(ListeningController[tuple[str, str | None]]):
             async with engine.connect() as conn:
                 swept = await pools_with_pending(conn)
         woken: list[Woken] = []
-        for pool_id, tenant_id in self._targets(swept):
+        targets = self._targets(swept)
+        for pool_id, tenant_id in targets:
             woken += await wake_pool(
                 engine, self.cache, self.config, pool_id, tenant_id, yield_to=self.yield_to
             )
+        if self.plan_pool is not None:  # the planned starts, after the wakes: what fits now went first
+            for pool_id in sorted({pool_id for pool_id, _ in targets}):
+                await self.plan_pool(engine, pool_id)
         return woken

@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.answers.reservations import Reservation
 from app.capacity.commit.cuts import cut_allocations
-from app.capacity.conditions import appended, released_condition
+from app.capacity.commit.plans import drop_plans
+from app.capacity.conditions import appended, released_condition, without_planned
 from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import statement_now
 from app.capacity.reservations.access import reservation_not_found, visible
@@ -35,7 +36,8 @@ async def release_reservation(
 ) -> Reservation:
     """Release a reservation at ``now`` (default: the database clock): its quota holdings, bookings and
     scalar holdings are cut at that instant (removed when the window had not started), its allocations
-    keep ``start``, ``end`` and get ``releasedAt``, and it gets a ``Released`` condition. Releasing
+    keep ``start``, ``end`` and get ``releasedAt``, and it gets a ``Released`` condition. A pending
+    reservation's planned window is dropped (docs/lifecycle.md, "Planned starts"). Releasing
     twice, or releasing an ended or preempted reservation, is a no-op that answers the reservation.
     Another tenant's reservation is NotFound."""
     async with engine.begin() as conn:
@@ -55,6 +57,8 @@ async def release_reservation(
             await refunds.cut_holdings(conn, row.id, at)  # shrinks only: no quota_usage lock
             await free_allocations(conn, await _live_allocations(conn, row.id), row.pool_id, at)
             await notify_pool(conn, row.pool_id)  # wake edge: a release
+        elif row.status == "pending" and await drop_plans(conn, [row.id]):
+            await notify_pool(conn, row.pool_id)  # wake edge: its planned window is free again
         # UPDATE reservations SET status = 'released', released_at = :at, updated_at = now(),
         #   conditions = :conditions WHERE id = :reservation_id
         await conn.execute(
@@ -63,8 +67,9 @@ async def release_reservation(
             .values(
                 status="released",
                 released_at=at,
+                planned_start=None,
                 updated_at=sa.func.now(),
-                conditions=appended(row.conditions, released_condition(at, row.status)),
+                conditions=appended(without_planned(row.conditions), released_condition(at, row.status)),
             )
         )
         row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).one()
