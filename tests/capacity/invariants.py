@@ -150,13 +150,18 @@ CHECKS: dict[str, str] = {
             OR (r.status IN ('released', 'preempted') AND h.reservation_id IS NOT NULL
                 AND h.ends_at > r.released_at)
     """,
-    # a placed reservation has one live allocation per member, on distinct nodes; others have none
+    # a placed reservation has one live allocation per member, on distinct nodes; an ended one those it
+    # had (its allocations are history with no releasedAt) or none; others have none
     "placed reservation without one live allocation per member": """
         SELECT r.id, r.status, count(a.id)
           FROM reservations r
           LEFT JOIN allocations a ON a.reservation_id = r.id AND a.released_at IS NULL AND NOT a.planned
          GROUP BY r.id, r.status, r.spec
-        HAVING (r.status = 'placed') <> (count(a.id) = coalesce((r.spec->'gang'->>'members')::int, 1))
+        HAVING (r.status = 'placed' AND count(a.id) <> coalesce((r.spec->'gang'->>'members')::int, 1))
+            -- an ended one keeps its allocations as history (none: it ended while it waited)
+            OR (r.status = 'ended'
+                AND count(a.id) NOT IN (0, coalesce((r.spec->'gang'->>'members')::int, 1)))
+            OR (r.status NOT IN ('placed', 'ended') AND count(a.id) > 0)
             OR count(a.id) > coalesce((r.spec->'gang'->>'members')::int, 1)
             OR count(a.id) <> count(DISTINCT a.node_id)
     """,
