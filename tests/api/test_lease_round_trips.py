@@ -193,6 +193,7 @@ def _padded_view(reservation_id: str, pad: int) -> Reservation:
         conditions=[],
         createdAt="2026-12-01T12:00:00+00:00",
         releasedAt=None,
+        plannedStart=None,
     )
 
 
