@@ -253,7 +253,8 @@ def _preview(api: ServiceClient, body: dict[str, Any], output: Output) -> bool:
     out.emit(console, answer, output, lambda wide: out.preview_view(answer, wide))
     _warn(answer)
     if answer.get("satisfiable") is False:
-        raise _fail(f"UNSATISFIABLE: {answer.get('reason', '')}", EXIT_API_ERROR)
+        why = answer.get("unsatisfiableReason") or answer.get("reason", "")
+        raise _fail(f"UNSATISFIABLE: {why}", EXIT_API_ERROR)
     return bool(answer.get("fits"))
 
 

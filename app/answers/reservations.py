@@ -192,7 +192,12 @@ class Preview(ApiModel):
     satisfiable: bool | None = Field(
         default=None,
         description="false: no node of the pool, as it is built now, could ever hold the request "
-        "(reason says why); absent otherwise",
+        "(unsatisfiableReason says why); absent otherwise",
+    )
+    unsatisfiableReason: str | None = Field(
+        default=None,
+        description="With satisfiable false: the largest shape the pool could hold, e.g. 'no node of pool "
+        "demo can hold 100 gpu: the largest has 8'",
     )
     warnings: list[str] | None = Field(
         default=None, description="Selector keys that no device or node of the pool carries"

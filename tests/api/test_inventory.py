@@ -55,7 +55,7 @@ async def test_import_dgx1_topology_makes_atoms_and_links(admin_client: httpx.As
     )
     # the DGX-1 hybrid cube mesh has NVLink-complete sets of 4 at most: never 8 (checked at intake)
     assert eight.json()["satisfiable"] is False and eight.json()["fits"] is False
-    assert eight.json()["reason"].endswith(" can hold 8 gpu NVLink-complete: the largest has 4")
+    assert eight.json()["unsatisfiableReason"].endswith(" can hold 8 gpu NVLink-complete: the largest has 4")
 
 
 async def test_import_with_nvidia_smi_xml_takes_uuids_and_attributes(admin_client: httpx.AsyncClient) -> None:
@@ -85,7 +85,7 @@ async def test_import_with_nvidia_smi_xml_takes_uuids_and_attributes(admin_clien
     )
     # device attributes are static: no GPU of this pool can ever match (checked at intake)
     assert selected.json()["satisfiable"] is False
-    assert selected.json()["reason"].endswith(" can hold 1 gpu matching the selector: the largest has 0")
+    assert selected.json()["unsatisfiableReason"].endswith(" can hold 1 gpu matching the selector: the largest has 0")
 
 
 async def test_bad_inventory_input_is_422_and_writes_nothing(

@@ -179,7 +179,7 @@ async def test_a_numa_node_selector_matches_however_the_node_was_registered(
     ).json()
     # five atoms on NUMA node 1 or above exist on no node: refused at intake, naming the largest shape
     assert too_many["fits"] is False and too_many["satisfiable"] is False
-    assert "the largest has 4" in too_many["reason"]
+    assert "the largest has 4" in too_many["unsatisfiableReason"]
     placed = await admin_client.post(
         "/v1/reservations", json=reservation(pool, devices=[_numa(2, "numaNode = 1")])
     )

@@ -280,13 +280,15 @@ async def test_preview_answers_candidates_or_reason(admin_client: httpx.AsyncCli
         "reason": "no node fits (2 nodes): 2 × selector: 0 of 8 gpu match",
         "earliest": None,
     }
-    # 9 GPUs: no node of the pool has them, so it could never fit (was "no node fits", issue 22)
+    # 9 GPUs: no node of the pool has them, so it could never fit: the summary as for any request that does
+    # not fit, and the largest shape beside it
     never = (await admin_client.post("/v1/capacity/preview", json=reservation(pool, 9))).json()
     assert never == {
         "fits": False,
         "satisfiable": False,
         "candidates": [],
-        "reason": "no node of pool preview-hosts can hold 9 gpu: the largest has 8",
+        "reason": "no node fits (2 nodes): 2 × fits: 8 of 8 gpu free",
+        "unsatisfiableReason": "no node of pool preview-hosts can hold 9 gpu: the largest has 8",
     }
     empty = await make_pool(admin_client)
     nothing = (await admin_client.post("/v1/capacity/preview", json=reservation(empty, 1))).json()

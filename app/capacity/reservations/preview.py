@@ -19,7 +19,7 @@ from app.capacity.requests import check_start, placement_request
 from app.capacity.views import with_warnings
 from app.errors import InvalidInput
 from app.placement.model import Candidate as Ranked
-from app.placement.model import Plan
+from app.placement.model import Plan, Rejections
 from app.placement.request import ReservationRequest
 from app.placement.summary import ARCHIVED_POOL
 
@@ -53,8 +53,17 @@ async def preview(
         if isinstance(error, InvalidInput):
             raise error
         if intake.unsatisfiable is not None:
-            # it fits nowhere as the pool is built (docs/api.md, "Checked at intake"): not an error here
-            answer = Preview(fits=False, satisfiable=False, candidates=[], reason=intake.unsatisfiable)
+            # it fits nowhere as the pool is built (docs/api.md, "Checked at intake"): not an error here;
+            # the reason is the rejections' summary, as for any request that does not fit
+            plan = outcome.plan
+            summary = plan.summary if isinstance(plan, Rejections) else intake.unsatisfiable
+            answer = Preview(
+                fits=False,
+                satisfiable=False,
+                candidates=[],
+                reason=summary,
+                unsatisfiableReason=intake.unsatisfiable,
+            )
             return with_warnings(answer, intake.warnings)
         preemptible: Preemptible | None = None
         later: Earliest | None = None
