@@ -42,3 +42,18 @@ def test_every_path_a_doc_names_exists() -> None:
             if not (ROOT / path).exists():
                 missing.append(f"{doc.relative_to(ROOT)}: {named}")
     assert missing == []
+
+
+def test_the_architecture_page_names_every_module_of_the_rooms() -> None:
+    """docs/architecture.md lists every module of app/capacity, app/placement and app/quota with its
+    concern, so a new module cannot be left out of the map."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    left_out = [
+        str(path.relative_to(ROOT))
+        for package in ("capacity", "placement", "quota")
+        for path in sorted((ROOT / "app" / package).rglob("*.py"))
+        if path.name != "__init__.py"
+        and f"`{path.name}`" not in page
+        and str(path.relative_to(ROOT)) not in page
+    ]
+    assert left_out == []

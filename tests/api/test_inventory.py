@@ -85,7 +85,9 @@ async def test_import_with_nvidia_smi_xml_takes_uuids_and_attributes(admin_clien
     )
     # device attributes are static: no GPU of this pool can ever match (checked at intake)
     assert selected.json()["satisfiable"] is False
-    assert selected.json()["unsatisfiableReason"].endswith(" can hold 1 gpu matching the selector: the largest has 0")
+    assert selected.json()["unsatisfiableReason"].endswith(
+        " can hold 1 gpu matching the selector: the largest has 0"
+    )
 
 
 async def test_bad_inventory_input_is_422_and_writes_nothing(
