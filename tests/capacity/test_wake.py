@@ -206,7 +206,9 @@ async def test_two_replicas_wake_many_pending_once_each(
                     """SELECT r.id, r.status, count(a.id) AS allocations,
                               jsonb_array_length(jsonb_path_query_array(
                                 r.conditions, '$[*] ? (@.type == "Scheduled")')) AS scheduled
-                         FROM reservations r LEFT JOIN allocations a ON a.reservation_id = r.id
+                         FROM reservations r
+                         -- a pending one may hold a planned window (docs/lifecycle.md, "Planned starts")
+                         LEFT JOIN allocations a ON a.reservation_id = r.id AND NOT a.planned
                         WHERE r.id = ANY(:ids) GROUP BY r.id"""
                 ),
                 {"ids": ids},
