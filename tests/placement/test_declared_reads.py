@@ -11,7 +11,6 @@ a filter that declares nothing turns the memo off for the requests it applies to
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any
@@ -30,79 +29,29 @@ from app.placement.scorers import SCORERS
 from app.placement.selectors import parse_selector
 from tests.factories import gpu_snapshot
 from tests.placement.builders import pool
-
-Log = set[tuple[str, str]]  # (owner, field)
-
-
-class _Recorder:
-    """Who is running now; what each owner read."""
-
-    def __init__(self) -> None:
-        self.owner = "?"
-        self.log: Log = set()
-
-    def read(self, field: str) -> None:
-        self.log.add((self.owner, field))
+from tests.placement.recording import Recorder, RecordingProxy, RecordingSeq
 
 
-class _Seq(tuple):
-    """A tuple that records ``field`` whenever it is looked at."""
-
-    rec: _Recorder
-    field: str
-
-    def __new__(cls, items: Any, rec: _Recorder, field: str) -> _Seq:
-        made = super().__new__(cls, items)
-        made.rec, made.field = rec, field
-        return made
-
-    def __iter__(self) -> Iterator[Any]:
-        self.rec.read(self.field)
-        return super().__iter__()
-
-    def __len__(self) -> int:
-        self.rec.read(self.field)
-        return super().__len__()
-
-    def __getitem__(self, i: Any) -> Any:
-        self.rec.read(self.field)
-        return super().__getitem__(i)
-
-
-class _Proxy:
-    """Records ``<prefix><attribute>`` for every attribute read, then answers the real one."""
-
-    def __init__(self, real: Any, rec: _Recorder, prefix: str, wrap: dict[str, Any] | None = None) -> None:
-        object.__setattr__(self, "_real", real)
-        object.__setattr__(self, "_rec", rec)
-        object.__setattr__(self, "_prefix", prefix)
-        object.__setattr__(self, "_wrap", wrap or {})
-
-    def __getattr__(self, name: str) -> Any:
-        self._rec.read(self._prefix + name)
-        return self._wrap.get(name, getattr(self._real, name))
-
-
-def _recording(ctx: PlanContext, node: NodeSnapshot, rec: _Recorder) -> tuple[PlanContext, NodeWork]:
+def _recording(ctx: PlanContext, node: NodeSnapshot, rec: Recorder) -> tuple[PlanContext, NodeWork]:
     """``ctx`` and a fresh ``NodeWork`` whose request-derived fields and node record what is read."""
-    devices = _Seq((_Proxy(d, rec, "devices.") for d in ctx.devices), rec, "devices")
-    request = _Proxy(ctx.request, rec, "", {"devices": devices})
+    devices = RecordingSeq((RecordingProxy(d, rec, "devices.") for d in ctx.devices), rec, "devices")
+    request = RecordingProxy(ctx.request, rec, "", {"devices": devices})
     recorded = replace(
         ctx,
         request=request,  # type: ignore[arg-type]
         devices=devices,
-        selector_tokens=_Seq(ctx.selector_tokens, rec, "devices.selector"),
-        resources=_Seq(ctx.resources, rec, "resources"),
-        node_labels=_Seq(ctx.node_labels, rec, "node_labels"),
+        selector_tokens=RecordingSeq(ctx.selector_tokens, rec, "devices.selector"),
+        resources=RecordingSeq(ctx.resources, rec, "resources"),
+        node_labels=RecordingSeq(ctx.node_labels, rec, "node_labels"),
     )
     work = NodeWork(node, len(ctx.devices))
-    work.node = _Proxy(  # type: ignore[assignment]
+    work.node = RecordingProxy(  # type: ignore[assignment]
         node,
         rec,
         "node.",
         {
-            "inventory": _Proxy(node.inventory, rec, "inventory."),
-            "state": _Proxy(node.state, rec, "state."),
+            "inventory": RecordingProxy(node.inventory, rec, "inventory."),
+            "state": RecordingProxy(node.state, rec, "state."),
         },
     )
     return recorded, work
@@ -126,7 +75,7 @@ def undeclared_reads(
         declared[f"derivation {d.name}"] = set(d.request_reads) | set(d.node_reads)
     for s in SCORERS.scorers:
         declared[f"scorer {s.name}"] = None if s.request_reads is None else set(s.request_reads)
-    rec = _Recorder()
+    rec = Recorder()
     for request in requests:
         ctx = PlanContext.build(request, pool(*nodes), SchedulerOptions())
         for node in nodes:

@@ -22,85 +22,50 @@ from app.placement.shortlist import (
     shortlist_rows,
 )
 from tests.factories import gpu_snapshot
-
-
-class _Reads:
-    def __init__(self) -> None:
-        self.fields: set[str] = set()
+from tests.placement.recording import Recorder, RecordingProxy, RecordingSeq
 
 
 class _Resources(Mapping[str, Any]):
     """A request's ``resources`` that tells its names (``resources.names``) from its amounts."""
 
-    def __init__(self, real: Mapping[str, Any], reads: _Reads) -> None:
-        self._real, self._reads = real, reads
+    def __init__(self, real: Mapping[str, Any], rec: Recorder) -> None:
+        self._real, self._rec = real, rec
 
     def __iter__(self) -> Iterator[str]:
-        self._reads.fields.add("resources.names")
+        self._rec.read("resources.names")
         return iter(self._real)
 
     def __len__(self) -> int:
-        self._reads.fields.add("resources.names")
+        self._rec.read("resources.names")
         return len(self._real)
 
     def __contains__(self, key: object) -> bool:
-        self._reads.fields.add("resources.names")
+        self._rec.read("resources.names")
         return key in self._real
 
     def __getitem__(self, key: str) -> Any:
-        self._reads.fields.add("resources")
+        self._rec.read("resources")
         return self._real[key]
 
 
-class _Seq(tuple):  # type: ignore[type-arg]
-    reads: _Reads
-    name: str
-
-    def __new__(cls, items: Any, reads: _Reads, name: str) -> _Seq:
-        made = super().__new__(cls, items)
-        made.reads, made.name = reads, name
-        return made
-
-    def __iter__(self) -> Iterator[Any]:
-        self.reads.fields.add(self.name)
-        return super().__iter__()
-
-    def __len__(self) -> int:
-        self.reads.fields.add(self.name)
-        return super().__len__()
-
-
-class _Proxy:
-    def __init__(self, real: Any, reads: _Reads, prefix: str, wrap: dict[str, Any]) -> None:
-        object.__setattr__(self, "_real", real)
-        object.__setattr__(self, "_reads", reads)
-        object.__setattr__(self, "_prefix", prefix)
-        object.__setattr__(self, "_wrap", wrap)
-
-    def __getattr__(self, name: str) -> Any:
-        if name not in self._wrap:
-            self._reads.fields.add(self._prefix + name)
-        return self._wrap.get(name, getattr(self._real, name))
-
-
 class _Labels(dict):  # type: ignore[type-arg]
-    reads: _Reads
+    rec: Recorder
 
     def items(self) -> Any:
-        self.reads.fields.add("node_labels")
+        self.rec.read("node_labels")
         return super().items()
 
     def __bool__(self) -> bool:
-        self.reads.fields.add("node_labels")
+        self.rec.read("node_labels")
         return super().__len__() > 0
 
 
-def _recording(request: PlacementRequest, reads: _Reads) -> PlacementRequest:
-    devices = _Seq((_Proxy(d, reads, "devices.", {}) for d in request.devices), reads, "devices")
+def _recording(request: PlacementRequest, rec: Recorder) -> PlacementRequest:
+    devices = RecordingSeq((RecordingProxy(d, rec, "devices.") for d in request.devices), rec, "devices")
     labels = _Labels(request.node_labels)
-    labels.reads = reads
-    wrap = {"devices": devices, "resources": _Resources(request.resources, reads), "node_labels": labels}
-    return _Proxy(request, reads, "", wrap)  # type: ignore[return-value]
+    labels.rec = rec
+    wrap = {"devices": devices, "resources": _Resources(request.resources, rec), "node_labels": labels}
+    return RecordingProxy(request, rec, "", wrap, record_wrapped=False)  # type: ignore[return-value]
 
 
 def _inventory() -> PoolInventory:
@@ -130,10 +95,10 @@ def _exceptions() -> Exceptions:
 
 
 def _reads_of(run: Any) -> set[str]:
-    reads = _Reads()
+    rec = Recorder()
     for request in _requests():
-        run(_recording(request, reads))
-    return reads.fields
+        run(_recording(request, rec))
+    return {field for _owner, field in rec.log}
 
 
 def test_free_groups_reads_exactly_what_it_declares() -> None:
