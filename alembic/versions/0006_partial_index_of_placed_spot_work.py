@@ -29,4 +29,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index("ix_reservations_placed_spot", table_name="reservations", postgresql_where=sa.text(PLACED_SPOT))
+    op.drop_index(
+        "ix_reservations_placed_spot", table_name="reservations", postgresql_where=sa.text(PLACED_SPOT)
+    )

@@ -136,7 +136,7 @@ AGENT_EDGES = Counter(
     ["edge"],
 )
 WAKE_RESULTS = ("placed", "pending", "quota_exceeded")
-WAKE_SOURCES = ("edge", "sweep")
+WAKE_SOURCES = ("edge", "sweep", "retry")
 WAKES = Counter(
     "bc_wakes_total",
     "Pending reservations planned again by the wake-edge controller, by result: placed, pending (still "
@@ -145,7 +145,8 @@ WAKES = Counter(
 )
 WAKE_EDGES_HEARD = Counter(
     "bc_wake_edges_heard_total",
-    "Wake edges this process acted on, by source: edge (a NOTIFY heard) or sweep (the periodic safety net).",
+    "Wake edges this process acted on, by source: edge (a NOTIFY heard), sweep (the periodic safety net) or "
+    "retry (a target run again: its last pass skipped a reservation another transaction held).",
     ["source"],
 )
 REPAIR_RESULTS = ("same_node", "other_node", "pending")

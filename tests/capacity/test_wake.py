@@ -234,3 +234,25 @@ async def test_two_replicas_wake_many_pending_once_each(
         assert r.allocations == (1 if r.status == "placed" else 0), r
         assert r.scheduled == (1 if r.status == "placed" else 0), f"{r.id} was scheduled {r.scheduled} times"
     assert double == 0 and over == 0
+
+
+async def test_an_edge_that_finds_the_reservation_held_wakes_it_once_the_lock_goes(
+    clients: list[httpx.AsyncClient], engine: AsyncEngine
+) -> None:
+    """The other replica's wake or planner pass holds the pending row (and planned from a read taken
+    before the edge): both processes skip it, and run the pool again once the lock is gone."""
+    a, b = clients
+    pool = await make_pool(a)
+    await add_node(a, pool, gpu_node("held", 1))
+    blocker = await _ok(a.post("/v1/reservations", json=reservation(pool, 1)))
+    pending = await _pending(a, reservation(pool, 1))
+    async with engine.connect() as holder:
+        await holder.execute(
+            sa.text("SELECT 1 FROM reservations WHERE id = :id FOR UPDATE"), {"id": pending["id"]}
+        )
+        await _ok(b.post(f"/v1/reservations/{blocker['id']}/release"))
+        await asyncio.sleep(0.5)  # both processes heard the edge and skipped the held row
+        view = await _ok(a.get(f"/v1/reservations/{pending['id']}"))
+        assert view["status"] == "pending"
+        await holder.rollback()
+    await wait_for_status(a, pending["id"], "placed", within=WAKE_DEADLINE)

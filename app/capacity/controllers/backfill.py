@@ -98,10 +98,11 @@ PLANNABLE = (
 
 async def plan_pool(
     engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, pool_id: str, now: datetime | None = None
-) -> list[Planning]:
+) -> list[Planning] | None:
     """One planner pass over ``pool_id`` at ``now`` (default: the database clock), as the module
     docstring says; returns what it did with each reservation it claimed, oldest first (nothing when
-    ``config.backfill_depth`` is 0 or another replica is planning the pool). Raises NotFound (pool)."""
+    ``config.backfill_depth`` is 0), or None when another transaction holds the pool's planner lock (its
+    pass may predate the caller's edge: the wake controller runs the pool again later)."""
     if config.backfill_depth <= 0:
         return []
     assumptions: list[int] = []
@@ -109,7 +110,7 @@ async def plan_pool(
     try:
         async with engine.begin() as conn:
             if not (await conn.execute(sa.select(planner_lock(pool_id)))).scalar():
-                return []
+                return None
             at = now if now is not None else await db_now(conn)
             # SELECT * FROM reservations
             #  WHERE pool_id = :pool AND status = 'pending'

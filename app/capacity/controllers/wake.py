@@ -11,7 +11,12 @@ default 30 s) is the safety net for an edge that was missed (a listener reconnec
 
 Per pool the pending reservations are taken oldest first (``created_at, id``), one transaction each,
 claimed with ``FOR UPDATE SKIP LOCKED``: two replicas hearing one edge never plan the same reservation,
-and a row claimed by the other replica is simply not seen. The claim re-checks ``status = 'pending'``
+and a row claimed by the other replica is not seen by this pass. That other transaction (a wake or the
+planner's pass) may have read the pool before the edge committed, so a pass that leaves a pending
+reservation of its target untried is run again once that lock is gone: after a short delay
+(``RETRY_FIRST``, doubled with jitter each time up to the sweep period, reset by a pass that skipped
+nothing); so is a target whose planner pass found the pool's planner lock taken. An edge is never lost
+to a row lock. The claim re-checks ``status = 'pending'``
 on the locked row (PostgreSQL re-evaluates the WHERE of a locked row), so a reservation placed or
 released meanwhile is skipped. One that still does not fit is skipped and the next one is tried; the
 oldest ones hold planned windows that the younger ones cannot overlap (the planner's pass after the
@@ -38,7 +43,9 @@ node_resources -> quota_usage, as every capacity transaction.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -79,6 +86,7 @@ WAKE_PENDING = "wake-pending"
 WAKE_LISTENER = "wake-listener"
 WAKE_BATCH = 1000  # reservations tried per pool and wake, at most (the rest at the next edge or sweep)
 LISTENER_RETRY = 1.0  # seconds between two attempts to (re)connect the listener
+RETRY_FIRST = 0.05  # seconds before a target whose pass skipped a locked reservation is tried again
 
 PLACED, STILL_PENDING, QUOTA_EXCEEDED_RESULT = "placed", "pending", "quota_exceeded"
 SCHEDULED = "Scheduled"  # the condition type
@@ -249,6 +257,20 @@ async def wake_pool(
     return woken
 
 
+async def untried_pending(engine: AsyncEngine, pool_id: str, tenant_id: str | None, tried: list[str]) -> bool:
+    """True when ``pool_id`` (``tenant_id``'s reservations only, when given) has a pending reservation
+    not in ``tried``: after a whole pass, one another transaction held (or one created since)."""
+    # SELECT EXISTS (SELECT 1 FROM reservations WHERE pool_id = :pool AND status = 'pending'
+    #                 [AND tenant_id = :tenant] AND id <> ALL(:tried))
+    where = [reservations.c.pool_id == pool_id, reservations.c.status == "pending"]
+    if tenant_id is not None:
+        where.append(reservations.c.tenant_id == tenant_id)
+    if tried:
+        where.append(reservations.c.id.not_in(tried))
+    async with engine.connect() as conn:
+        return bool((await conn.execute(sa.select(sa.exists().where(*where)))).scalar())
+
+
 async def pools_with_pending(conn: AsyncConnection) -> list[str]:
     """The pools that have pending reservations (the sweep wakes each)."""
     # SELECT DISTINCT pool_id FROM reservations WHERE status = 'pending' ORDER BY pool_id
@@ -273,8 +295,23 @@ class WakeController(ListeningController[tuple[str, str | None]]):
     # app.capacity.controllers.backfill.plan_pool; docs/lifecycle.md, "Planned starts")
     plan_pool: Callable[[AsyncEngine, str], Awaitable[Any]] | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._retry_delay: dict[tuple[str, str | None], float] = {}  # target -> its last delay (seconds)
+        self._again: set[tuple[str, str | None]] = set()  # targets whose delay passed
+
     def channels(self) -> Mapping[str, Callable[[str], None]]:
         return {WAKE_CHANNEL: self.heard}
+
+    def _again_later(self, target: tuple[str, str | None]) -> None:
+        """Wake ``target`` again after the next delay of its backoff (module docstring)."""
+        delay = min(self._retry_delay.get(target, RETRY_FIRST / 2) * 2, max(self.sweep_seconds, RETRY_FIRST))
+        self._retry_delay[target] = delay
+        asyncio.get_running_loop().call_later(delay * random.uniform(0.5, 1.0), self._heard_again, target)
+
+    def _heard_again(self, target: tuple[str, str | None]) -> None:
+        self._again.add(target)
+        self.poke()
 
     def heard(self, payload: str) -> None:
         """An edge's payload arrived: remember its pool (and tenant) and start a wake."""
@@ -287,7 +324,10 @@ class WakeController(ListeningController[tuple[str, str | None]]):
 
     def _targets(self, swept: list[str]) -> list[tuple[str, str | None]]:
         heard, self._heard = self._heard, set()
+        again, self._again = self._again, set()
         WAKE_EDGES_HEARD.labels("edge").inc(len(heard))
+        WAKE_EDGES_HEARD.labels("retry").inc(len(again))
+        heard |= again
         WAKE_EDGES_HEARD.labels("sweep").inc(len(swept))
         everyone = {pool for pool, tenant in heard if tenant is None} | set(swept)
         # an edge for every tenant of a pool covers the edges for one of its tenants
@@ -306,11 +346,24 @@ class WakeController(ListeningController[tuple[str, str | None]]):
                 swept = await pools_with_pending(conn)
         woken: list[Woken] = []
         targets = self._targets(swept)
-        for pool_id, tenant_id in targets:
-            woken += await wake_pool(
+        again: set[tuple[str, str | None]] = set()
+        for target in targets:
+            pool_id, tenant_id = target
+            tried = await wake_pool(
                 engine, self.cache, self.config, pool_id, tenant_id, yield_to=self.yield_to
             )
+            woken += tried
+            if len(tried) < WAKE_BATCH and await untried_pending(
+                engine, pool_id, tenant_id, [w.reservation_id for w in tried]
+            ):
+                again.add(target)
         if self.plan_pool is not None:  # the planned starts, after the wakes: what fits now went first
             for pool_id in sorted({pool_id for pool_id, _ in targets}):
-                await self.plan_pool(engine, pool_id)
+                if await self.plan_pool(engine, pool_id) is None:  # another replica is planning it
+                    again |= {target for target in targets if target[0] == pool_id}
+        for target in targets:
+            if target not in again:
+                self._retry_delay.pop(target, None)
+        for target in sorted(again, key=lambda t: (t[0], t[1] or "")):
+            self._again_later(target)
         return woken
