@@ -61,6 +61,7 @@ HOMES: list[tuple[str, bool, str]] = [
     ("Planned", True, "app/capacity/conditions.py"),
     ("PlannedStart", True, "app/capacity/conditions.py"),
     ("planned for {} on {}", False, "app/capacity/conditions.py"),
+    ("hold what it needs", False, "app/capacity/planning/planned.py"),
     ("Scheduled", True, "app/capacity/controllers/wake.py"),
     ("Woken", True, "app/capacity/controllers/wake.py"),
     ("Repaired", True, "app/capacity/controllers/repair.py"),

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.answers.reservations import Reservation
+from app.answers.reservations import Preview, Reservation
 from app.capacity.config import CapacityConfig
 from app.capacity.controllers.backfill import NO_PLAN, PLACED_NOW, PLANNED, plan_pool, start_planned
 from app.capacity.controllers.lifecycle import end_passed_deadlines
@@ -19,6 +19,7 @@ from app.capacity.controllers.repair import drop_broken_plans
 from app.capacity.controllers.wake import wake_pool
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.reservations.create import create_reservation
+from app.capacity.reservations.preview import preview
 from app.capacity.reservations.release import release_reservation
 from app.capacity.views import read_view
 from app.db.tables import allocations, devices
@@ -117,6 +118,33 @@ async def test_the_head_is_placed_at_the_end_of_the_hour_and_only_short_work_bac
     async with engine.connect() as conn:
         assert await overlapping_bookings(conn) == 0
     assert await violations(engine) == {}
+
+
+async def test_preview_says_when_planned_windows_are_why_it_does_not_fit(clean_db: AsyncEngine) -> None:
+    engine, cache = clean_db, PoolCache()
+    pool, _, hour_end, head = await _head_behind_an_hour(engine)
+    await plan_pool(engine, cache, CONFIG, pool)
+
+    async def _preview(gpus: int, duration: str) -> Preview:
+        body = ReservationRequest.model_validate(reservation(pool, gpus, duration=duration))
+        return await preview(engine, cache, CONFIG, body)
+
+    # 4 free GPUs for 2 h: free now, but the head's planned window takes them at the end of the hour
+    blocked = await _preview(4, "2h")
+    assert blocked.fits is False and blocked.reason is not None
+    summary, note = blocked.reason.rsplit("; ", 1)
+    assert summary.startswith("no node fits (1 node): 1 × fits: 0 of 8 gpu free")
+    assert note == "planned windows of 1 pending reservation hold what it needs"
+    assert blocked.earliest is not None and datetime.fromisoformat(blocked.earliest.start) > hour_end
+    # 8 GPUs for 2 h do not fit without the plan either (4 are booked now): no note
+    full = await _preview(8, "2h")
+    assert full.fits is False and full.reason is not None and "planned windows" not in full.reason
+    # 4 GPUs for 30 min end before the planned start: they fit
+    assert (await _preview(4, "30m")).fits is True
+    # once the head's plan goes (released), nothing planned is in the way
+    await release_reservation(engine, head.id, None)
+    after = await _preview(4, "2h")
+    assert after.fits is True
 
 
 async def test_a_planned_head_that_fits_now_is_placed_by_the_pass(clean_db: AsyncEngine) -> None:

@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import json
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -301,9 +301,12 @@ async def read_node_states(
     end: datetime,
     node_ids: Iterable[str] | None = None,
     assumed: Mapping[str, set[str]] | None = None,
+    ignoring: Sequence[str] = (),
 ) -> dict[str, NodeState]:
     """The volatile state of the pool's nodes (or of ``node_ids``) for the window ``[start, end)``;
-    ``assumed`` atoms (node id -> atoms other plans of this process are committing) count as booked."""
+    ``assumed`` atoms (node id -> atoms other plans of this process are committing) count as booked; the
+    bookings and scalar holdings of the allocations ``ignoring`` (ids) do not count (a what-if read:
+    :mod:`app.capacity.planning.planned`)."""
     ids = list(node_ids) if node_ids is not None else None
     node_filter: list[Any] = [nodes.c.pool_id == pool_id]
     if ids is not None:
@@ -333,6 +336,8 @@ async def read_node_states(
     ]
     if ids is not None:
         booking_filter.append(devices.c.node_id.in_(ids))
+    if ignoring:
+        booking_filter.append(device_bookings.c.allocation_id.not_in(list(ignoring)))
     for r in (
         await conn.execute(
             sa.select(devices.c.node_id, device_bookings.c.device_id)
@@ -346,6 +351,8 @@ async def read_node_states(
     holders: list[Any] = [scalar_holdings.c.pool_id == pool_id]
     if ids is not None:
         holders.append(scalar_holdings.c.node_id.in_(ids))
+    if ignoring:
+        holders.append(scalar_holdings.c.allocation_id.not_in(list(ignoring)))
     resources = await read_scalar_rows(conn, node_filter, holders, start, end, join_nodes=True)
     return {
         r.id: NodeState(
@@ -416,12 +423,14 @@ async def read_snapshot(
     end: datetime,
     node_ids: Iterable[str] | None = None,
     head: PoolHead | None = None,
+    ignoring: Sequence[str] = (),
 ) -> tuple[PoolHead, PoolSnapshot]:
     """The pool head (read unless given) and a :class:`PoolSnapshot` (whole pool, or ``node_ids``) for
-    ``[start, end)``."""
+    ``[start, end)``; the allocations ``ignoring`` (ids) hold nothing in it (:func:`read_node_states`)."""
     head = head or await read_pool_head(conn, pool_id)
     inventory = await cache.inventory(conn, head)
-    states = await read_node_states(conn, pool_id, start, end, node_ids, cache.assumed(pool_id, start, end))
+    assumed = cache.assumed(pool_id, start, end)
+    states = await read_node_states(conn, pool_id, start, end, node_ids, assumed, ignoring)
     order = inventory.order if node_ids is None else tuple(n for n in inventory.order if n in states)
     snapshot_nodes = tuple(
         NodeSnapshot(inventory.nodes[node_id], states[node_id])

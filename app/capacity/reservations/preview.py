@@ -14,6 +14,7 @@ from app.capacity.placing.inline import db_now
 from app.capacity.planning.admission import read_verdict, refusal
 from app.capacity.planning.earliest import EarliestWindow, find_earliest
 from app.capacity.planning.plan import plan_request
+from app.capacity.planning.planned import planned_in_the_way, planned_note
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.requests import check_start, placement_request
 from app.capacity.views import with_warnings
@@ -29,7 +30,9 @@ async def preview(
 ) -> Preview:
     """``{fits, candidates: [{nodeId, nodeName, atoms, score, scores}], reason?, satisfiable?, warnings?,
     preemptible?, earliest?, earliestReason?}`` with up to 10 candidates, best first (for a gang: its
-    members; scores rounded to 6 places). ``earliest``: when it does not fit for its window, the first
+    members; scores rounded to 6 places). A ``reason`` ends with ``; planned windows of <n> pending
+    reservations hold what it needs`` when it would fit without them
+    (:mod:`app.capacity.planning.planned`). ``earliest``: when it does not fit for its window, the first
     window at which it does (:func:`~app.capacity.planning.earliest.find_earliest`), or null with
     ``earliestReason`` (docs/lifecycle.md, "Earliest start"); absent when it fits. ``satisfiable:
     false``: no node of the pool as built could ever hold it (not an error here;
@@ -66,11 +69,13 @@ async def preview(
             )
             return with_warnings(answer, intake.warnings)
         preemptible: Preemptible | None = None
+        in_the_way = 0  # pending reservations whose planned windows are why it does not fit
         later: Earliest | None = None
         later_reason: str | None = None
         if not isinstance(outcome.plan, Plan) and not outcome.head.archived:
             if preemption.applies(config.preemption, request):
                 preemptible = await preemption.preview_preemptible(conn, cache, request, config.options, now)
+            in_the_way = await planned_in_the_way(conn, cache, request, config.options, outcome.head)
             found = await find_earliest(
                 conn, cache, config, request, now, head=outcome.head, first_failed=True
             )
@@ -82,7 +87,8 @@ async def preview(
         return Preview(fits=False, candidates=[], reason=ARCHIVED_POOL)
     plan = outcome.plan
     if not isinstance(plan, Plan):
-        answer = Preview(fits=False, candidates=[], reason=plan.summary, earliest=later)
+        reason = f"{plan.summary}; {planned_note(in_the_way)}" if in_the_way else plan.summary
+        answer = Preview(fits=False, candidates=[], reason=reason, earliest=later)
         if later is None:
             answer.earliestReason = later_reason
         if preemptible is not None:
