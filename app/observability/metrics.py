@@ -42,7 +42,7 @@ log = logging.getLogger("better_compute.metrics")
 DURATION_BUCKETS = tuple(0.001 * 2**i for i in range(15))
 PLACEMENT_RESULTS = ("placed", "pending", "error")
 PLACERS = ("inline", "wake", "pool-lease", "bulk")  # wake: the inline placer run by the wake-edge controller
-PLAN_PATHS = ("shortlist", "full")
+PLAN_PATHS = ("shortlist", "exceptions", "full")
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 OTHER_METHOD = "other"  # any other method a client sends (a bounded label)
 UNMATCHED_ROUTE = "unmatched"  # a path no route matches (never the raw path)
@@ -85,7 +85,12 @@ PLAN_DURATION = Histogram(
     "Duration of one plan: snapshot reads and the placement pipeline, no commit (seconds).",
     buckets=DURATION_BUCKETS,
 )
-PLANS = Counter("bc_plans_total", "Plans made, by path: the shortlist or the whole pool.", ["path"])
+PLANS = Counter(
+    "bc_plans_total",
+    "Plans made, by path: the shortlist, the whole pool on the shortlist's exceptions (nothing fits), or the "
+    "whole pool read.",
+    ["path"],
+)
 LOST_RACES = Counter(
     "bc_lost_races_total",
     "Guarded commits that lost a race and replanned, by reason: not_schedulable, atom_unhealthy, "

@@ -35,7 +35,7 @@ COUNTERS = {
     "bc_placement_attempts_total": [{"result": r, "placer": "inline"} for r in RESULTS],
     "bc_placement_attempt_duration_seconds_count": [{"result": r} for r in RESULTS],
     "bc_plan_duration_seconds_count": [{}],
-    "bc_plans_total": [{"path": "shortlist"}, {"path": "full"}],
+    "bc_plans_total": [{"path": "shortlist"}, {"path": "exceptions"}, {"path": "full"}],
     "bc_lost_races_total": [{"reason": k} for k in LOST_RACE_KINDS],
     "bc_quota_rejections_total": [{}],
     "bc_reservations_ended_total": [{"reason": r} for r in ("WindowEnded", "WindowPassed", "DeadlinePassed")],
@@ -141,7 +141,7 @@ async def test_a_scripted_run_moves_each_counter_by_what_happened(
         assert moved("bc_lost_races_total", reason=kind) == 0
     # plans: placed 1, pending 1, refused 1 (the refusal comes after its plan), the lost race 2
     assert moved("bc_plan_duration_seconds_count") == 5
-    assert moved("bc_plans_total", path="shortlist") + moved("bc_plans_total", path="full") == 5
+    assert sum(moved("bc_plans_total", path=p) for p in ("shortlist", "exceptions", "full")) == 5
     # HTTP: by route template, never the raw path
     assert moved("bc_http_requests_total", route="/v1/reservations", method="POST", code="201") == 2
     assert moved("bc_http_requests_total", route="/v1/reservations", method="POST", code="409") == 1

@@ -85,7 +85,7 @@ async def _random_pool(engine: AsyncEngine, rng: random.Random, start: Any, k: i
 
 def _comparable(plan: Any, needed: int) -> Any:
     if not isinstance(plan, Plan):
-        return ("rejected", plan.summary)
+        return ("rejected", plan.summary, dict(plan.by_node))
     return (
         plan.chosen.node_id,
         plan.chosen.atoms,
@@ -97,7 +97,7 @@ async def test_shortlist_ranking_equals_the_whole_pool(clean_db: AsyncEngine) ->
     engine = clean_db
     rng = random.Random(20261129)
     start = await db_time(engine)
-    paths = {"shortlist": 0, "full": 0}
+    paths = {"shortlist": 0, "exceptions": 0, "full": 0}
     compared = 0
     for k in range(8):
         pool = await _random_pool(engine, rng, start, k)
@@ -132,6 +132,39 @@ async def test_shortlist_ranking_equals_the_whole_pool(clean_db: AsyncEngine) ->
             assert _comparable(short.plan, needed) == _comparable(full, needed), (pool, request, options)
     assert compared == 96
     assert paths["shortlist"] >= 20, paths  # the shortlist did the work often, not just the fallback
+
+
+async def test_a_request_that_fits_nowhere_is_rejected_node_by_node_as_the_whole_pool_read_says(
+    clean_db: AsyncEngine,
+) -> None:
+    """Nothing on the shortlist fits: the whole pool planned on the exceptions read (path
+    ``exceptions``) rejects every node with the reason the whole-pool read gives it, over random pools in
+    mixed states (cordoned, dedicated, booked, unhealthy, cpu held) and requests too large for them."""
+    engine = clean_db
+    rng = random.Random(20261203)
+    start = await db_time(engine)
+    paths = {"shortlist": 0, "exceptions": 0, "full": 0}
+    for k in range(4):
+        pool = await _random_pool(engine, rng, start, 10 + k)
+        for _ in range(10):
+            request = PlacementRequest(
+                tenant_id=rng.choice(["acme", "globex", "initech"]),
+                pool_id=pool,
+                devices=(
+                    DeviceRequest("gpu", rng.choice([4, 8, 8]), topology=rng.choice([None, "nvlink-all"])),
+                ),
+                resources={"cpu": Decimal(rng.choice([8, 16, 64, 65]))} if rng.random() < 0.7 else {},
+                start=start,
+                end=start + timedelta(hours=rng.choice([1, 24])),
+            )
+            cache = PoolCache()
+            async with engine.connect() as conn:
+                outcome = await plan_request(conn, cache, request, SchedulerOptions(), shortlist_min=4)
+                _, snapshot = await read_snapshot(conn, cache, pool, request.start, request.end)
+            full = plan_placement(request, snapshot, SchedulerOptions())
+            paths[outcome.path] += 1
+            assert _comparable(outcome.plan, 10) == _comparable(full, 10), (pool, request)
+    assert paths["exceptions"] >= 10, paths
 
 
 async def test_a_selector_request_takes_the_shortlist(clean_db: AsyncEngine) -> None:
@@ -230,7 +263,7 @@ async def test_a_pick_dependent_toy_scorer_keeps_the_shortlist_equivalent(clean_
     rng = random.Random(20261201)
     start = await db_time(engine)
     scorers = SCORERS.adding(LOW_FIRST)
-    paths = {"shortlist": 0, "full": 0}
+    paths = {"shortlist": 0, "exceptions": 0, "full": 0}
     for k in range(3):
         pool = await _random_pool(engine, rng, start, k)
         for _ in range(8):

@@ -63,7 +63,7 @@ async def test_selector_shortlist_equals_the_whole_pool(clean_db: AsyncEngine) -
     engine = clean_db
     rng = random.Random(20261201)
     start = await db_time(engine)
-    paths = {"shortlist": 0, "full": 0}
+    paths = {"shortlist": 0, "exceptions": 0, "full": 0}
     for k in range(5):
         bodies = [_mixed_node(f"m{k}-{i:03d}", rng) for i in range(rng.randint(20, 50))]
         pool, views = await make_pool_with_nodes(engine, bodies)

@@ -30,6 +30,15 @@ the shortlist orders equal count scores by id. Otherwise, and whenever the short
 pending reason must describe the whole pool), the whole pool is planned. ``needed`` is topN for a
 reservation and max(topN, 10) for a preview.
 
+When nothing on the shortlist fits, the whole pool is first planned on the exceptions already read
+(path ``exceptions``): every node's NoSchedule reasons, unavailable and booked atoms are exactly what the
+whole-pool read would find for the window, so only the requested scalar rows are read, pool-wide. A node
+state built so differs from the whole-pool read's only in what no filter of this path reads (``leasable``,
+read for node leases only; the scalar rows of resources not requested); plugin filters declare no reads,
+so with plugins this step is skipped. When that plan finds nothing, its rejections are the whole pool's
+(reason by reason); when it finds a fit (one the shortlist's ranking could not prove), the whole pool is
+read and planned as before, so a placement is always ranked on the full read.
+
 The ranking itself is pure (:mod:`app.placement.shortlist`); the narrow reads are in
 :mod:`app.capacity.planning.exceptions`, and a batch's plans share them through
 :mod:`app.capacity.planning.shared_reads`.
@@ -52,8 +61,10 @@ from app.capacity.planning.snapshot import (
     PoolCache,
     PoolHead,
     read_pool_head,
+    read_scalar_rows,
     read_snapshot,
 )
+from app.db.tables import node_resources, nodes, scalar_holdings
 from app.observability.metrics import PLAN_DURATION, PLANS
 from app.placement.gang import plan_gang
 from app.placement.model import (
@@ -61,6 +72,7 @@ from app.placement.model import (
     NodeState,
     PlacementRequest,
     Plan,
+    PoolInventory,
     PoolSnapshot,
     Rejections,
     ScalarResource,
@@ -76,7 +88,7 @@ from app.placement.shortlist import (
     shortlist_size,
 )
 
-PlanPath = Literal["shortlist", "full"]
+PlanPath = Literal["shortlist", "exceptions", "full"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +152,7 @@ async def _plan_request(
                 )
             # a batch's group ranks 2K: the next K are read ahead with the first fetch they need
             rows = shortlist_rows(inventory, request, options, exceptions, 2 * k if group else k + 1, group)
+            plan: Plan | Rejections | None = None
             if rows:
                 inside = [node_id for node_id, _ in rows[:k]]
                 states = await _inside_states(
@@ -160,11 +173,59 @@ async def _plan_request(
                 ceiling = pick_ceiling(inventory, request, options)
                 if isinstance(plan, Plan) and provably_complete(plan, rows, k, needed, ceiling):
                     return PlanOutcome(head, plan, "shortlist")
+            if group is None and not options.plugins and not isinstance(plan, Plan):
+                # nothing on the shortlist fits: the whole pool on the exceptions read (module docstring)
+                whole = await _exceptions_snapshot(conn, inventory, request, exceptions)
+                plan = plan_placement(request, whole, options)
+                if isinstance(plan, Rejections):
+                    return PlanOutcome(head, plan, "exceptions")
     head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end, head=head)
     if shared is not None:
         snapshot = shared.overlay(snapshot, request)
     planner = plan_gang if request.gang is not None and request.gang.members > 1 else plan_placement
     return PlanOutcome(head, planner(request, snapshot, options), "full")
+
+
+async def _exceptions_snapshot(
+    conn: AsyncConnection, inventory: PoolInventory, request: PlacementRequest, exceptions: Exceptions
+) -> PoolSnapshot:
+    """The whole pool for ``request``'s window on the ``exceptions`` already read, plus one read of the
+    requested scalar rows of every node with the peak each holds over the window (module docstring)::
+
+        SELECT nr.node_id, nr.resource, nr.allocatable, nr.ratio, coalesce(p.peak, 0)
+          FROM node_resources nr JOIN nodes n ON n.id = nr.node_id
+          LEFT JOIN (<peaks over the window of the pool's holdings of :names>) p USING (node_id, resource)
+         WHERE n.pool_id = :pool AND nr.resource = ANY(:names)
+    """
+    assert request.start is not None and request.end is not None
+    resources: dict[str, dict[str, ScalarResource]] = {}
+    if request.resources:
+        names = sorted(request.resources)
+        resources = await read_scalar_rows(
+            conn,
+            [nodes.c.pool_id == request.pool_id, node_resources.c.resource.in_(names)],
+            [scalar_holdings.c.pool_id == request.pool_id, scalar_holdings.c.resource.in_(names)],
+            request.start,
+            request.end,
+            join_nodes=True,
+        )
+    free = NodeState()  # one state shared by every node with nothing to say
+    states: list[NodeSnapshot] = []
+    for node_id in inventory.order:
+        reasons = exceptions.reasons.get(node_id, ())
+        unavailable = exceptions.unavailable.get(node_id)
+        booked = exceptions.booked.get(node_id)
+        rows = resources.get(node_id)
+        state = free
+        if reasons or unavailable or booked or rows:
+            state = NodeState(
+                no_schedule_reasons=reasons,
+                unavailable=frozenset(unavailable or ()),
+                booked=frozenset(booked or ()),
+                resources=rows or {},
+            )
+        states.append(NodeSnapshot(inventory.nodes[node_id], state))
+    return PoolSnapshot(id=request.pool_id, archived=False, nodes=tuple(states))
 
 
 async def _inside_states(
