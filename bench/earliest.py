@@ -24,11 +24,11 @@ interleaved so both see the same machine load, ``--repeat`` times each after one
 
 Prints p50 / p99 of each and the ratio earliest / plain (target: p99 within 3x).
 
-Closing note (a run on the 2-core machine shared with other work, ``--repeat 20``): plain 21 / 94 ms,
-earliest 186 / 261 ms (p99 2.8x) at 1,000 nodes; plain 228 / 384 ms, earliest 1,358 / 1,708 ms (p99
-4.4x) at 10,000, where the no-fit preview without the search is 941 / 1,237 ms already: the search adds
-about 120 ms and 420 ms. The target holds at 1,000 nodes, not at 10,000 (docs/lifecycle.md, "Earliest
-start", "Cost").
+Closing note (a run on the 2-core machine, ``--repeat 20``): plain 20 / 69 ms, earliest 138 / 203 ms
+(p99 2.9x) at 1,000 nodes; plain 278 / 372 ms, earliest 738 / 927 ms (p99 2.5x) at 10,000, where the
+no-fit preview without the search is 320 / 450 ms (it was 941 / 1,237 ms before a request that fits
+nowhere was planned on the shortlist's exceptions read instead of a whole-pool read). The target holds
+at both sizes (docs/lifecycle.md, "Earliest start", "Cost").
 
     python bench/earliest.py [--repeat 30] [--bookings 100000] [--sizes 1000,10000]
 """
