@@ -146,6 +146,7 @@ def test_reserve_and_preview_exit_codes_placed_pending_and_no_fit(server: Server
     assert "×" in out and "\\u00d7" not in out  # UTF-8, not an escape
     code, out, _ = finished(no_fit)
     assert code == 3 and "does not fit" in out and "0 of 4 gpu free" in out
+    assert "Rejections:" in out and "Nearest misses:" in out and f"{name}  fits  0 of 1 gpu free" in out
 
     # what the pool could never hold is an error (exit 1), not a wait (exit 3): docs/cli.md
     never = f"UNSATISFIABLE: no node of pool {pool.name} can hold 5 gpu: the largest has 4"
@@ -278,6 +279,11 @@ def test_get_and_describe_reservations(server: Server) -> None:
     assert "Request:" in described.stdout and "2 gpu, for 1h" in described.stdout
     waiting = cli(server, "describe", "reservation", pending["id"]).stdout
     assert "Unschedulable" in waiting and "NoFit" in waiting and "0 of 2 gpu free" in waiting
+    # the pending reservation's rejection rows and nearest misses, as tables (docs/reasons.md)
+    assert "Rejections:" in waiting and "Nearest misses:" in waiting
+    rows = [line.split() for line in waiting.splitlines()]
+    assert ["fits", "fits:", "0", "of", "2", "gpu", "free", "1", name] in rows
+    assert [name, "fits", "0", "of", "2", "gpu", "free", "2"] in rows
     assert json.loads(cli(server, "describe", "reservation", placed["id"], "-o", "json").stdout) == api_get(
         server, f"/v1/reservations/{placed['id']}"
     )

@@ -11,6 +11,29 @@ from app.answers.common import NEXT_CURSOR, ApiModel, Number, Timestamp
 from app.answers.statuses import ReservationStatus
 
 
+class RejectionRow(ApiModel):
+    """``count`` nodes the filter ``filter`` rejected with ``reason``, up to 5 of them named; the rows'
+    counts add up to the pool's node count (docs/reasons.md, "Rejection rows")."""
+
+    filter: str = Field(
+        description="The filter that rejected them: schedulable, labels, scalars, selector, ..."
+    )
+    reason: str
+    count: int
+    nodes: list[str] = Field(description="Up to 5 of the nodes' names, in the pool's node order")
+
+
+class NearestMiss(ApiModel):
+    """A node close to fitting and what it lacks (docs/reasons.md, "Nearest misses")."""
+
+    nodeId: str
+    nodeName: str
+    filter: str = Field(description="The filter that rejected it")
+    reason: str = Field(description="That filter's reason")
+    shortfall: str = Field(description="What it lacks in the request's terms, e.g. '3 of 4 gpu free'")
+    missingAtoms: int = Field(description="Atoms it lacks, over the device requests")
+
+
 class Condition(ApiModel):
     """One step of a reservation's story, e.g. ``Unschedulable`` (reason ``NoFit``) with its message."""
 
@@ -35,6 +58,12 @@ class Condition(ApiModel):
     )
     hiddenReservations: int | None = Field(
         default=None, description="Preempted (the preemptor): victims of other tenants, counted, never named"
+    )
+    rejections: list[RejectionRow] | None = Field(
+        default=None, description="Unschedulable (NoFit): one row per distinct reason of the latest plan"
+    )
+    nearestMisses: list[NearestMiss] | None = Field(
+        default=None, description="Unschedulable (NoFit): up to 3 nodes closest to fitting"
     )
 
 
@@ -211,6 +240,13 @@ class Preview(ApiModel):
         "at which it fits, or null (earliestReason says why); absent when it fits",
     )
     earliestReason: str | None = Field(default=None, description="Why earliest is null; absent otherwise")
+    rejections: list[RejectionRow] | None = Field(
+        default=None,
+        description="When it does not fit: one row per distinct reason, counts adding up to the pool's nodes",
+    )
+    nearestMisses: list[NearestMiss] | None = Field(
+        default=None, description="When it does not fit: up to 3 nodes closest to fitting, closest first"
+    )
 
 
 class ItemError(ApiModel):

@@ -24,7 +24,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from app.answers.reservations import Condition
+from app.answers.reservations import Condition, NearestMiss, RejectionRow
+from app.placement.why_not import WhyNot
 
 UNSCHEDULABLE = "Unschedulable"
 NO_FIT = "NoFit"
@@ -60,15 +61,41 @@ def appended(conditions: Iterable[dict[str, Any]] | None, *new: Condition) -> li
     return [*(conditions or ()), *stored(new)]
 
 
-def unschedulable_condition(reason: str, message: str) -> Condition:
-    """``{type: Unschedulable, status: "True", reason, message}``."""
-    return condition(UNSCHEDULABLE, reason, message)
+def unschedulable_condition(reason: str, message: str, why: WhyNot | None = None) -> Condition:
+    """``{type: Unschedulable, status: "True", reason, message}``, with the rejection rows and nearest
+    misses of ``why`` when given (:func:`why_not_fields`)."""
+    return condition(UNSCHEDULABLE, reason, message, **why_not_fields(why))
 
 
-def no_fit_conditions(message: str) -> list[Condition]:
+def no_fit_conditions(message: str, why: WhyNot | None = None) -> list[Condition]:
     """The conditions of a request stored ``pending``: one Unschedulable condition, reason ``NoFit``,
-    with ``message`` (the planner's reason text)."""
-    return [unschedulable_condition(NO_FIT, message)]
+    with ``message`` (the planner's reason text) and, given the plan's ``why`` (docs/reasons.md), its
+    rejection rows and nearest misses."""
+    return [unschedulable_condition(NO_FIT, message, why)]
+
+
+def why_not_fields(why: WhyNot | None) -> dict[str, Any]:
+    """``{rejections, nearestMisses}`` as a preview and an Unschedulable condition answer them (nothing
+    when ``why`` is None)."""
+    if why is None:
+        return {}
+    return {
+        "rejections": [
+            RejectionRow(filter=r.filter, reason=r.reason, count=r.count, nodes=list(r.nodes))
+            for r in why.rows
+        ],
+        "nearestMisses": [
+            NearestMiss(
+                nodeId=m.node_id,
+                nodeName=m.node_name,
+                filter=m.filter,
+                reason=m.reason,
+                shortfall=m.shortfall,
+                missingAtoms=m.missing_atoms,
+            )
+            for m in why.nearest
+        ],
+    }
 
 
 def quota_exceeded_conditions(message: str) -> list[Condition]:
@@ -107,10 +134,12 @@ def released_condition(at: datetime, status_before: str) -> Condition:
     )
 
 
-def with_unschedulable(conditions: Iterable[Condition], reason: str, message: str) -> list[Condition]:
+def with_unschedulable(
+    conditions: Iterable[Condition], reason: str, message: str, why: WhyNot | None = None
+) -> list[Condition]:
     """``conditions`` with their Unschedulable condition replaced by this one (last)."""
     kept = [c for c in conditions if c.type != UNSCHEDULABLE]
-    return [*kept, unschedulable_condition(reason, message)]
+    return [*kept, unschedulable_condition(reason, message, why)]
 
 
 def planned_condition(start: datetime, end: datetime, node_id: str, node_name: str) -> Condition:

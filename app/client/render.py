@@ -137,6 +137,30 @@ def _section(title: str, body: RenderableType | str) -> Group:
 # -- preview --------------------------------------------------------------------------------------
 
 
+def why_not_sections(holder: Mapping[str, Any]) -> list[RenderableType]:
+    """The ``Rejections`` (filter, reason, nodes, examples) and ``Nearest misses`` (node, filter,
+    shortfall, missing atoms) tables of a preview or an Unschedulable condition that carries them."""
+    sections: list[RenderableType] = []
+    rows = holder.get("rejections") or []
+    if rows:
+        table = _table("filter", "reason", "nodes", "examples")
+        for r in rows:
+            table.add_row(str(r["filter"]), str(r["reason"]), str(r["count"]), joined(r.get("nodes", [])))
+        sections.append(_section("Rejections", table))
+    misses = holder.get("nearestMisses") or []
+    if misses:
+        table = _table("node", "filter", "shortfall", "missing atoms")
+        for m in misses:
+            table.add_row(
+                m.get("nodeName") or m["nodeId"],
+                str(m["filter"]),
+                str(m["shortfall"]),
+                str(m["missingAtoms"]),
+            )
+        sections.append(_section("Nearest misses", table))
+    return sections
+
+
 def preview_view(answer: Mapping[str, Any], wide: bool) -> RenderableType:
     """``fits``: the candidates best first (node name, score, atoms; ``wide`` adds the node id and
     each scorer); else ``does not fit: <reason>``, the earliest window that fits (or why none), and
@@ -159,7 +183,8 @@ def preview_view(answer: Mapping[str, Any], wide: bool) -> RenderableType:
                 f"\nfits by preempting {preemptible['reservations']} spot reservation(s) on {nodes}, "
                 f"from {preemptible['startsAt']}"
             )
-        return text
+        sections = why_not_sections(answer)
+        return Group(text, *sections) if sections else text
     candidates = answer.get("candidates", [])
     scorers = sorted({name for c in candidates for name in c.get("scores", {})}) if wide else []
     table = _table("node", *(["id"] if wide else []), "score", *scorers, "atoms")
@@ -317,10 +342,12 @@ def describe_reservation_view(
             str(c.get("reason", "")),
             str(c.get("message", "")),
         )
+    waiting = [c for c in conditions if c.get("type") == "Unschedulable" and c.get("status") == "True"]
     return Group(
         head,
         _section("Allocations", allocations_view(allocations, names, wide) if allocations else NONE),
         _section("Conditions", condition_table if conditions else NONE),
+        *(why_not_sections(waiting[-1]) if waiting else ()),
     )
 
 

@@ -24,6 +24,7 @@ from app.placement.pipeline import plan_placement
 from app.placement.summary import summarize
 
 NO_GROUP = ""
+GANG = "gang"  # the filter name of a node rejected by the gang's grouping (docs/reasons.md)
 
 
 def plan_gang(
@@ -39,12 +40,14 @@ def plan_gang(
         return member_plan  # an empty or archived pool, or an admit hook's refusal
     ranked = member_plan.ranked if isinstance(member_plan, Plan) else ()
     rejections = dict(member_plan.rejections if isinstance(member_plan, Plan) else member_plan.by_node)
+    filters = dict(member_plan.filters)
     labels = {n.id: n.inventory.labels for n in snapshot.nodes}
     groups: dict[str, list[Candidate]] = {}
     for candidate in ranked:  # best first
         value = NO_GROUP if key is None else labels[candidate.node_id].get(key)
         if value is None:
             rejections[candidate.node_id] = f"gang: missing {key}"
+            filters[candidate.node_id] = GANG
             continue
         groups.setdefault(value, []).append(candidate)
     qualified = [
@@ -60,7 +63,10 @@ def plan_gang(
             reason += f" (best {key}={best[0]}: {len(best[1])})"
         failed = {n: r for n, r in rejections.items() if not r.startswith("gang:")}
         summary = f"{summarize(failed, len(snapshot.nodes))}; {reason}" if failed else reason
-        return Rejections(by_node=rejections, summary=summary)
+        for candidate in ranked:  # every member candidate left: the gang could not be formed
+            rejections.setdefault(candidate.node_id, reason)
+            filters.setdefault(candidate.node_id, GANG)
+        return Rejections(by_node=rejections, summary=summary, filters=filters)
     qualified.sort(key=lambda item: (item[0], item[1]))
     chosen = tuple(qualified[0][2])
-    return Plan(chosen=chosen[0], ranked=ranked, rejections=rejections, members=chosen)
+    return Plan(chosen=chosen[0], ranked=ranked, rejections=rejections, members=chosen, filters=filters)

@@ -213,6 +213,8 @@ class Plan:
     rejections: Mapping[str, str] = field(default_factory=dict)
     # a gang's members on distinct nodes (``chosen`` is the first); empty for a one-member request
     members: tuple[Candidate, ...] = ()
+    # node id -> the name of the filter that rejected it (the nodes of ``rejections``); not compared
+    filters: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def placements(self) -> tuple[Candidate, ...]:
@@ -227,6 +229,9 @@ class Rejections:
 
     by_node: Mapping[str, str]
     summary: str
+    # node id -> the name of the filter that rejected it (``excluded``: a node lost on in a commit race;
+    # ``gang``: a gang's grouping), for the rejection rows (:mod:`app.placement.why_not`); not compared
+    filters: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

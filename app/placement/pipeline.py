@@ -26,7 +26,7 @@ from types import MappingProxyType, ModuleType
 
 from app.placement.context import NodeWork, PlanContext
 from app.placement.derived import DERIVATIONS, derivations_for
-from app.placement.filters import FILTERS, applies, lease, plan_steps
+from app.placement.filters import EXCLUDED, FILTER_OF_STEP, FILTERS, applies, lease, plan_steps, schedulable
 from app.placement.model import Candidate, NodeSnapshot, PlacementRequest, Plan, PoolSnapshot, Rejections
 from app.placement.options import LOST_RACE_REASON, SchedulerOptions
 from app.placement.plugins import admission_refusal, clamp_score
@@ -40,8 +40,9 @@ from app.placement.topology import tied_picks
 DEFAULT_OPTIONS = SchedulerOptions()
 
 
-# node id -> (the node snapshot it was planned on, its rejection reason or candidate)
-NodeMemo = dict[str, tuple[NodeSnapshot, "str | Candidate"]]
+# node id -> (the node snapshot it was planned on, its rejection reason or candidate, the rejecting
+# filter's name or "")
+NodeMemo = dict[str, tuple[NodeSnapshot, "str | Candidate", str]]
 # memo key (:func:`memo_key`) -> the per-node memo of the requests with that key
 NodeMemos = dict[Hashable, NodeMemo]
 
@@ -114,7 +115,11 @@ def plan_placement(
     if not nodes:
         return Rejections(by_node={}, summary=EMPTY_POOL)
     if snapshot.archived:
-        return Rejections(by_node={n.id: POOL_ARCHIVED for n in nodes}, summary=ARCHIVED_POOL)
+        return Rejections(
+            by_node={n.id: POOL_ARCHIVED for n in nodes},
+            summary=ARCHIVED_POOL,
+            filters={n.id: schedulable.NAME for n in nodes},
+        )
 
     paused = gc.isenabled()
     if paused:
@@ -143,6 +148,7 @@ def _plan(
     plugin_scorers = ctx.plugin_scorers
     resources = dict(ctx.resources)
     rejections: dict[str, str] = {}
+    filtered: dict[str, str] = {}  # node id -> the rejecting filter's name
     candidates: list[Candidate] = []
     steps = plan_steps(ctx, scorers.reads)
     # Built-in scores shared by alike nodes under a key derived from the scorers' declarations (None:
@@ -154,11 +160,13 @@ def _plan(
         node_id = node.inventory.id
         if excluded and node_id in excluded:
             rejections[node_id] = options.exclusion_reasons.get(node_id, LOST_RACE_REASON)
+            filtered[node_id] = EXCLUDED
             continue
         known = memo.get(node_id) if memo is not None else None
         if known is not None and known[0] is node:
             if isinstance(known[1], str):
                 rejections[node_id] = known[1]
+                filtered[node_id] = known[2]
             else:
                 candidates.append(known[1])
             continue
@@ -167,11 +175,12 @@ def _plan(
         for step in steps:
             reason = step(ctx, work)
             if reason is not None:
+                filtered[node_id] = FILTER_OF_STEP[step]
                 break
         if reason is not None:
             rejections[node_id] = reason
             if memo is not None:
-                memo[node_id] = (node, reason)
+                memo[node_id] = (node, reason, filtered[node_id])
             continue
         key = share_key(work) if share_key is not None else None
         found = shared.get(key) if key is not None else None
@@ -207,16 +216,16 @@ def _plan(
         )
         candidates.append(candidate)
         if memo is not None:
-            memo[node_id] = (node, candidate)
+            memo[node_id] = (node, candidate, "")
 
     if not candidates:
-        return Rejections(by_node=rejections, summary=summarize(rejections, len(nodes)))
+        return Rejections(by_node=rejections, summary=summarize(rejections, len(nodes)), filters=filtered)
     candidates.sort(key=lambda c: (-c.score, c.node_id))
     best = min(max(options.top_n, 1), len(candidates))
     rng = random.Random(options.seed)
     chosen = candidates[rng.randrange(best)]
     chosen = _vary_atoms(ctx, next(n for n in nodes if n.inventory.id == chosen.node_id), chosen, rng)
-    return Plan(chosen=chosen, ranked=tuple(candidates), rejections=rejections)
+    return Plan(chosen=chosen, ranked=tuple(candidates), rejections=rejections, filters=filtered)
 
 
 def _vary_atoms(ctx: PlanContext, node: NodeSnapshot, chosen: Candidate, rng: random.Random) -> Candidate:

@@ -65,13 +65,24 @@ async def test_pending_reason_groups_rejections(admin_client: httpx.AsyncClient)
         assert r.json()["status"] == "placed"
     pending = (await admin_client.post("/v1/reservations", json=reservation(pool, 2))).json()
     assert pending["status"] == "pending"
-    [cond] = pending["conditions"]
+    [cond] = [dict(c) for c in pending["conditions"]]
+    rows, misses = cond.pop("rejections"), cond.pop("nearestMisses")
     assert cond == {
         "type": "Unschedulable",
         "status": "True",
         "reason": "NoFit",
         "message": "no node fits (3 nodes): 2 × fits: 1 of 4 gpu free; 1 × cordoned",
     }
+    # the same groups as rows, with their filter and node names (docs/reasons.md, "Rejection rows")
+    assert rows == [
+        {"filter": "fits", "reason": "fits: 1 of 4 gpu free", "count": 2, "nodes": ["a", "b"]},
+        {"filter": "schedulable", "reason": "cordoned", "count": 1, "nodes": ["c"]},
+    ]
+    assert [(m["nodeName"], m["shortfall"], m["missingAtoms"]) for m in misses] == [
+        ("c", "cordoned", 0),
+        ("a", "1 of 2 gpu free", 1),
+        ("b", "1 of 2 gpu free", 1),
+    ]
     got = (await admin_client.get(f"/v1/reservations/{pending['id']}")).json()
     assert got["conditions"] == pending["conditions"]
 
@@ -274,6 +285,13 @@ async def test_preview_answers_candidates_or_reason(admin_client: httpx.AsyncCli
     none = (await admin_client.post("/v1/capacity/preview", json=by_label)).json()
     # no label changes with time: no window within the lead either (docs/lifecycle.md, "Earliest start")
     assert none.pop("earliestReason").startswith("earliest: no node can hold it at any start up to ")
+    assert none.pop("rejections") == [
+        {"filter": "selector", "reason": "selector: 0 of 8 gpu match", "count": 2, "nodes": ["n1", "n2"]}
+    ]
+    assert [(m["nodeName"], m["shortfall"], m["missingAtoms"]) for m in none.pop("nearestMisses")] == [
+        ("n1", "selector: 0 of 8 gpu match (rack In [r9])", 1),
+        ("n2", "selector: 0 of 8 gpu match (rack In [r9])", 1),
+    ]
     assert none == {
         "fits": False,
         "candidates": [],
@@ -283,6 +301,8 @@ async def test_preview_answers_candidates_or_reason(admin_client: httpx.AsyncCli
     # 9 GPUs: no node of the pool has them, so it could never fit: the summary as for any request that does
     # not fit, and the largest shape beside it
     never = (await admin_client.post("/v1/capacity/preview", json=reservation(pool, 9))).json()
+    assert [r["count"] for r in never.pop("rejections")] == [2]
+    assert [m["shortfall"] for m in never.pop("nearestMisses")] == ["8 of 9 gpu free"] * 2
     assert never == {
         "fits": False,
         "satisfiable": False,

@@ -281,7 +281,9 @@ async def _repair(
         values = {
             "status": "pending",
             "ends_at": None,
-            "conditions": stored(with_unschedulable(history, NO_FIT, REPAIR_PREFIX + outcome.reason)),
+            "conditions": stored(
+                with_unschedulable(history, NO_FIT, REPAIR_PREFIX + outcome.reason, outcome.why)
+            ),
         }
     await conn.execute(
         sa.update(reservations).where(reservations.c.id == row.id).values(**values, updated_at=sa.func.now())

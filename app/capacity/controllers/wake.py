@@ -79,6 +79,7 @@ from app.db.tables import reservations
 from app.errors import QuotaExceeded
 from app.observability.metrics import WAKE_EDGES_HEARD, WAKE_WAIT, WAKES
 from app.placement.request import ReservationRequest, deadline_passed
+from app.placement.why_not import WhyNot
 
 log = logging.getLogger("better_compute.wake")
 
@@ -184,7 +185,7 @@ async def _wake_one(
         return Woken(row.id, QUOTA_EXCEEDED_RESULT)
     if not isinstance(outcome, Placed):
         await attempt.rollback()  # a charge made before every commit lost its race goes too
-        await _set_pending(conn, row, NO_FIT, outcome.reason)
+        await _set_pending(conn, row, NO_FIT, outcome.reason, outcome.why)
         return Woken(row.id, STILL_PENDING)
     await attempt.commit()
     assumptions.extend(outcome.assumptions)
@@ -203,14 +204,16 @@ async def _wake_one(
     return Woken(row.id, PLACED, waited)
 
 
-async def _set_pending(conn: AsyncConnection, row: Any, reason: str, message: str) -> None:
+async def _set_pending(
+    conn: AsyncConnection, row: Any, reason: str, message: str, why: WhyNot | None = None
+) -> None:
     """Keep the reservation pending with its Unschedulable condition updated to the latest plan (a
     reservation a repair sent back to pending keeps saying so: ``repair: <latest summary>``)."""
     story = from_stored(row.conditions)
     was = next((c for c in story if c.type == UNSCHEDULABLE), None)
     if was is not None and was.message.startswith(REPAIR_PREFIX) and reason == NO_FIT:
         message = REPAIR_PREFIX + message
-    conditions = stored(with_unschedulable(story, reason, message))
+    conditions = stored(with_unschedulable(story, reason, message, why))
     if conditions != (row.conditions or []):
         await conn.execute(
             sa.update(reservations)

@@ -354,7 +354,7 @@ async def _plan_all(
             return None
         plan = outcome.plan
         if isinstance(plan, Rejections):
-            e.outcome = Pending(plan.summary)
+            e.outcome = Pending(plan.summary, outcome.why_not(request, options))
             continue
         assert isinstance(plan, Plan) and len(plan.placements) == 1  # gangs place inline
         chosen = plan.chosen

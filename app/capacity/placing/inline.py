@@ -64,6 +64,7 @@ from app.observability.metrics import LOST_RACES, record_placement
 from app.placement.model import Candidate, PlacementRequest, Plan, Rejections
 from app.placement.options import SchedulerOptions
 from app.placement.summary import ARCHIVED_POOL
+from app.placement.why_not import WhyNot
 
 # lost races after which the node is left out of the replan; after the others it is read again
 EXCLUDING_KINDS = frozenset({NOT_SCHEDULABLE, ATOM_UNHEALTHY})
@@ -81,9 +82,11 @@ class Placed:
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """Nothing fit (or every attempt lost a race): the Unschedulable reason."""
+    """Nothing fit (or every attempt lost a race): the Unschedulable reason, and the last plan's rejection
+    rows and nearest misses when it found nothing (docs/reasons.md)."""
 
     reason: str
+    why: WhyNot | None = None
 
 
 def plan_seed(reservation_id: str, attempt: int) -> int:
@@ -195,7 +198,7 @@ async def _place_inline(
             return await _pending(conn, hold, ARCHIVED_POOL)
         plan = outcome_plan.plan
         if isinstance(plan, Rejections):
-            return await _pending(conn, hold, plan.summary)
+            return await _pending(conn, hold, plan.summary, outcome_plan.why_not(request, attempt_options))
         assert isinstance(plan, Plan)
         placements = plan.placements  # the chosen candidate, or a gang's members
         # the node held since the last lost race stays held only if the commit locks nothing below it
@@ -230,11 +233,11 @@ async def _place_inline(
     return await _pending(conn, hold, unschedulable_after([r.reason for r in lost]))
 
 
-async def _pending(conn: AsyncConnection, hold: NodeHold, reason: str) -> Pending:
+async def _pending(conn: AsyncConnection, hold: NodeHold, reason: str, why: WhyNot | None = None) -> Pending:
     """Nothing placed: the held node is let go first, so the caller's next steps (preemption claims
     reservation rows, earlier in the lock order) hold no node."""
     await hold.let_go(conn)
-    return Pending(reason)
+    return Pending(reason, why)
 
 
 place_inline = record_placement("inline", _result)(_place_inline)

@@ -87,6 +87,7 @@ from app.placement.shortlist import (
     shortlist_rows,
     shortlist_size,
 )
+from app.placement.why_not import WhyNot, why_not
 
 PlanPath = Literal["shortlist", "exceptions", "full"]
 
@@ -98,6 +99,15 @@ class PlanOutcome:
     head: PoolHead
     plan: Plan | Rejections
     path: PlanPath
+    # the whole pool the rejections were made on (a plan that found nothing), for :meth:`why_not`
+    snapshot: PoolSnapshot | None = None
+
+    def why_not(self, request: PlacementRequest, options: SchedulerOptions) -> WhyNot | None:
+        """The rejection rows and nearest misses of a plan that found nothing (docs/reasons.md); None
+        when it found a plan, or the pool is archived."""
+        if not isinstance(self.plan, Rejections) or self.snapshot is None or self.head.archived:
+            return None
+        return why_not(request, self.snapshot, self.plan, options)
 
 
 async def plan_request(
@@ -178,12 +188,13 @@ async def _plan_request(
                 whole = await _exceptions_snapshot(conn, inventory, request, exceptions)
                 plan = plan_placement(request, whole, options)
                 if isinstance(plan, Rejections):
-                    return PlanOutcome(head, plan, "exceptions")
+                    return PlanOutcome(head, plan, "exceptions", whole)
     head, snapshot = await read_snapshot(conn, cache, request.pool_id, request.start, request.end, head=head)
     if shared is not None:
         snapshot = shared.overlay(snapshot, request)
     planner = plan_gang if request.gang is not None and request.gang.members > 1 else plan_placement
-    return PlanOutcome(head, planner(request, snapshot, options), "full")
+    plan = planner(request, snapshot, options)
+    return PlanOutcome(head, plan, "full", snapshot if isinstance(plan, Rejections) else None)
 
 
 async def _exceptions_snapshot(

@@ -258,7 +258,7 @@ def _decision(entry: BatchEntry | None, row: Any, reason: str | None = None) -> 
     if isinstance(entry.outcome, Placed):
         return Decision(row.id, "placed", entry.conditions, entry.request.end)
     assert isinstance(entry.outcome, Pending)
-    return Decision(row.id, "pending", no_fit_conditions(entry.outcome.reason))
+    return Decision(row.id, "pending", no_fit_conditions(entry.outcome.reason, entry.outcome.why))
 
 
 async def work_batch(

@@ -189,7 +189,9 @@ def _decision(entry: BatchEntry) -> Decision:
     if isinstance(entry.outcome, Placed):
         return Decision(entry.reservation_id, "placed", entry.conditions, entry.request.end)
     assert isinstance(entry.outcome, Pending)
-    return Decision(entry.reservation_id, "pending", no_fit_conditions(entry.outcome.reason))
+    return Decision(
+        entry.reservation_id, "pending", no_fit_conditions(entry.outcome.reason, entry.outcome.why)
+    )
 
 
 def _placed_view(row: Any, entry: BatchEntry) -> Reservation:

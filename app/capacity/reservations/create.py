@@ -54,6 +54,7 @@ from app.ids import new_id
 from app.placement.model import Candidate
 from app.placement.request import ReservationRequest
 from app.placement.summary import ARCHIVED_POOL
+from app.placement.why_not import WhyNot
 from app.quota import charges, refunds
 
 FOREIGN_KEY_VIOLATION = "23503"
@@ -156,8 +157,8 @@ async def _create(
             return with_warnings(placed_view(body, reservation_id, spec, created_at, allocs), warnings), True
         assert isinstance(outcome, Pending)
         # archived while preemption planned: the lock saw it, and the answer is the archived pool's
-        reason = ARCHIVED_POOL if pool_share.archived else outcome.reason
-        return with_warnings(await _store_pending(conn, charge, reason), warnings), True
+        reason, why = (ARCHIVED_POOL, None) if pool_share.archived else (outcome.reason, outcome.why)
+        return with_warnings(await _store_pending(conn, charge, reason, why), warnings), True
 
 
 # WITH inserted AS (INSERT INTO reservations (..., deadline) VALUES (...)
@@ -265,9 +266,12 @@ async def _mark_placed(
     await MARK_PLACED.run(conn, params)
 
 
-async def _store_pending(conn: AsyncConnection, charge: QuotaCharge, reason: str) -> Reservation:
+async def _store_pending(
+    conn: AsyncConnection, charge: QuotaCharge, reason: str, why: WhyNot | None = None
+) -> Reservation:
     """Nothing fit: the charge is still checked (over quota is 409 even when nothing fits) and refunded
-    (a pending request holds nothing), and the row keeps ``pending`` with its Unschedulable condition."""
+    (a pending request holds nothing), and the row keeps ``pending`` with its Unschedulable condition
+    (with ``why``'s rejection rows and nearest misses, docs/reasons.md)."""
     await charges.charge(
         conn,
         charge.tenant_id,
@@ -278,6 +282,6 @@ async def _store_pending(conn: AsyncConnection, charge: QuotaCharge, reason: str
         charge.end,
     )
     await refunds.refund(conn, charge.reservation_id)
-    params = {"reservation_id": charge.reservation_id, "conditions": stored(no_fit_conditions(reason))}
+    params = {"reservation_id": charge.reservation_id, "conditions": stored(no_fit_conditions(reason, why))}
     row = (await STORE_PENDING.run(conn, params)).one()  # prepared
     return row_view(row, [])

@@ -8,6 +8,7 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.answers.reservations import Candidate, Earliest, EarliestMember, Preemptible, Preview
+from app.capacity.conditions import why_not_fields
 from app.capacity.config import PREVIEW_CANDIDATES, CapacityConfig
 from app.capacity.placing import preemption
 from app.capacity.placing.inline import db_now
@@ -32,7 +33,9 @@ async def preview(
     preemptible?, earliest?, earliestReason?}`` with up to 10 candidates, best first (for a gang: its
     members; scores rounded to 6 places). A ``reason`` ends with ``; planned windows of <n> pending
     reservations hold what it needs`` when it would fit without them
-    (:mod:`app.capacity.planning.planned`). ``earliest``: when it does not fit for its window, the first
+    (:mod:`app.capacity.planning.planned`). ``rejections`` / ``nearestMisses``: when it does not fit, one
+    row per distinct reason (counts adding up to the pool's nodes) and up to 3 nodes closest to fitting
+    (docs/reasons.md). ``earliest``: when it does not fit for its window, the first
     window at which it does (:func:`~app.capacity.planning.earliest.find_earliest`), or null with
     ``earliestReason`` (docs/lifecycle.md, "Earliest start"); absent when it fits. ``satisfiable:
     false``: no node of the pool as built could ever hold it (not an error here;
@@ -66,6 +69,7 @@ async def preview(
                 candidates=[],
                 reason=summary,
                 unsatisfiableReason=intake.unsatisfiable,
+                **why_not_fields(outcome.why_not(request, config.options)),
             )
             return with_warnings(answer, intake.warnings)
         preemptible: Preemptible | None = None
@@ -88,7 +92,8 @@ async def preview(
     plan = outcome.plan
     if not isinstance(plan, Plan):
         reason = f"{plan.summary}; {planned_note(in_the_way)}" if in_the_way else plan.summary
-        answer = Preview(fits=False, candidates=[], reason=reason, earliest=later)
+        why = why_not_fields(outcome.why_not(request, config.options))
+        answer = Preview(fits=False, candidates=[], reason=reason, earliest=later, **why)
         if later is None:
             answer.earliestReason = later_reason
         if preemptible is not None:

@@ -41,6 +41,10 @@ FILTERS: tuple[ModuleType, ...] = (
     lease,
 )
 FILTER_NAMES: tuple[str, ...] = tuple(f.NAME for f in FILTERS)
+# a step of :func:`plan_steps` -> the name of the filter it checks (derivations reject nothing)
+FILTER_OF_STEP: dict[Step, str] = {f.check: f.NAME for f in FILTERS}
+# the filter name of a node excluded after a lost commit race (options.excluded_nodes)
+EXCLUDED = "excluded"
 
 
 def applies(flt: ModuleType, ctx: PlanContext) -> bool:
