@@ -7,7 +7,10 @@ A commit that loses its race (or a plan at the found start that no longer fits: 
 between the search and the plan) searches again from the requested start, at most
 ``BC_CAPACITY_MAX_ATTEMPTS`` times in all, each attempt one guarded commit. Two creates racing for one
 window therefore never both book it (the guarded statements and the exclusion constraint decide), and
-the loser lands on the next window that fits, or is pending.
+the loser lands on the next window that fits, or is pending. So does a create whose charge the quota
+refuses at commit because the tenant's own work committed at that window meanwhile (the search saw the
+quota hold there): it searches again and lands where the quota holds; the last attempt's refusal is the
+answer (409).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from app.capacity.planning.earliest import NoWindow, find_earliest
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.capacity.requests import quota_amounts
 from app.db.locks import PoolShare
+from app.errors import QuotaExceeded
 from app.placement.model import Candidate, PlacementRequest
 from app.placement.request import deadline_passed
 
@@ -60,7 +64,8 @@ async def place_earliest(
     request as given and :class:`Pending` (no window: :func:`waiting_reason`; every attempt lost:
     ``Unschedulable after <n> conflicting attempts: ...``; a window starting at or after ``deadline``:
     :func:`past_deadline`, docs/lifecycle.md "Deadlines"). Raises QuotaExceeded (the charge at the
-    found window was refused at commit), NotFound (pool)."""
+    window of the last attempt was refused at commit; an earlier attempt's refusal searches again),
+    NotFound (pool)."""
     lost: list[str] = []
     for attempt in range(1, config.max_attempts + 1):
         found = await find_earliest(conn, cache, config, request, now, head=head if attempt == 1 else None)
@@ -74,18 +79,28 @@ async def place_earliest(
         charge = QuotaCharge(
             moved.tenant_id, moved.pool_id, reservation_id, quota_amounts(moved), moved.start, moved.end
         )
-        outcome = await place_inline(
-            conn,
-            cache,
-            moved,
-            reservation_id,
-            config.options,
-            1,  # one guarded commit per search: a lost race searches again
-            config.shortlist_min,
-            before_commit,
-            extras=CommitExtras(charge, MarkPlaced(reservation_id, moved.end)),
-            pool_share=pool_share,
-        )
+        attempt_point = await conn.begin_nested()  # a refused charge leaves nothing of this attempt
+        try:
+            outcome = await place_inline(
+                conn,
+                cache,
+                moved,
+                reservation_id,
+                config.options,
+                1,  # one guarded commit per search: a lost race searches again
+                config.shortlist_min,
+                before_commit,
+                extras=CommitExtras(charge, MarkPlaced(reservation_id, moved.end)),
+                pool_share=pool_share,
+            )
+        except QuotaExceeded as refused:
+            await attempt_point.rollback()
+            if attempt == config.max_attempts:
+                raise
+            # the tenant's own work committed meanwhile took the quota at that window: search again
+            lost.append(f"quota: {refused.message}")
+            continue
+        await attempt_point.commit()
         if isinstance(outcome, Placed):
             return moved, outcome
         # one attempt's answer names one lost race: the final answer lists each attempt's once
