@@ -138,6 +138,11 @@ class Candidate(ApiModel):
     atoms: list[str]
     score: float
     scores: dict[str, float]
+    planToken: str | None = Field(
+        default=None,
+        description="Commit exactly this candidate with POST /v1/reservations ifPlan (docs/api.md, Plan "
+        "tokens); absent for a gang's members",
+    )
 
 
 class PreemptibleCandidate(ApiModel):
@@ -211,6 +216,11 @@ class Preview(ApiModel):
         "at which it fits, or null (earliestReason says why); absent when it fits",
     )
     earliestReason: str | None = Field(default=None, description="Why earliest is null; absent otherwise")
+    planToken: str | None = Field(
+        default=None,
+        description="When it fits: the best candidate's plan token (a gang: all its members'), for "
+        "POST /v1/reservations ifPlan (docs/api.md, Plan tokens); absent otherwise",
+    )
 
 
 class ItemError(ApiModel):
