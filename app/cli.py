@@ -251,7 +251,7 @@ def _request_command(
             raise typer.Exit(EXIT_NOT_PLACED)
 
     if not takes_plan:  # typer reads the parameters from the signature: leave --if-plan out
-        signature = inspect.signature(command)
+        signature = inspect.signature(command, eval_str=True)
         kept = [p for p in signature.parameters.values() if p.name != "if_plan"]
         command.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
     return command
