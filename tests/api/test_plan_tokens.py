@@ -167,6 +167,9 @@ async def test_tokens_that_are_not_good_for_the_create_are_422_at_ifPlan(
     expired = encode(
         {**payload, "iat": past.isoformat(), "exp": (past + timedelta(seconds=300)).isoformat()}, secret
     )
+    ended = encode(
+        {**payload, "start": past.isoformat(), "end": (past + timedelta(minutes=1)).isoformat()}, secret
+    )
     before, metrics = await _counts(clean_db), await _plan_creates(admin_client)
 
     cases = {
@@ -174,6 +177,7 @@ async def test_tokens_that_are_not_good_for_the_create_are_422_at_ifPlan(
         "altered": (altered, "is not a plan token of this service, or it was altered"),
         "garbled": ("not a token", "String should match pattern"),
         "expired": (expired, "ifPlan expired at "),
+        "window ended": (ended, "ifPlan's window ended at "),
         "another tenant": (other_tenant, "ifPlan was issued for another tenant, not acme"),
         "another body": (other_body, "ifPlan was issued for another request"),
     }
@@ -191,7 +195,7 @@ async def test_tokens_that_are_not_good_for_the_create_are_422_at_ifPlan(
     assert "another tenant" in r.json()["error"]["message"]
     assert await _counts(clean_db) == before
     # the pattern refuses "garbled" before the service sees it; every other one is counted
-    assert (await _plan_creates(admin_client))["invalid"] == metrics["invalid"] + 6
+    assert (await _plan_creates(admin_client))["invalid"] == metrics["invalid"] + 7
 
     # the token itself still commits its plan
     r = await admin_client.post("/v1/reservations", json={**body, "ifPlan": token})

@@ -54,7 +54,8 @@ async def commit_plan(
     ]
     try:
         if not await pool_share.take(conn):
-            raise stale(f"pool {request.pool_id} was archived", claim.nodes[0], [])
+            archived = f"pool {request.pool_id} was archived"
+            raise stale(archived, claim.nodes[0], [archived])
         outcome = await commit_placements(
             conn, request, placements, reservation_id, ATTEMPT, request.start, request.end, extras
         )

@@ -316,7 +316,8 @@ async def read_claim(
 ) -> PlanClaim:
     """The plan ``token`` binds, checked for the create ``body`` (``digest``: its spec hash) at the
     database's ``now``. Raises InvalidInput at ``ifPlan`` (docs/api.md, "Plan tokens") for a token
-    this service did not sign or that was altered, one of another tenant, pool or body, and one expired."""
+    this service did not sign or that was altered, one of another tenant, pool or body, one expired,
+    and one whose window has ended."""
     keys = config.plan_tokens
     key = await checking_key(conn, keys)
     payload = decode(token, key) if key is not None else None
@@ -339,4 +340,8 @@ async def read_claim(
         )
     if claim.expires <= now:
         raise refused(f"ifPlan expired at {claim.expires.isoformat()} (now {now.isoformat()}): preview again")
+    if claim.end <= now:  # a short window previewed without a start: nothing of it is left to hold
+        raise refused(
+            f"ifPlan's window ended at {claim.end.isoformat()} (now {now.isoformat()}): preview again"
+        )
     return claim
