@@ -10,6 +10,7 @@ Client commands of a running service (docs/cli.md): ``reserve``, ``preview``, ``
 
 from __future__ import annotations
 
+import inspect
 import io
 import os
 import signal
@@ -194,12 +195,22 @@ SpotOpt = Annotated[bool, typer.Option("--spot", help="Spot work: regular work m
 EarliestOpt = Annotated[
     bool, typer.Option("--earliest", help="Start at the first window that fits (start: earliest).")
 ]
+IfPlanOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--if-plan",
+        help="Commit exactly this plan token of a preview of the same flags, or fail (PLAN_STALE).",
+    ),
+]
 
 
-def _request_command(send: Callable[[ServiceClient, dict[str, Any], Output], bool]) -> Callable[..., None]:
+def _request_command(
+    send: Callable[[ServiceClient, dict[str, Any], Output], bool], *, takes_plan: bool = False
+) -> Callable[..., None]:
     """A command that sends the request the flags describe: ``send(api, body, output)`` calls the
     service, prints the answer and says whether it is done (else exit 3). Preview and reserve take the
-    same flags, so they share this one definition."""
+    same flags, so they share this one definition; ``--if-plan`` is reserve's only (``takes_plan``):
+    preview prints plan tokens, it takes none (docs/cli.md)."""
 
     def command(
         tenant: TenantOpt,
@@ -214,6 +225,7 @@ def _request_command(send: Callable[[ServiceClient, dict[str, Any], Output], boo
         device_class: ClassOpt = "gpu",
         spot: SpotOpt = False,
         earliest: EarliestOpt = False,
+        if_plan: IfPlanOpt = None,
         output: OutputOpt = Output.table,
         server: ServerOpt = DEFAULT_SERVER,
         key: KeyOpt = None,
@@ -231,12 +243,17 @@ def _request_command(send: Callable[[ServiceClient, dict[str, Any], Output], boo
             device_class,
             spot,
             earliest,
+            if_plan,
         )
         with service(server, key, REQUEST_FLAGS) as api:
             done = send(api, flags.request_body(), output)
         if not done:
             raise typer.Exit(EXIT_NOT_PLACED)
 
+    if not takes_plan:  # typer reads the parameters from the signature: leave --if-plan out
+        signature = inspect.signature(command, eval_str=True)
+        kept = [p for p in signature.parameters.values() if p.name != "if_plan"]
+        command.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
     return command
 
 
@@ -251,6 +268,9 @@ def _preview(api: ServiceClient, body: dict[str, Any], output: Output) -> bool:
     exits 1 like reserve's UNSATISFIABLE error, not 3: waiting will not help (docs/cli.md)."""
     answer = api.preview(body)
     out.emit(console, answer, output, lambda wide: out.preview_view(answer, wide))
+    if answer.get("planToken") and output in (Output.table, Output.wide):  # json/yaml carry it already
+        # one line of its own, never wrapped: `reserve ... --if-plan TOKEN` commits exactly this plan
+        typer.echo(f"plan token: {answer['planToken']}")
     _warn(answer)
     if answer.get("satisfiable") is False:
         why = answer.get("unsatisfiableReason") or answer.get("reason", "")
@@ -400,7 +420,7 @@ COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
     ("migrate", migrate, None),
     (
         "reserve",
-        _request_command(_reserve),
+        _request_command(_reserve, takes_plan=True),
         "Reserve GPUs (and cpu/memory) now, or at the first window that fits (--earliest), for a "
         "duration (exit 3: pending).",
     ),

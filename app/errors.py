@@ -138,6 +138,15 @@ class PoolArchived(Conflict):
     code = "POOL_ARCHIVED"
 
 
+class PlanStale(AppError):
+    """A create with ``ifPlan`` whose plan no longer holds (HTTP 412): an atom it names was booked
+    meanwhile, or its node was cordoned or became unschedulable; the message names what changed and
+    nothing was written (docs/api.md, "Plan tokens")."""
+
+    code = "PLAN_STALE"
+    status = 412
+
+
 class PayloadTooLarge(AppError):
     """The body is larger than the route's limit (HTTP 413); it was not read past the limit."""
 
@@ -209,6 +218,7 @@ ERROR_CODES: dict[str, int] = {
         QuotaExceeded,
         IdempotencyKeyReused,
         PoolArchived,
+        PlanStale,
         PayloadTooLarge,
         RateLimited,
         Unavailable,

@@ -18,7 +18,7 @@ from app.api.deps import Services
 from app.api.errors import install_error_handlers
 from app.api.guard import RequestGuard
 from app.api.text_guard import check_json_body
-from app.capacity.config import CapacityConfig
+from app.capacity.config import CapacityConfig, PlanTokenKeys
 from app.capacity.controllers.backfill import START_PLANNED, plan_pool, start_all_planned
 from app.capacity.controllers.lifecycle import Lifecycle, LifecycleTask, default_tasks
 from app.capacity.controllers.repair_first import BOOKING_REPAIR, REPAIR_LISTENER, RepairController
@@ -76,6 +76,7 @@ def capacity_config(settings: Settings) -> CapacityConfig:
         preemption=settings.capacity_preemption,
         placer=settings.capacity_placer,
         max_batch=settings.capacity_max_batch,
+        plan_tokens=PlanTokenKeys(settings.plan_token_secret, settings.plan_token_ttl),
     )
 
 

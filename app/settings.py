@@ -20,7 +20,9 @@ per pool get a planned start, 0..1024; docs/lifecycle.md, "Planned starts"), ``B
 ``BC_LIFECYCLE_SWEEP`` (seconds between two full sweeps of the pending reservations, the safety net of
 the wake edges; docs/lifecycle.md),
 ``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection), ``BC_METRICS_REQUIRE_KEY`` (``/metrics``
-asks for an API key with ``compute:capacity:read`` on ``*``; docs/metrics.md).
+asks for an API key with ``compute:capacity:read`` on ``*``; docs/metrics.md), ``BC_PLAN_TOKEN_SECRET``
+(the key plan tokens are signed with; unset: one stored in the database) and ``BC_PLAN_TOKEN_TTL``
+(seconds a plan token is valid; docs/api.md, "Plan tokens").
 
 Every setting is checked when it is read: :func:`load_settings` raises :class:`SettingsError`, one line
 naming the environment variable and what it accepts, and ``better-compute serve`` prints that line and
@@ -50,9 +52,10 @@ ACCEPTED: dict[str, str] = {
     "BC_RATE_LIMIT": "a rate such as 100/second or 6000/minute",
     "BC_AUTH_FAILURE_RATE_LIMIT": "a rate such as 10/second",
     "BC_AGENT_RATE_LIMIT": "a rate such as 5000/second",
+    "BC_PLAN_TOKEN_SECRET": "at least 32 characters (the same on every replica)",
 }
 # settings whose value is never repeated in an error line (it may hold a password or a key)
-SECRET_SETTINGS = frozenset({"DATABASE_URL", "BC_BOOTSTRAP_ADMIN_KEY"})
+SECRET_SETTINGS = frozenset({"DATABASE_URL", "BC_BOOTSTRAP_ADMIN_KEY", "BC_PLAN_TOKEN_SECRET"})
 _SECONDS = re.compile(r"\s*[0-9]+(\.[0-9]*)?\s*")
 
 
@@ -175,6 +178,10 @@ class Settings(BaseSettings):
     demo_agents: bool = False
     # /metrics asks for an API key holding compute:capacity:read on * (off: open, as before; docs/metrics.md)
     metrics_require_key: bool = False
+    # plan tokens (docs/api.md, "Plan tokens"): the HMAC key they are signed with, the same on every
+    # replica (unset: a random one created once and stored in the database), and how long one is valid
+    plan_token_secret: str | None = Field(default=None, min_length=32, repr=False)
+    plan_token_ttl: int = Field(default=300, ge=1, le=86400)
 
 
 def setting_name(field: str) -> str:

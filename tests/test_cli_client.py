@@ -219,6 +219,32 @@ def test_reserve_earliest_and_the_preview_that_names_the_window(server: Server) 
     assert placed["spec"]["start"] == "earliest" and placed["allocations"][0]["start"] == held_end
 
 
+def test_preview_prints_its_plan_token_and_reserve_if_plan_commits_exactly_it(server: Server) -> None:
+    """docs/cli.md: ``preview`` prints ``plan token: <token>``; ``reserve --if-plan`` with the same flags
+    commits exactly that plan, and a second one with the same token is PLAN_STALE (exit 1)."""
+    pool = make_pool(server, {"p1": 4, "p2": 4})
+    common = ["--tenant", f"t-{secrets.token_hex(3)}", "--pool", pool.id, "--gpus", "2", "--for", "2h"]
+    shown = cli(server, "preview", *common)
+    assert shown.exit_code == 0, shown.stderr
+    [line] = [x for x in shown.stdout.splitlines() if x.startswith("plan token: ")]
+    token = line.removeprefix("plan token: ")
+    as_json = json.loads(cli(server, "preview", *common, "-o", "json").stdout)
+    best = as_json["candidates"][0]
+    assert as_json["planToken"] and best["planToken"]
+    assert "--if-plan" not in cli(server, "preview", "--help").stdout  # preview takes no token
+
+    placed = cli(server, "reserve", *common, "--if-plan", token, "-o", "json")
+    assert placed.exit_code == 0, placed.stderr
+    [alloc] = json.loads(placed.stdout)["allocations"]
+    assert (alloc["nodeId"], alloc["atoms"]) == (best["nodeId"], best["atoms"])
+    again = cli(server, "reserve", *common, "--if-plan", token)
+    assert again.exit_code == 1 and again.stderr.startswith("PLAN_STALE: "), again.stderr
+    name = {node_id: node for node, node_id in pool.nodes.items()}[best["nodeId"]]
+    assert f"on {name} were booked by another reservation" in again.stderr
+    other = cli(server, "reserve", *common[:-2], "--for", "3h", "--if-plan", token)
+    assert other.exit_code == 1 and other.stderr.startswith("INVALID_INPUT: --if-plan: "), other.stderr
+
+
 def test_get_pools_and_nodes_in_every_output(server: Server) -> None:
     pool = make_pool(server, {"n1": 2, "n2": 1})
     (n1, n1_id), (n2, n2_id) = pool.nodes.items()

@@ -167,6 +167,11 @@ class Candidate(ApiModel):
     atoms: list[str]
     score: float
     scores: dict[str, float]
+    planToken: str | None = Field(
+        default=None,
+        description="Commit exactly this candidate with POST /v1/reservations ifPlan (docs/api.md, Plan "
+        "tokens); absent for a gang's members",
+    )
 
 
 class PreemptibleCandidate(ApiModel):
@@ -246,6 +251,11 @@ class Preview(ApiModel):
     )
     nearestMisses: list[NearestMiss] | None = Field(
         default=None, description="When it does not fit: up to 3 nodes closest to fitting, closest first"
+    )
+    planToken: str | None = Field(
+        default=None,
+        description="When it fits: the best candidate's plan token (a gang: all its members'), for "
+        "POST /v1/reservations ifPlan (docs/api.md, Plan tokens); absent otherwise",
     )
 
 

@@ -38,6 +38,8 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         403: "FORBIDDEN",
         404: "NOT_FOUND",
         409: "CONFLICT, QUOTA_EXCEEDED or IDEMPOTENCY_KEY_REUSED",
+        412: "PLAN_STALE: the plan ifPlan names no longer holds (an atom was booked, the node changed); "
+        "nothing was written",
         413: "PAYLOAD_TOO_LARGE: the body is over the route's limit",
         422: "INVALID_INPUT (details.path names the field)",
         429: "RATE_LIMITED: too many requests; Retry-After gives the seconds to wait",

@@ -14,7 +14,7 @@ from app.capacity.reservations import reads as svc_reads
 from app.capacity.reservations import release as svc_release
 from app.capacity.reservations.access import authorized_reservation_tenant
 from app.iam.authorize import authorize
-from app.placement.request import ReservationRequest
+from app.placement.request import CreateReservationRequest, ReservationRequest
 
 router = APIRouter(tags=["reservations"])
 
@@ -49,14 +49,14 @@ async def preview(
             "description": "Queued (BC_CAPACITY_PLACER=pool-lease): a batch worker decides it; "
             "GET /v1/reservations/{id}?waitSeconds=N waits for the decision",
         },
-        **responses(401, 403, 404, 409, 422),
+        **responses(401, 403, 404, 409, 412, 422),
         **conflicts("QUOTA_EXCEEDED", "IDEMPOTENCY_KEY_REUSED"),
         **unsatisfiable(),
     },
     operation_id="createReservation",
 )
 async def create_reservation(
-    body: ReservationRequest,
+    body: CreateReservationRequest,
     response: Response,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
@@ -64,9 +64,11 @@ async def create_reservation(
     """Reserve now: ``placed`` with allocations, or ``pending`` with an Unschedulable condition; with
     the pool-lease placer ``queued`` (202) until a batch worker decides it. A request the pool could
     never hold is 422 (INVALID_INPUT or UNSATISFIABLE; docs/api.md, "Checked at intake"). A retry
-    with the same ``idempotencyKey`` and body answers the same reservation (200)."""
+    with the same ``idempotencyKey`` and body answers the same reservation (200). With ``ifPlan`` (a
+    preview's ``planToken``) it commits exactly that plan, or answers 412 PLAN_STALE naming what
+    changed (docs/api.md, "Plan tokens")."""
     authorize(principal, "compute:reservations:create", f"tenant:{body.tenantId}", f"pool:{body.poolId}")
-    view, created = await svc_queue.create(svc.engine, svc.cache, svc.capacity, body)
+    view, created = await svc_queue.create(svc.engine, svc.cache, svc.capacity, body, body.ifPlan)
     if not created:
         response.status_code = 200
     elif view.status == ReservationStatus.queued:

@@ -39,6 +39,7 @@ REQUEST_FLAGS: dict[str, str] = {
     "duration": "--for",
     "idempotencyKey": "--idempotency-key",
     "spot": "--spot",
+    "ifPlan": "--if-plan",
 }
 LIST_RESERVATION_FLAGS: dict[str, str] = {"tenantId": "--tenant", "status": "--status", "limit": "--limit"}
 
@@ -83,6 +84,7 @@ class RequestFlags:
     device_class: str
     spot: bool = False  # --spot: may be preempted by regular work (docs/preemption.md)
     earliest: bool = False  # --earliest: the first window that fits (docs/lifecycle.md, "Earliest start")
+    if_plan: str | None = None  # reserve --if-plan: a preview's plan token (docs/api.md, "Plan tokens")
 
     def request_body(self) -> dict[str, Any]:
         """The ``POST /v1/reservations`` (and preview) body. Raises :class:`UsageError` when an amount
@@ -120,4 +122,5 @@ class RequestFlags:
             "idempotencyKey": self.idempotency_key or f"cli-{secrets.token_hex(8)}",
             **({"spot": True} if self.spot else {}),
             **({"start": "earliest"} if self.earliest else {}),
+            **({"ifPlan": self.if_plan} if self.if_plan else {}),
         }

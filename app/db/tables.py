@@ -344,3 +344,14 @@ fleet_job_records = sa.Table(
     sa.Column("recorded_at", TS, nullable=False, server_default=NOW),
     sa.Index("ix_fleet_job_records_target", "target", "recorded_at"),
 )
+
+# the key plan tokens are signed with when BC_PLAN_TOKEN_SECRET is unset (docs/api.md, "Plan tokens"):
+# one row, made by the first preview that signs one, so every replica signs and checks with the same key
+plan_token_secrets = sa.Table(
+    "plan_token_secrets",
+    metadata,
+    sa.Column("id", sa.SmallInteger, primary_key=True, autoincrement=False),
+    sa.Column("secret", sa.Text, nullable=False),
+    sa.Column("created_at", TS, nullable=False, server_default=NOW),
+    sa.CheckConstraint("id = 1", name="one_row"),
+)

@@ -188,6 +188,14 @@ PREEMPTION_VICTIMS = Histogram(
     "Spot reservations preempted by one placed preemptor.",
     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
 )
+PLAN_TOKEN_RESULTS = ("placed", "stale", "invalid")
+PLAN_TOKEN_CREATES = Counter(
+    "bc_plan_token_creates_total",
+    "Creates with ifPlan (docs/api.md, Plan tokens), by result: placed (the previewed plan committed), stale "
+    "(412 PLAN_STALE: an atom was booked or the node changed meanwhile) or invalid (422: the token was "
+    "altered, expired, or for another tenant or body).",
+    ["result"],
+)
 BUILD = Info("bc_build", "The running build: bc_build_info{version} is 1.")
 
 
@@ -231,6 +239,8 @@ for _source in WAKE_SOURCES:
     WAKE_EDGES_HEARD.labels(_source)
 for _result in PREEMPTION_RESULTS:
     PREEMPTION_ATTEMPTS.labels(_result)
+for _result in PLAN_TOKEN_RESULTS:
+    PLAN_TOKEN_CREATES.labels(_result)
 
 
 P = ParamSpec("P")

@@ -318,11 +318,33 @@ class ReservationRequest(BaseModel):
 
     def spec(self) -> dict[str, Any]:
         """The canonical JSON spec stored with a reservation and compared for idempotent retries."""
-        spec = self.model_dump(mode="json", by_alias=True, exclude={"idempotencyKey"})
+        # the retry key and a create's plan token are not part of the request (docs/api.md, "Plan tokens")
+        spec = self.model_dump(mode="json", by_alias=True, exclude={"idempotencyKey", "ifPlan"})
         spec["resources"] = {name: num(amount) for name, amount in self.resources.items()}
         if spec["deadline"] is None:  # absent, as in the specs stored before deadlines: same hash
             del spec["deadline"]
         return spec
+
+
+# ``<base64url(payload)>.<base64url(signature)>`` (docs/api.md, "Plan tokens"); a gang's is the longest
+PLAN_TOKEN_PATTERN = r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$"
+MAX_PLAN_TOKEN_LENGTH = 262_144
+
+
+class CreateReservationRequest(ReservationRequest):
+    """The body of ``POST /v1/reservations``: a :class:`ReservationRequest` and, optionally, ``ifPlan``,
+    the plan token of a preview of the same body: the create commits exactly that plan or answers 412
+    PLAN_STALE (docs/api.md, "Plan tokens"). Not part of the stored spec nor of its hash."""
+
+    ifPlan: str | None = Field(
+        default=None,
+        min_length=3,
+        max_length=MAX_PLAN_TOKEN_LENGTH,
+        pattern=PLAN_TOKEN_PATTERN,
+        description="A planToken of POST /v1/capacity/preview for this body (idempotencyKey aside): "
+        "commit exactly that plan (node, atoms, window, amounts) or answer 412 PLAN_STALE; never "
+        "placed elsewhere",
+    )
 
 
 def to_placement_request(

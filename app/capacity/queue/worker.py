@@ -106,16 +106,21 @@ def queues(config: CapacityConfig, body: ReservationRequest) -> bool:
 
 
 async def create(
-    engine: AsyncEngine, cache: PoolCache, config: CapacityConfig, body: ReservationRequest
+    engine: AsyncEngine,
+    cache: PoolCache,
+    config: CapacityConfig,
+    body: ReservationRequest,
+    if_plan: str | None = None,
 ) -> tuple[Reservation, bool]:
     """``POST /v1/reservations``: ``(view, created)``, queued with the pool-lease placer (or inline, see
     :func:`queues`). Raises NotFound (pool), IdempotencyKeyReused, InvalidInput (``start``); with the
-    inline placer also QuotaExceeded. On any error nothing is written.
+    inline placer also QuotaExceeded. On any error nothing is written. ``if_plan`` (a preview's plan
+    token) always commits inline, that plan or none (docs/api.md, "Plan tokens"; PlanStale).
 
     Queued: BEGIN, one statement (:func:`_enqueue`: the row written ``queued`` with the queue edge),
     COMMIT; an idempotent retry or an unknown pool reads more."""
-    if not queues(config, body):
-        return await create_reservation(engine, cache, config, body)
+    if if_plan is not None or not queues(config, body):
+        return await create_reservation(engine, cache, config, body, if_plan=if_plan)
     spec = body.spec()
     digest = spec_hash(spec)
     async with engine.begin() as conn:

@@ -26,6 +26,7 @@ it to ``ended`` (:func:`app.capacity.controllers.lifecycle.end_reservations`). `
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -44,6 +45,8 @@ from app.capacity.placing.inline import Pending, Placed, place_inline
 from app.capacity.planning.admission import admit
 from app.capacity.planning.snapshot import PoolCache, PoolHead
 from app.capacity.requests import check_start, placement_request, quota_amounts, row_values, spec_hash
+from app.capacity.reservations.plan_commit import commit_plan
+from app.capacity.reservations.plan_tokens import read_claim
 from app.capacity.views import committed_view, placed_view, reservation_view, row_view, with_warnings
 from app.db.locks import PoolShare, pool_not_found
 from app.db.prepared import Prepared
@@ -68,6 +71,7 @@ async def create_reservation(
     body: ReservationRequest,
     *,
     before_commit: Callable[[int, Candidate], Awaitable[None]] | None = None,
+    if_plan: str | None = None,
 ) -> tuple[Reservation, bool]:
     """Create (or find, for an idempotent retry) a reservation; returns ``(view, created)``, ``view``
     with ``warnings`` when intake had any (:func:`~app.capacity.views.with_warnings`).
@@ -75,12 +79,14 @@ async def create_reservation(
     Raises NotFound (pool), QuotaExceeded, IdempotencyKeyReused; on any error nothing is written.
     ``before_commit(attempt, candidate)``: runs between an inline plan and its commit, before the pool
     lock (tests hold a plan open there, :func:`app.capacity.placing.inline.place_inline`).
+    ``if_plan``: a preview's plan token, committed exactly or not at all (docs/api.md, "Plan tokens";
+    :mod:`app.capacity.reservations.plan_commit`): also raises InvalidInput (``ifPlan``) and PlanStale.
     """
     spec = body.spec()
     digest = spec_hash(spec)
     assumptions: list[int] = []
     try:
-        return await _create(engine, cache, config, body, spec, digest, assumptions, before_commit)
+        return await _create(engine, cache, config, body, spec, digest, assumptions, before_commit, if_plan)
     finally:  # committed or rolled back: the bookings (or their absence) are visible to every plan now
         for token in assumptions:
             cache.forget(body.poolId, token)
@@ -95,9 +101,11 @@ async def _create(
     digest: str,
     assumptions: list[int],
     before_commit: Callable[[int, Candidate], Awaitable[None]] | None = None,
+    if_plan: str | None = None,
 ) -> tuple[Reservation, bool]:
     """The create transaction in named steps: insert the row (and lock the pool), answer a retry, place
-    inline with the quota charge and the placed mark riding on the guarded commit, or store pending."""
+    inline with the quota charge and the placed mark riding on the guarded commit (or commit the plan
+    ``if_plan`` signed), or store pending."""
     async with engine.begin() as conn:
         reservation_id = new_id("res")
         created_at, head = await _insert_reservation(conn, body, reservation_id, spec, digest)
@@ -108,9 +116,19 @@ async def _create(
         request = placement_request(config, body, created_at)
         assert request.start is not None and request.end is not None
         warnings = await admit(conn, cache, head, request)  # raising rolls the row back, as above
+        claim = None
+        if if_plan is not None:  # the window is the plan's (docs/api.md, "Plan tokens"); raising: as above
+            claim = await read_claim(conn, config, body, digest, if_plan, created_at)
+            request = replace(request, start=claim.start, end=claim.end)
         charge = QuotaCharge(
             body.tenantId, body.poolId, reservation_id, quota_amounts(request), request.start, request.end
         )
+        if claim is not None:  # exactly the plan, or 412 PLAN_STALE: never replanned
+            extras = CommitExtras(charge, MarkPlaced(reservation_id, request.end))
+            placed = await commit_plan(conn, cache, request, claim, reservation_id, extras, pool_share)
+            assumptions.extend(placed.assumptions)
+            allocs = [committed_view(a, request) for a in placed.allocations]
+            return with_warnings(placed_view(body, reservation_id, spec, created_at, allocs), warnings), True
         if body.earliest:  # docs/lifecycle.md, "Earliest start": placed at the window found, or pending
             request, outcome = await place_earliest(
                 conn,

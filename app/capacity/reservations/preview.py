@@ -18,6 +18,7 @@ from app.capacity.planning.plan import plan_request
 from app.capacity.planning.planned import planned_in_the_way, planned_note
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.requests import check_start, placement_request
+from app.capacity.reservations.plan_tokens import sign_preview
 from app.capacity.views import with_warnings
 from app.errors import InvalidInput
 from app.placement.model import Candidate as Ranked
@@ -101,7 +102,10 @@ async def preview(
         return with_warnings(answer, intake.warnings)
     # a gang preview shows the members of the best gang (docs/placement-rules.md, "Previewing a placement")
     ranked = plan.members or plan.ranked[:PREVIEW_CANDIDATES]
-    return with_warnings(Preview(fits=True, candidates=[candidate(c) for c in ranked]), intake.warnings)
+    answer = Preview(fits=True, candidates=[candidate(c) for c in ranked])
+    # what a create with ifPlan commits exactly (docs/api.md, "Plan tokens")
+    await sign_preview(engine, config, body, request, ranked, answer, gang=bool(plan.members))
+    return with_warnings(answer, intake.warnings)
 
 
 def candidate(ranked: Ranked) -> Candidate:
