@@ -42,7 +42,7 @@ def figures(output: str) -> tuple[Figures, dict[tuple[str, int], str]]:
         numbers = NUMBER.findall(line)
         if not numbers:
             continue
-        template = NUMBER.sub("#", line).strip()
+        template = " ".join(NUMBER.sub("#", line).split())  # column widths vary with the numbers
         occurrence = seen[template]
         seen[template] += 1
         lines[(template, occurrence)] = line.strip()
