@@ -58,7 +58,7 @@ export function bookingsTimeline(occupancy) {
 // Horizontal interval bars: rows of {label, low, high, mid, dashed, note} in seconds.
 export function intervalBars(rows, title) {
   const max = Math.max(1, ...rows.map((r) => r.high || r.low || 0));
-  const x = (v) => LABEL + (v / max) * (WIDTH - LABEL - 60);
+  const x = (v) => LABEL + (v / max) * (WIDTH - LABEL - 170);
   const height = 24 + rows.length * 22;
   const parts = [s("text", { x: LABEL, y: 12, class: "tick-label" }, "0 s"),
     s("text", { x: WIDTH - 120, y: 12, class: "tick-label" }, `${Math.round(max)} s`)];
