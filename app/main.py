@@ -11,7 +11,7 @@ from functools import partial
 
 from fastapi import Depends, FastAPI
 
-from app.api import agents, health, iam, inventory, quota, reservation_batch, reservations
+from app.api import agents, health, iam, inventory, quota, reservation_batch, reservations, ui
 from app.api.contract import install_contract
 from app.api.cors import BrowserCors
 from app.api.deps import Services
@@ -170,6 +170,8 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         version=API_VERSION,
         description="Reserve, preview and release GPUs on pools of nodes; explain where work should run.",
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc are app/api/ui.py's, with their assets served here (offline)
+        redoc_url=None,
     )
     install_error_handlers(app)
     install_contract(app)  # after the error shapes: it refines their document
@@ -180,6 +182,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     from app.api import placement
 
     app.include_router(placement.router)
+    app.include_router(ui.router)  # the dashboard and the docs pages: not in the OpenAPI document
     # middlewares, innermost first (each add wraps the ones before): CORS, then the access log outermost
     if settings.cors_origins:
         app.add_middleware(BrowserCors, origins=settings.cors_origins)

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, Query
+from pydantic import BeforeValidator
 
 from app.answers.inventory import ImportedNode, Node, NodeList, Pool, PoolList
+from app.answers.occupancy import PoolOccupancy
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses
 from app.api.paging import CURSOR_QUERY, decode_cursor, next_cursor, page_after, time_then_id
-from app.iam.authorize import authorize, holds_grant_on
+from app.iam.authorize import authorize, holds_grant_on, may_read_work_of
+from app.inventory import occupancy
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, LabelsBody, NodeCreate, NodeImport, PoolCreate, TaintsBody
+from app.placement.request import FIRST_WINDOW_YEAR, LAST_WINDOW_YEAR, window_end
 
 router = APIRouter(tags=["inventory"])
 WRITE, READ = "compute:inventory:write", "compute:inventory:read"
@@ -80,6 +87,57 @@ async def list_nodes(
     after = None if cursor is None else decode_cursor(cursor, "nodes", 1)[0]
     page = await inventory.list_nodes(svc.engine, pool_id, limit, after)
     return NodeList(items=page.items, nextCursor=next_cursor("nodes", page.next))
+
+
+def _iso_time(value: object) -> object:
+    """A query's time: ISO 8601 text with a UTC offset, in years 1970..9999 (not a number of seconds)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("not an ISO 8601 time, e.g. 2026-12-01T12:00:00Z") from None
+    if parsed.tzinfo is None:
+        raise ValueError("needs a UTC offset, e.g. 2026-12-01T12:00:00Z")
+    if window_end(parsed, 0) is None:
+        raise ValueError(f"must lie in years {FIRST_WINDOW_YEAR}..{LAST_WINDOW_YEAR} (UTC)")
+    return parsed
+
+
+IsoTime = Annotated[datetime | None, BeforeValidator(_iso_time)]
+
+
+@router.get(
+    "/v1/pools/{pool_id}/occupancy",
+    response_model=PoolOccupancy,
+    responses=responses(401, 403, 404, 422),
+    operation_id="getPoolOccupancy",
+)
+async def get_occupancy(
+    pool_id: str,
+    start: Annotated[
+        IsoTime,
+        Query(alias="from", description="ISO 8601 with a UTC offset; absent: the database's now"),
+    ] = None,
+    end: Annotated[
+        IsoTime,
+        Query(
+            alias="to",
+            description="ISO 8601 with a UTC offset, after `from`, at most 31 days after it; "
+            "absent: from + 48 h",
+        ),
+    ] = None,
+    principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> PoolOccupancy:
+    """Each node of the pool (id order) with its atoms' bookings over ``[from, to)`` and its scalars'
+    held steps (docs/api.md, "Occupancy"). Who booked an atom (``reservationId``, ``tenantId``) is
+    shown when the key may read that tenant's reservations, else null."""
+    authorize(principal, READ, f"pool:{pool_id}")
+    window = occupancy.Window(start, end)
+    return await occupancy.pool_occupancy(
+        svc.engine, pool_id, window, lambda tenant: may_read_work_of(principal, tenant)
+    )
 
 
 @router.post(

@@ -92,6 +92,16 @@ def exists_for(acting_tenant: str | None, owner_tenant: str | None) -> bool:
     return owner_tenant is not None and (acting_tenant is None or acting_tenant == owner_tenant)
 
 
+def may_read_work_of(principal: Principal, tenant_id: str) -> bool:
+    """Whether ``principal`` may read ``tenant_id``'s reservations, as ``GET /v1/reservations?tenantId=``
+    would let it: the tenant exists for it (:func:`exists_for`: its own, or any for an untenanted key)
+    and it holds ``compute:reservations:read`` on ``tenant:<tenant_id>``. The occupancy's rule for
+    showing who booked an atom (app/inventory/occupancy.py)."""
+    return exists_for(principal.tenant_id, tenant_id) and is_allowed(
+        principal, "compute:reservations:read", f"tenant:{tenant_id}"
+    )
+
+
 def not_found(what: str) -> NotFound:
     """The one 404 of a resource that does not exist or may not be seen: ``<what> not found`` (its
     existence is not revealed: the same text either way)."""

@@ -79,8 +79,8 @@ def route_templates(routes: Sequence[BaseRoute]) -> list[RouteTemplate]:
     """The app's routes (included routers flattened, in the router's order) as :class:`RouteTemplate`."""
     out = []
     for route in iter_route_contexts(routes):
-        if route.path_format:
-            pattern, _, _ = compile_path(route.path_format)
+        if route.path_format:  # matched on the path with its convertors: {path:path} takes slashes
+            pattern, _, _ = compile_path(route.path or route.path_format)
             out.append(RouteTemplate(route.path_format, pattern, frozenset(route.methods or ())))
     return out
 

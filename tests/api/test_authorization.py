@@ -199,6 +199,8 @@ TABLE: dict[tuple[str, str], tuple[Builder, dict[str, int]]] = {
     ("GET", "/v1/pools/{pool_id}"): (fixed("/v1/pools/{pool}"), POOL_READERS),
     ("POST", "/v1/pools/{pool_id}/archive"): (fixed("/v1/pools/{pool}/archive"), ADMIN_ONLY),
     ("GET", "/v1/pools/{pool_id}/nodes"): (fixed("/v1/pools/{pool}/nodes"), POOL_READERS),
+    # every pool reader; who booked what is shown by tenant (tests/api/test_occupancy.py)
+    ("GET", "/v1/pools/{pool_id}/occupancy"): (fixed("/v1/pools/{pool}/occupancy"), POOL_READERS),
     ("POST", "/v1/pools/{pool_id}/nodes"): (
         with_world(lambda w: (f"/v1/pools/{w.pool}/nodes", gpu_node(f"n{next(_fresh)}", 2))),
         created(ADMIN_ONLY),

@@ -167,6 +167,8 @@ async def test_every_operation_answers_its_declared_schema(client_for: Any) -> N
         await call("POST", "/v1/reservations/batch", json={"items": bulk})
         await call("POST", "/v1/reservations/batch", json={"items": []})
         await call("GET", "/v1/reservations", params={"limit": 1})
+        await call("GET", f"/v1/pools/{pool}/occupancy")  # bookings and scalar steps
+        await call("GET", f"/v1/pools/{pool}/occupancy", params={"from": "2026-12-01T12:00:00"})  # 422
         await call("POST", f"/v1/reservations/{placed['id']}/release")
         await call("POST", "/v1/reservations", json={**body, "devices": [{"class": "gpu", "count": 0}]})
         fleet = json.loads((DATA / "explain" / "seed-fleet.json").read_text())

@@ -19,6 +19,7 @@ def _app() -> FastAPI:
     prefixed = APIRouter()
     prefixed.add_api_route("/items/{item_id}", lambda: None, methods=["PUT"])
     app.include_router(prefixed, prefix="/v2")
+    app.add_api_route("/ui/{path:path}", lambda: None, methods=["GET"], include_in_schema=False)
     return app
 
 
@@ -34,6 +35,8 @@ def _app() -> FastAPI:
         ("GET", "/v1/nodes/a/b/c", "unmatched"),
         ("GET", "/v1/reservations/res_%00", "unmatched"),
         ("GET", "/", "unmatched"),
+        ("GET", "/ui/js/pages/pool.js", "/ui/{path}"),  # a path convertor takes slashes
+        ("GET", "/ui/", "/ui/{path}"),
     ],
 )
 def test_the_template_of_a_request(method: str, path: str, template: str) -> None:

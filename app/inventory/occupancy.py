@@ -1,0 +1,286 @@
+"""A pool's occupancy over a window (``GET /v1/pools/{poolId}/occupancy``; docs/api.md, "Occupancy"):
+each node's conditions, its atoms with the bookings overlapping ``[from, to)`` and its scalar resources
+with what they hold over the window as a step function. Reads only, no locks, six set-based statements
+whatever the pool's size (the pool and the database's ``now``, its nodes, their atoms, the bookings, the
+scalar rows, the holdings); no statement per node.
+
+Who booked an atom is shown only to a caller that may read that tenant's reservations (the rule of
+``GET /v1/reservations``, :func:`app.iam.authorize.may_read_work_of`): to others the booking is there,
+with ``reservationId`` and ``tenantId`` null.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import TSTZRANGE
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.answers.occupancy import (
+    HeldStep,
+    OccupancyAtom,
+    OccupancyBooking,
+    OccupancyNode,
+    OccupancyScalar,
+    PoolOccupancy,
+)
+from app.db.locks import pool_not_found
+from app.db.tables import (
+    allocations,
+    device_bookings,
+    devices,
+    node_resources,
+    nodes,
+    pools,
+    reservations,
+    scalar_holdings,
+)
+from app.db.tx import reads
+from app.db.windows import overlapping
+from app.errors import InvalidInput
+from app.jsonnum import num
+from app.placement.scalar_capacity import scalar_capacity
+
+DEFAULT_SPAN = timedelta(hours=48)
+MAX_SPAN = timedelta(days=31)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The asked window; ``None``: the default (``from`` = the database's now, ``to`` = from + 48 h)."""
+
+    start: datetime | None = None
+    end: datetime | None = None
+
+
+def resolve_window(now: datetime, asked: Window) -> tuple[datetime, datetime]:
+    """``(from, to)`` in UTC: the defaults filled in from ``now``; InvalidInput (422) at ``to`` when it is
+    not after ``from`` or the span is over 31 days, at ``from`` when its default ``to`` would leave year
+    9999."""
+    start = (asked.start or now).astimezone(UTC)
+    if asked.end is None:
+        try:
+            end = start + DEFAULT_SPAN
+        except OverflowError:
+            raise InvalidInput("from: from + 48 h (the default to) is after year 9999", path="from") from None
+    else:
+        end = asked.end.astimezone(UTC)
+    if end <= start:
+        raise InvalidInput(f"to: must be after from ({start.isoformat()})", path="to")
+    if end - start > MAX_SPAN:
+        raise InvalidInput(f"to: the window spans at most 31 days from {start.isoformat()}", path="to")
+    return start, end
+
+
+def held_steps(
+    holdings: Iterable[tuple[Decimal, datetime, datetime]], start: datetime, end: datetime
+) -> list[tuple[datetime, datetime, Decimal]]:
+    """What ``holdings`` (``(amount, starts_at, ends_at)``, half-open) hold over ``[start, end)`` as a
+    step function: ``(from, to, held)`` in time order, each the longest run of one amount (neighbours of
+    equal amount merged), runs holding nothing left out. ``cpu 4 [t0, t2)`` and ``8 [t1, t3)`` give
+    ``[t0, t1) 4``, ``[t1, t2) 12``, ``[t2, t3) 8``."""
+    deltas: dict[datetime, Decimal] = defaultdict(Decimal)
+    for amount, s, e in holdings:
+        s, e = max(s, start), min(e, end)
+        if s < e:
+            deltas[s] += amount
+            deltas[e] -= amount
+    steps: list[tuple[datetime, datetime, Decimal]] = []
+    held = Decimal(0)
+    instants = sorted(deltas)
+    for at, following in zip(instants, instants[1:], strict=False):
+        held += deltas[at]
+        if held == 0:
+            continue
+        if steps and steps[-1][1] == at and steps[-1][2] == held:
+            steps[-1] = (steps[-1][0], following, held)
+        else:
+            steps.append((at, following, held))
+    return steps
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+async def _bookings(
+    conn: AsyncConnection, pool_id: str, start: datetime, end: datetime, sees: Callable[[str], bool]
+) -> dict[str, list[OccupancyBooking]]:
+    """device id -> its bookings overlapping the window, by start::
+
+    SELECT b.device_id, lower(b.during), upper(b.during), r.id, r.tenant_id, (r.spec->>'spot')::boolean,
+           r.status, a.planned
+      FROM device_bookings b JOIN allocations a ON a.id = b.allocation_id
+      JOIN reservations r ON r.id = a.reservation_id
+     WHERE b.pool_id = :pool AND b.during && tstzrange(:from, :to, '[)')
+     ORDER BY b.device_id, lower(b.during)
+    """
+    during = device_bookings.c.during
+    asked = sa.func.tstzrange(start, end, "[)", type_=TSTZRANGE)
+    rows = (
+        await conn.execute(
+            sa.select(
+                device_bookings.c.device_id,
+                sa.func.lower(during).label("starts_at"),
+                sa.func.upper(during).label("ends_at"),
+                reservations.c.id,
+                reservations.c.tenant_id,
+                sa.func.coalesce(sa.cast(reservations.c.spec["spot"].astext, sa.Boolean), False).label(
+                    "spot"
+                ),
+                reservations.c.status,
+                allocations.c.planned,
+            )
+            .join(allocations, allocations.c.id == device_bookings.c.allocation_id)
+            .join(reservations, reservations.c.id == allocations.c.reservation_id)
+            .where(device_bookings.c.pool_id == pool_id, during.op("&&")(asked))
+            .order_by(device_bookings.c.device_id, sa.func.lower(during))
+        )
+    ).all()
+    seen: dict[str, bool] = {}
+    found: dict[str, list[OccupancyBooking]] = defaultdict(list)
+    for r in rows:
+        if r.tenant_id not in seen:
+            seen[r.tenant_id] = sees(r.tenant_id)
+        shown = seen[r.tenant_id]
+        found[r.device_id].append(
+            OccupancyBooking(
+                start=r.starts_at.isoformat(),
+                end=r.ends_at.isoformat(),
+                reservationId=r.id if shown else None,
+                tenantId=r.tenant_id if shown else None,
+                spot=bool(r.spot),
+                status=r.status,
+                planned=r.planned,
+            )
+        )
+    return found
+
+
+async def _scalars(
+    conn: AsyncConnection, pool_id: str, start: datetime, end: datetime
+) -> dict[str, list[OccupancyScalar]]:
+    """node id -> its scalar resources by name, with capacity and the steps held over the window::
+
+    SELECT s.node_id, s.resource, s.allocatable, s.ratio FROM node_resources s
+      JOIN nodes n ON n.id = s.node_id WHERE n.pool_id = :pool;
+    SELECT node_id, resource, amount, starts_at, ends_at FROM scalar_holdings
+     WHERE pool_id = :pool AND ends_at > :from AND starts_at < :to
+    """
+    holdings: dict[tuple[str, str], list[tuple[Decimal, datetime, datetime]]] = defaultdict(list)
+    for h in (
+        await conn.execute(
+            sa.select(
+                scalar_holdings.c.node_id,
+                scalar_holdings.c.resource,
+                scalar_holdings.c.amount,
+                scalar_holdings.c.starts_at,
+                scalar_holdings.c.ends_at,
+            ).where(scalar_holdings.c.pool_id == pool_id, *overlapping(scalar_holdings, start, end))
+        )
+    ).all():
+        holdings[(h.node_id, h.resource)].append((h.amount, h.starts_at, h.ends_at))
+    found: dict[str, list[OccupancyScalar]] = defaultdict(list)
+    for s in (
+        await conn.execute(
+            sa.select(node_resources)
+            .join(nodes, nodes.c.id == node_resources.c.node_id)
+            .where(nodes.c.pool_id == pool_id)
+            .order_by(node_resources.c.node_id, node_resources.c.resource)
+        )
+    ).all():
+        steps = held_steps(holdings.get((s.node_id, s.resource), ()), start, end)
+        found[s.node_id].append(
+            OccupancyScalar(
+                resource=s.resource,
+                capacity=num(scalar_capacity(s.allocatable, s.ratio)),
+                steps=[HeldStep(start=a.isoformat(), end=b.isoformat(), held=num(h)) for a, b, h in steps],
+            )
+        )
+    return found
+
+
+@reads
+async def pool_occupancy(
+    conn: AsyncConnection, pool_id: str, asked: Window, sees: Callable[[str], bool]
+) -> PoolOccupancy:
+    """The occupancy of ``pool_id`` over ``asked`` (:func:`resolve_window`): nodes in id order (as
+    ``GET /v1/pools/{id}/nodes``), atoms in device order (as ``GET /v1/nodes/{id}``), each atom's
+    bookings overlapping the window by start (their own windows, planned windows of pending reservations
+    included, ended and released history too), each scalar's steps (:func:`held_steps`: steps holding
+    nothing left out). ``sees(tenant)``: whether the caller may see that tenant's reservation ids (else
+    null). NotFound (404) for no pool, InvalidInput (422 at ``from`` / ``to``) for a bad window."""
+    pool = (
+        await conn.execute(
+            sa.select(pools.c.id, pools.c.name, sa.func.now().label("now")).where(pools.c.id == pool_id)
+        )
+    ).first()
+    if pool is None:
+        raise pool_not_found(pool_id)
+    start, end = resolve_window(pool.now, asked)
+    node_rows = (
+        await conn.execute(
+            sa.select(
+                nodes.c.id,
+                nodes.c.name,
+                nodes.c.no_schedule_reasons,
+                nodes.c.ready,
+                nodes.c.heartbeat_lost,
+                nodes.c.last_heartbeat_at,
+            )
+            .where(nodes.c.pool_id == pool_id)
+            .order_by(nodes.c.id)
+        )
+    ).all()
+    atom_rows = (
+        await conn.execute(
+            sa.select(
+                devices.c.node_id, devices.c.id, devices.c["class"], devices.c.healthy, devices.c.bookable
+            )
+            .join(nodes, nodes.c.id == devices.c.node_id)
+            .where(nodes.c.pool_id == pool_id)
+            .order_by(devices.c.node_id, devices.c.ordinal, devices.c.id)
+        )
+    ).all()
+    bookings = await _bookings(conn, pool_id, start, end, sees)
+    scalars = await _scalars(conn, pool_id, start, end)
+    atoms: dict[str, list[OccupancyAtom]] = defaultdict(list)
+    for d in atom_rows:
+        atoms[d.node_id].append(_atom(d, bookings.get(d.id, [])))
+    return PoolOccupancy(
+        poolId=pool.id,
+        poolName=pool.name,
+        start=start.isoformat(),
+        end=end.isoformat(),
+        now=pool.now.isoformat(),
+        nodes=[
+            OccupancyNode(
+                nodeId=n.id,
+                nodeName=n.name,
+                schedulable=not n.no_schedule_reasons,
+                reasons=list(n.no_schedule_reasons),
+                ready=n.ready,
+                heartbeatLost=n.heartbeat_lost,
+                lastHeartbeat=_iso(n.last_heartbeat_at),
+                atoms=atoms.get(n.id, []),
+                scalars=scalars.get(n.id, []),
+            )
+            for n in node_rows
+        ],
+    )
+
+
+def _atom(row: Any, bookings: list[OccupancyBooking]) -> OccupancyAtom:
+    return OccupancyAtom(
+        atomId=row.id,
+        device_class=row._mapping["class"],
+        healthy=row.healthy,
+        bookable=row.bookable,
+        bookings=bookings,
+    )

@@ -1,0 +1,91 @@
+"""Browser tests of the dashboard (docs/dashboard.md): Debian's chromium driven by Playwright against one
+real ``better-compute serve`` process per module, on the test database.
+
+``/usr/bin/chromium`` is required (``.ci/run`` installs it; no ``playwright install``). One browser per
+module; each test gets a fresh context (so a fresh ``sessionStorage``) and fails on any console error or
+page error the browser saw.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import TABLES
+from tests.servers import Server, running_server
+
+CHROMIUM = os.environ.get("BC_TEST_CHROMIUM", "/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+async def fresh_tables(engine: AsyncEngine) -> None:
+    """Empty tables once for the module (its tests share one service and its data)."""
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
+
+
+@pytest.fixture(scope="module")
+def server(
+    database_url: str, fresh_tables: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    with running_server(database_url, tmp_path_factory.mktemp("ui-server")) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)"
+    return CHROMIUM
+
+
+@pytest.fixture(scope="module")
+async def browser(chromium: str) -> AsyncIterator[Browser]:
+    async with async_playwright() as p:
+        launched = await p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield launched
+        await launched.close()
+
+
+class Watched:
+    """A page and the console errors and page errors it logged."""
+
+    def __init__(self, page: Page, shots: Path) -> None:
+        self.page = page
+        self.errors: list[str] = []
+        self.shots = shots
+        page.on("console", lambda m: m.type == "error" and self.errors.append(f"console: {m.text}"))
+        page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+
+    async def shot(self, name: str) -> Path:
+        """A full-page screenshot under the test's tmp folder."""
+        path = self.shots / f"{name}.png"
+        await self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+
+@pytest.fixture
+async def watched(browser: Browser, tmp_path: Path) -> AsyncIterator[Watched]:
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    page = await context.new_page()
+    page.set_default_timeout(10_000)
+    w = Watched(page, tmp_path)
+    try:
+        yield w
+    finally:
+        await context.close()
+    assert w.errors == [], w.errors
+
+
+async def sign_in(page: Page, base: str, key: str, hash_: str = "") -> None:
+    """Open the dashboard and sign in with ``key`` using the keyboard only."""
+    await page.goto(f"{base}/ui/{hash_}")
+    field = page.get_by_label("API key")
+    await field.wait_for()
+    await page.keyboard.type(key)  # the field has the focus on arrival
+    await page.keyboard.press("Enter")
+    await page.locator("#nav a", has_text="Pools").wait_for()
