@@ -197,6 +197,15 @@ async def test_a_preview_that_does_not_fit_shows_its_reason(world: World, watche
     reason = page.get_by_test_id("preview-result").get_by_test_id("reason")
     await expect(reason).to_contain_text("Does not fit: no node fits")
     await expect(page.locator("[data-highlight]")).to_have_count(0)
+    # why not: the rejection rows (one per reason, with the filter) and the nearest misses, as tables
+    result = page.get_by_test_id("preview-result")
+    rows = result.get_by_test_id("rejections").locator("tbody tr")
+    await expect(rows.first).to_be_visible()
+    assert await rows.count() >= 1
+    await expect(result.get_by_test_id("rejections")).to_contain_text("filter")
+    misses = result.get_by_test_id("nearestMisses")
+    await expect(misses).to_contain_text("shortfall")
+    await expect(misses.locator("tbody tr").first).to_be_visible()
     await watched.shot("preview-no-fit")
 
 
