@@ -78,6 +78,30 @@ class Link(ApiModel):
     link: str
 
 
+class DeviceClassUsage(ApiModel):
+    """A node's atoms of one class at the database's now: ``allocated`` booked now, ``free`` healthy,
+    bookable and not booked now, ``unhealthy`` not healthy (booked or not). An atom healthy but not
+    bookable is neither free nor unhealthy, so ``total`` >= ``allocated`` + ``free``."""
+
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True)
+
+    device_class: str = Field(alias="class")
+    total: int
+    allocated: int
+    free: int
+    unhealthy: int
+
+
+class ScalarUsage(ApiModel):
+    """A node's scalar resource at the database's now: ``capacity`` floor(allocatable x ratio),
+    ``allocated`` held now, ``free`` = max(capacity - allocated, 0)."""
+
+    resource: str
+    capacity: Number
+    allocated: Number
+    free: Number
+
+
 class NodeAgent(ApiModel):
     """The node's agent (docs/agent.md): its heartbeat interval, last heartbeat and last reported error."""
 
@@ -104,6 +128,8 @@ class Node(ApiModel):
         default=None, description="null for a node an operator registered without an agent"
     )
     resources: dict[str, NodeResource]
+    deviceClasses: list[DeviceClassUsage] = Field(description="atoms by class, at the database's now")
+    scalars: list[ScalarUsage] = Field(description="scalar resources by name, at the database's now")
     devices: list[Device]
     links: list[Link]
 
@@ -115,14 +141,20 @@ class ImportedNode(Node):
 
 
 class NodeSummary(ApiModel):
-    """A node in a pool's node list: ``devices`` counts atoms by class."""
+    """A node in a pool's node list: ``devices`` counts atoms by class; ``deviceClasses`` and ``scalars``
+    say what is allocated and free at the database's now."""
 
     id: str
     name: str
     cordoned: bool
+    ready: bool
+    heartbeatLost: bool
+    lastHeartbeat: Timestamp | None = Field(description="ISO 8601; null before an agent's first heartbeat")
     noScheduleReasons: list[str]
     labels: dict[str, str]
     devices: dict[str, int]
+    deviceClasses: list[DeviceClassUsage] = Field(description="atoms by class, at the database's now")
+    scalars: list[ScalarUsage] = Field(description="scalar resources by name, at the database's now")
 
 
 class NodeList(ApiModel):

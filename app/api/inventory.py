@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BeforeValidator
 
 from app.answers.inventory import ImportedNode, Node, NodeList, Pool, PoolList
@@ -129,15 +129,18 @@ async def get_occupancy(
     ] = None,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
-) -> PoolOccupancy:
+) -> Response:
     """Each node of the pool (id order) with its atoms' bookings over ``[from, to)`` and its scalars'
     held steps (docs/api.md, "Occupancy"). Who booked an atom (``reservationId``, ``tenantId``) is
     shown when the key may read that tenant's reservations, else null."""
     authorize(principal, READ, f"pool:{pool_id}")
     window = occupancy.Window(start, end)
-    return await occupancy.pool_occupancy(
+    answer = await occupancy.pool_occupancy(
         svc.engine, pool_id, window, lambda tenant: may_read_work_of(principal, tenant)
     )
+    # rendered once by its model: a 1,000-node answer is megabytes, and FastAPI would dump the model,
+    # validate the dump and serialize it again (the heartbeat's lean answer does the same, agents.py)
+    return Response(answer.model_dump_json(by_alias=True), media_type="application/json")
 
 
 @router.post(

@@ -116,16 +116,25 @@ async def get_reservation(
 async def list_reservations(
     tenantId: str | None = Query(default=None, max_length=128),
     status: ReservationStatus | None = Query(default=None),
+    poolId: str | None = Query(default=None, max_length=128, description="only the pool's reservations"),
+    nodeId: str | None = Query(
+        default=None,
+        max_length=128,
+        description="only reservations with an allocation on the node, now or before (a planned window too)",
+    ),
     limit: int = Query(default=100, ge=1, le=1000),
     cursor: str | None = CURSOR_QUERY,
     principal: Principal = Depends(current_principal),
     svc: Services = Depends(services),
 ) -> ReservationList:
-    """A page of reservations, newest first; pass ``nextCursor`` as ``cursor`` for the next page."""
+    """A page of reservations, newest first; pass ``nextCursor`` as ``cursor`` for the next page. The
+    filters combine (AND); a pool or node that does not exist gives an empty page, as an unknown tenant
+    does. A tenant key lists its own tenant's only."""
     tenant = tenantId or principal.tenant_id
     authorize(principal, "compute:reservations:read", f"tenant:{tenant}" if tenant else "*")
     after = None if cursor is None else cursor_key(cursor, "reservations", time_then_id)
-    page = await svc_reads.list_reservations(svc.engine, tenant, status, limit, after)
+    where = svc_reads.ListFilter(tenant, status, poolId, nodeId)
+    page = await svc_reads.list_reservations(svc.engine, where, limit, after)
     return ReservationList(items=page.items, nextCursor=next_cursor("reservations", page.next))
 
 

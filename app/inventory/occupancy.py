@@ -23,11 +23,6 @@ from sqlalchemy.dialects.postgresql import TSTZRANGE
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.answers.occupancy import (
-    HeldStep,
-    OccupancyAtom,
-    OccupancyBooking,
-    OccupancyNode,
-    OccupancyScalar,
     PoolOccupancy,
 )
 from app.db.locks import pool_not_found
@@ -109,10 +104,18 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
+class _Times(dict[datetime, str]):
+    """ISO 8601 text of each instant, written once: bookings of one reservation share their window."""
+
+    def __missing__(self, at: datetime) -> str:
+        self[at] = text = at.isoformat()
+        return text
+
+
 async def _bookings(
     conn: AsyncConnection, pool_id: str, start: datetime, end: datetime, sees: Callable[[str], bool]
-) -> dict[str, list[OccupancyBooking]]:
-    """device id -> its bookings overlapping the window, by start::
+) -> dict[str, list[dict[str, Any]]]:
+    """device id -> its bookings overlapping the window, by start (:class:`OccupancyBooking` fields)::
 
     SELECT b.device_id, lower(b.during), upper(b.during), r.id, r.tenant_id, (r.spec->>'spot')::boolean,
            r.status, a.planned
@@ -144,29 +147,31 @@ async def _bookings(
         )
     ).all()
     seen: dict[str, bool] = {}
-    found: dict[str, list[OccupancyBooking]] = defaultdict(list)
+    times = _Times()
+    found: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         if r.tenant_id not in seen:
             seen[r.tenant_id] = sees(r.tenant_id)
         shown = seen[r.tenant_id]
         found[r.device_id].append(
-            OccupancyBooking(
-                start=r.starts_at.isoformat(),
-                end=r.ends_at.isoformat(),
-                reservationId=r.id if shown else None,
-                tenantId=r.tenant_id if shown else None,
-                spot=bool(r.spot),
-                status=r.status,
-                planned=r.planned,
-            )
+            {
+                "start": times[r.starts_at],
+                "end": times[r.ends_at],
+                "reservationId": r.id if shown else None,
+                "tenantId": r.tenant_id if shown else None,
+                "spot": bool(r.spot),
+                "status": r.status,
+                "planned": r.planned,
+            }
         )
     return found
 
 
 async def _scalars(
     conn: AsyncConnection, pool_id: str, start: datetime, end: datetime
-) -> dict[str, list[OccupancyScalar]]:
-    """node id -> its scalar resources by name, with capacity and the steps held over the window::
+) -> dict[str, list[dict[str, Any]]]:
+    """node id -> its scalar resources by name (:class:`OccupancyScalar` fields), with capacity and the
+    steps held over the window::
 
     SELECT s.node_id, s.resource, s.allocatable, s.ratio FROM node_resources s
       JOIN nodes n ON n.id = s.node_id WHERE n.pool_id = :pool;
@@ -186,7 +191,8 @@ async def _scalars(
         )
     ).all():
         holdings[(h.node_id, h.resource)].append((h.amount, h.starts_at, h.ends_at))
-    found: dict[str, list[OccupancyScalar]] = defaultdict(list)
+    found: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    times = _Times()
     for s in (
         await conn.execute(
             sa.select(node_resources)
@@ -197,11 +203,11 @@ async def _scalars(
     ).all():
         steps = held_steps(holdings.get((s.node_id, s.resource), ()), start, end)
         found[s.node_id].append(
-            OccupancyScalar(
-                resource=s.resource,
-                capacity=num(scalar_capacity(s.allocatable, s.ratio)),
-                steps=[HeldStep(start=a.isoformat(), end=b.isoformat(), held=num(h)) for a, b, h in steps],
-            )
+            {
+                "resource": s.resource,
+                "capacity": num(scalar_capacity(s.allocatable, s.ratio)),
+                "steps": [{"start": times[a], "end": times[b], "held": num(h)} for a, b, h in steps],
+            }
         )
     return found
 
@@ -241,7 +247,11 @@ async def pool_occupancy(
     atom_rows = (
         await conn.execute(
             sa.select(
-                devices.c.node_id, devices.c.id, devices.c["class"], devices.c.healthy, devices.c.bookable
+                devices.c.node_id,
+                devices.c.id,
+                devices.c["class"].label("device_class"),
+                devices.c.healthy,
+                devices.c.bookable,
             )
             .join(nodes, nodes.c.id == devices.c.node_id)
             .where(nodes.c.pool_id == pool_id)
@@ -250,37 +260,39 @@ async def pool_occupancy(
     ).all()
     bookings = await _bookings(conn, pool_id, start, end, sees)
     scalars = await _scalars(conn, pool_id, start, end)
-    atoms: dict[str, list[OccupancyAtom]] = defaultdict(list)
+    atoms: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for d in atom_rows:
-        atoms[d.node_id].append(_atom(d, bookings.get(d.id, [])))
-    return PoolOccupancy(
-        poolId=pool.id,
-        poolName=pool.name,
-        start=start.isoformat(),
-        end=end.isoformat(),
-        now=pool.now.isoformat(),
-        nodes=[
-            OccupancyNode(
-                nodeId=n.id,
-                nodeName=n.name,
-                schedulable=not n.no_schedule_reasons,
-                reasons=list(n.no_schedule_reasons),
-                ready=n.ready,
-                heartbeatLost=n.heartbeat_lost,
-                lastHeartbeat=_iso(n.last_heartbeat_at),
-                atoms=atoms.get(n.id, []),
-                scalars=scalars.get(n.id, []),
-            )
-            for n in node_rows
-        ],
-    )
-
-
-def _atom(row: Any, bookings: list[OccupancyBooking]) -> OccupancyAtom:
-    return OccupancyAtom(
-        atomId=row.id,
-        device_class=row._mapping["class"],
-        healthy=row.healthy,
-        bookable=row.bookable,
-        bookings=bookings,
+        atoms[d.node_id].append(
+            {
+                "atomId": d.id,
+                "class": d.device_class,
+                "healthy": d.healthy,
+                "bookable": d.bookable,
+                "bookings": bookings.get(d.id, []),
+            }
+        )
+    # one validation of the whole tree (pydantic-core), not one model per booking: a 1,000-node pool
+    # has tens of thousands of bookings and steps
+    return PoolOccupancy.model_validate(
+        {
+            "poolId": pool.id,
+            "poolName": pool.name,
+            "from": start.isoformat(),
+            "to": end.isoformat(),
+            "now": pool.now.isoformat(),
+            "nodes": [
+                {
+                    "nodeId": n.id,
+                    "nodeName": n.name,
+                    "schedulable": not n.no_schedule_reasons,
+                    "reasons": list(n.no_schedule_reasons),
+                    "ready": n.ready,
+                    "heartbeatLost": n.heartbeat_lost,
+                    "lastHeartbeat": _iso(n.last_heartbeat_at),
+                    "atoms": atoms.get(n.id, []),
+                    "scalars": scalars.get(n.id, []),
+                }
+                for n in node_rows
+            ],
+        }
     )

@@ -52,7 +52,7 @@ from app.inventory.schemas import (
     NodeImport,
     TaintBody,
 )
-from app.inventory.views import node_view, pool_views
+from app.inventory.views import node_summaries, node_view, pool_views
 from app.placement.system_labels import (
     OPERATOR_SOURCE,
     SYSTEM_SOURCE,
@@ -214,43 +214,23 @@ async def list_nodes(
     conn: AsyncConnection, pool_id: str, limit: int = 1000, after: str | None = None
 ) -> NodePage:
     """A page of up to ``limit`` of the pool's nodes in id order after the id ``after``, each with its
-    labels and its atoms counted by class; NotFound for no pool."""
+    labels, its atoms counted by class and what its atoms and scalars hold now
+    (:func:`app.inventory.views.node_summaries`: set-based, no read per node); NotFound for no pool."""
     await get_pool_row(conn, pool_id)
-    stmt = sa.select(nodes.c.id, nodes.c.name, nodes.c.cordoned, nodes.c.no_schedule_reasons).where(
-        nodes.c.pool_id == pool_id
-    )
+    stmt = sa.select(
+        nodes.c.id,
+        nodes.c.name,
+        nodes.c.cordoned,
+        nodes.c.ready,
+        nodes.c.heartbeat_lost,
+        nodes.c.last_heartbeat_at,
+        nodes.c.no_schedule_reasons,
+    ).where(nodes.c.pool_id == pool_id)
     if after is not None:
         stmt = stmt.where(nodes.c.id > after)
     rows = (await conn.execute(stmt.order_by(nodes.c.id).limit(limit + 1))).all()
     page, more = rows[:limit], len(rows) > limit
-    ids = [r.id for r in page]
-    labels: dict[str, dict[str, str]] = {i: {} for i in ids}
-    counts: dict[str, dict[str, int]] = {i: {} for i in ids}
-    if ids:
-        for r in (await conn.execute(sa.select(node_labels).where(node_labels.c.node_id.in_(ids)))).all():
-            labels[r.node_id][r.key] = r.value
-        for node_id, device_class, count in (
-            await conn.execute(
-                sa.select(devices.c.node_id, devices.c["class"], sa.func.count())
-                .where(devices.c.node_id.in_(ids))
-                .group_by(devices.c.node_id, devices.c["class"])
-            )
-        ).all():
-            counts[node_id][device_class] = count
-    return NodePage(
-        [
-            NodeSummary(
-                id=r.id,
-                name=r.name,
-                cordoned=r.cordoned,
-                noScheduleReasons=list(r.no_schedule_reasons),
-                labels=dict(sorted(labels[r.id].items())),
-                devices=counts[r.id],
-            )
-            for r in page
-        ],
-        page[-1].id if more else None,
-    )
+    return NodePage(await node_summaries(conn, page), page[-1].id if more else None)
 
 
 async def get_pool_row(conn: AsyncConnection, pool_id: str) -> Any:

@@ -243,3 +243,26 @@ async def test_the_longest_window_and_an_unknown_pool(
     async with await tenant_client(admin_client, client_for, A, pool) as as_a:  # no grant on the other pool
         r = await as_a.get(f"/v1/pools/{other}/occupancy")
     assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN", r.text
+
+
+async def test_the_statements_do_not_grow_with_the_pool(
+    admin_client: httpx.AsyncClient, clean_db: AsyncEngine
+) -> None:
+    """Set-based: the same statements for a pool of one node as for one of twelve (no read per node)."""
+    from app.inventory.occupancy import Window, pool_occupancy
+    from tests.round_trips import counting
+
+    sent = []
+    for size in (1, 12):
+        pool = await make_pool(admin_client, f"occ-size-{size}")
+        for i in range(size):
+            await add_node(admin_client, pool, gpu_node(f"s{size}-{i}", 2))
+        for _ in range(size):  # one per node: every atom booked, every node holding cpu
+            await reserve(admin_client, reservation(pool, 2, resources={"cpu": 1}))
+        with counting(clean_db) as trips:
+            answer = await pool_occupancy(clean_db, pool, Window(), lambda tenant: True)
+        assert len(answer.nodes) == size and all(len(a.bookings) == 1 for n in answer.nodes for a in n.atoms)
+        assert all(n.scalars[0].steps[0].held == 1 for n in answer.nodes)
+        sent.append(trips.sent)
+    assert sent[0] == sent[1], sent[1]
+    assert len([s for s in sent[0] if s.startswith("SELECT")]) == 6, sent[0]  # as docs/api.md says

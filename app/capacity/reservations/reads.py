@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.answers.reservations import Reservation
 from app.capacity.reservations.access import reservation_not_found
 from app.capacity.views import read_allocations, read_view, row_view
-from app.db.tables import reservations
+from app.db.tables import allocations, reservations
 from app.db.tx import reads
 from app.iam.authorize import exists_for
 
@@ -38,28 +38,47 @@ async def get_reservation(conn: AsyncConnection, reservation_id: str, tenant_id:
     return view
 
 
+@dataclass(frozen=True, slots=True)
+class ListFilter:
+    """What a page of reservations is narrowed to, all of it together (AND); ``None``: no narrowing.
+    ``node_id``: reservations with an allocation on the node, now or before (a planned window too)."""
+
+    tenant_id: str | None = None
+    status: str | None = None
+    pool_id: str | None = None
+    node_id: str | None = None
+
+
 @reads
 async def list_reservations(
     conn: AsyncConnection,
-    tenant_id: str | None,
-    status: str | None,
+    where: ListFilter,
     limit: int = 100,
     after: tuple[datetime, str] | None = None,
 ) -> ReservationPage:
-    """A page of reservations newest first (``created_at`` then id, descending), filtered by tenant and
-    status, after the key ``(createdAt, id)`` of the previous page's last item (two statements: the
-    rows, then their allocations)."""
-    # SELECT * FROM reservations WHERE [tenant_id = :t] [AND status = :s] [AND (created_at, id) < (:c, :id)]
-    #   ORDER BY created_at DESC, id DESC LIMIT :limit + 1
+    """A page of reservations newest first (``created_at`` then id, descending), narrowed by ``where``,
+    after the key ``(createdAt, id)`` of the previous page's last item (two statements: the rows, then
+    their allocations). A pool or node that does not exist narrows to nothing: an empty page, as an
+    unknown tenant (docs/api.md, "Reservations and preview")."""
+    # SELECT * FROM reservations r WHERE [r.tenant_id = :t] [AND r.status = :s] [AND r.pool_id = :p]
+    #   [AND EXISTS (SELECT 1 FROM allocations a WHERE a.reservation_id = r.id AND a.node_id = :n)]
+    #   [AND (r.created_at, r.id) < (:c, :id)] ORDER BY r.created_at DESC, r.id DESC LIMIT :limit + 1
     stmt = (
         sa.select(reservations)
         .order_by(reservations.c.created_at.desc(), reservations.c.id.desc())
         .limit(limit + 1)
     )
-    if tenant_id is not None:
-        stmt = stmt.where(reservations.c.tenant_id == tenant_id)
-    if status is not None:
-        stmt = stmt.where(reservations.c.status == status)
+    if where.tenant_id is not None:
+        stmt = stmt.where(reservations.c.tenant_id == where.tenant_id)
+    if where.status is not None:
+        stmt = stmt.where(reservations.c.status == where.status)
+    if where.pool_id is not None:
+        stmt = stmt.where(reservations.c.pool_id == where.pool_id)
+    if where.node_id is not None:
+        on_node = sa.select(allocations.c.id).where(
+            allocations.c.reservation_id == reservations.c.id, allocations.c.node_id == where.node_id
+        )
+        stmt = stmt.where(on_node.exists())
     if after is not None:
         stmt = stmt.where(sa.tuple_(reservations.c.created_at, reservations.c.id) < sa.tuple_(*after))
     rows = (await conn.execute(stmt)).all()

@@ -1,0 +1,109 @@
+"""What nodes' atoms and scalar resources hold at the database's now, class by class and resource by
+resource: the ``deviceClasses`` and ``scalars`` of ``GET /v1/pools/{id}/nodes`` and ``GET /v1/nodes/{id}``
+(docs/api.md, "Inventory"). Three set-based statements for any number of nodes; reads only, in the
+caller's transaction."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.answers.inventory import DeviceClassUsage, ScalarUsage
+from app.db.tables import device_bookings, devices, node_resources, scalar_holdings
+from app.db.windows import held_at
+from app.jsonnum import num
+from app.placement.scalar_capacity import scalar_capacity
+
+
+@dataclass
+class NodeUsage:
+    """One node's usage now: atoms by class (sorted), scalar resources by name (sorted)."""
+
+    device_classes: list[DeviceClassUsage] = field(default_factory=list)
+    scalars: list[ScalarUsage] = field(default_factory=list)
+
+
+async def node_usage(conn: AsyncConnection, node_ids: list[str]) -> dict[str, NodeUsage]:
+    """node id -> its :class:`NodeUsage` (every id of ``node_ids``; a node without atoms or scalars has
+    empty lists)::
+
+        SELECT d.node_id, d.class, count(*), count(b.device_pk),
+               count(*) FILTER (WHERE d.healthy AND d.bookable AND b.device_pk IS NULL),
+               count(*) FILTER (WHERE NOT d.healthy)
+          FROM devices d LEFT JOIN device_bookings b ON b.device_pk = d.pk AND b.during @> now()
+         WHERE d.node_id = ANY(:ids) GROUP BY 1, 2 ORDER BY 1, 2;
+        SELECT * FROM node_resources WHERE node_id = ANY(:ids) ORDER BY node_id, resource;
+        SELECT node_id, resource, sum(amount) FROM scalar_holdings
+         WHERE node_id = ANY(:ids) AND starts_at <= now() AND ends_at > now() GROUP BY 1, 2
+
+    An atom has at most one booking at an instant (the bookings' exclusion constraint), so the join
+    counts each booked atom once."""
+    usage = {node_id: NodeUsage() for node_id in node_ids}
+    if not node_ids:
+        return usage
+    booked = device_bookings.c.device_pk
+    free = sa.and_(devices.c.healthy, devices.c.bookable, booked.is_(None))
+    for r in (
+        await conn.execute(
+            sa.select(
+                devices.c.node_id,
+                devices.c["class"].label("device_class"),
+                sa.func.count().label("total"),
+                sa.func.count(booked).label("allocated"),
+                sa.func.count().filter(free).label("free"),
+                sa.func.count().filter(sa.not_(devices.c.healthy)).label("unhealthy"),
+            )
+            .select_from(
+                devices.outerjoin(
+                    device_bookings,
+                    sa.and_(booked == devices.c.pk, device_bookings.c.during.op("@>")(sa.func.now())),
+                )
+            )
+            .where(devices.c.node_id.in_(node_ids))
+            .group_by(devices.c.node_id, devices.c["class"])
+            .order_by(devices.c.node_id, devices.c["class"])
+        )
+    ).all():
+        usage[r.node_id].device_classes.append(
+            DeviceClassUsage(
+                device_class=r.device_class,
+                total=r.total,
+                allocated=r.allocated,
+                free=r.free,
+                unhealthy=r.unhealthy,
+            )
+        )
+    held: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for r in (
+        await conn.execute(
+            held_at(
+                scalar_holdings,
+                [scalar_holdings.c.node_id.in_(node_ids)],
+                sa.func.now(),
+                [scalar_holdings.c.node_id, scalar_holdings.c.resource],
+            )
+        )
+    ).all():
+        held[(r.node_id, r.resource)] += r.held
+    for r in (
+        await conn.execute(
+            sa.select(node_resources)
+            .where(node_resources.c.node_id.in_(node_ids))
+            .order_by(node_resources.c.node_id, node_resources.c.resource)
+        )
+    ).all():
+        capacity = scalar_capacity(r.allocatable, r.ratio)
+        allocated = held.get((r.node_id, r.resource), Decimal(0))
+        usage[r.node_id].scalars.append(
+            ScalarUsage(
+                resource=r.resource,
+                capacity=num(capacity),
+                allocated=num(allocated),
+                free=num(max(capacity - allocated, Decimal(0))),
+            )
+        )
+    return usage
