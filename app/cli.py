@@ -89,6 +89,7 @@ def serve(
         else f"embedded PostgreSQL in {settings.data_dir or default_data_dir()}"
     )
     console.print(f"better-compute serving on http://{host}:{port} (database: {where}); Ctrl-C stops it")
+    console.print(f"dashboard: http://{host}:{port}/ui  API docs: http://{host}:{port}/docs")
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler that was in place:
     # make that an ordinary exit, so exit handlers run and stop the embedded PostgreSQL
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -3,7 +3,8 @@
 FastAPI writes the document from the models; three things it leaves out or says in a way generated
 clients misread are settled here, once, for the served ``/openapi.json`` and the checked-in copy alike:
 
-- **servers**: the address ``better-compute serve`` answers on with its defaults.
+- **servers**: the address the document was read from (relative ``/``, so /docs works on any port), then the
+  address ``better-compute serve`` answers on with its defaults.
 - **security of every operation**: ``/healthz`` and ``/readyz`` need no key (the request guard passes
   them, app/api/guard.py), so they declare ``security: []``; ``/metrics`` is open unless
   ``BC_METRICS_REQUIRE_KEY`` is on, so it declares either no key or the bearer key
@@ -37,6 +38,10 @@ from app.client.api import DEFAULT_SERVER
 
 SCHEMA_REF = "#/components/schemas/"
 SERVERS = [
+    {
+        "url": "/",
+        "description": "the address this document was read from (what /docs' Try it out calls, on any port)",
+    },
     {
         "url": DEFAULT_SERVER,
         "description": "`better-compute serve` with its default --host and --port; a deployment answers "

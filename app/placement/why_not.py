@@ -25,6 +25,7 @@ The same function answers for a preview, a create left pending and a wake, on ev
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal
@@ -112,25 +113,27 @@ def _nearest(
     wanted = [(name, amount) for name, amount in ctx.resources if amount > 0]
     # a device request whose usable atoms need the masks: a selector, or an nvlink-all set to measure
     masked = any(ctx.selector_tokens) or any(d.topology == NVLINK_ALL and d.count > 1 for d in ctx.devices)
-    ranked: list[tuple[tuple[int, int, Decimal, int, str], NodeSnapshot]] = []
-    for node in snapshot.nodes:
-        if node.id not in rejections.by_node:
+    by_node, filters = rejections.by_node, rejections.filters
+    keyed: list[tuple[tuple[int, int, float, int, str], int]] = []
+    for i, node in enumerate(snapshot.nodes):
+        if node.id not in by_node:
             continue
         if masked:
             work = _derived(ctx, node)
-            missing = sum(_missing(ctx, work, i) for i in range(len(ctx.devices)))
+            missing = sum(_missing(ctx, work, d) for d in range(len(ctx.devices)))
         else:
             missing = _missing_by_count(ctx, node)
-        short, share = 0, Decimal(0)
+        short, share = 0, 0.0
         for name, amount in wanted:
             room = scalar_room(node.state.resources.get(name))
             if amount > room:
                 short += 1
-                share += (amount - room) / amount
-        later = -_ORDER.get(rejections.filters.get(node.id, ""), -1)
-        ranked.append(((missing, short, share, later, node.inventory.name), node))
-    ranked.sort(key=lambda item: item[0])
-    return tuple(_miss(ctx, rejections, node, _derived(ctx, node), key[0]) for key, node in ranked[:NEAREST])
+                share += float((amount - room) / amount)
+        later = -_ORDER.get(filters.get(node.id, ""), -1)
+        keyed.append(((missing, short, share, later, node.inventory.name), i))
+    nearest = heapq.nsmallest(NEAREST, keyed)  # the key's last part, the name, is unique in a pool
+    nodes = snapshot.nodes
+    return tuple(_miss(ctx, rejections, nodes[i], _derived(ctx, nodes[i]), key[0]) for key, i in nearest)
 
 
 def _derived(ctx: PlanContext, node: NodeSnapshot) -> NodeWork:
