@@ -6,8 +6,9 @@ bench/earliest.py's ``load_bookings``), one ``better-compute serve`` process, an
 (``/usr/bin/chromium``) driven by Playwright. Each of ``--repeat`` loads opens
 ``/ui/#/pools/<poolId>`` in a fresh page (key already in sessionStorage) and stops the clock when every
 GPU cell of the grid and the timeline's ``svg`` are there (the rows of a long timeline are drawn by
-blocks as they come into view, the rest while the browser is idle). Prints each load and p50 / max, and the time of the
-occupancy call alone (``GET /v1/pools/{poolId}/occupancy``, the page's biggest read). Not a test.
+blocks as they come into view, the rest while the browser is idle). Prints each load and p50 / max,
+and the time of the occupancy call alone (``GET /v1/pools/{poolId}/occupancy``, the page's biggest
+read). Not a test.
 
 Closing note (the 2-core machine, shared and noisy; defaults but ``--repeat 3``): before, the occupancy
 call 1,360 ms (3.1 MB) and the page 2,946 / 4,092 / 2,175 ms (p50 2.9 s), most of it the occupancy read

@@ -281,7 +281,7 @@ async def test_the_answer_text_is_the_models_text(
     await add_node(admin_client, pool, gpu_node("t1", 2, cpu=16, memory=None))
     await add_node(admin_client, pool, gpu_node("t2", 1, cpu=16, memory=None))
     await reserve(admin_client, reservation(pool, 1, tenant=A, resources={"cpu": 0.5}))
-    await reserve(admin_client, reservation(pool, 2, tenant=B, resources={"cpu": 3}))
+    await reserve(admin_client, reservation(pool, 1, tenant=B, resources={"cpu": 3}))
     async with await tenant_client(admin_client, client_for, A, pool) as as_a:
         for client, sees in ((admin_client, lambda tenant: True), (as_a, lambda tenant: tenant == A)):
             r = await client.get(f"/v1/pools/{pool}/occupancy")
