@@ -17,11 +17,12 @@ answer in one page without a cursor.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from app.errors import AppError
+
+if TYPE_CHECKING:  # httpx is imported when a client is made: `--help` and usage errors never pay for it
+    import httpx
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 PAGE_SIZE = 500  # items asked per page (every list route accepts at least 1000)
@@ -51,6 +52,8 @@ class Unreachable(AppError):
 def _why(error: httpx.TransportError, timeout: float) -> str:
     """The short cause of a transport failure: the operating system's text (``connection refused``,
     ``name or service not known``) when there is one, else httpx's."""
+    import httpx
+
     if isinstance(error, httpx.TimeoutException):
         return f"no answer within {timeout:g} s"
     cause: BaseException | None = error
@@ -97,6 +100,8 @@ class ServiceClient:
         self.server = server.rstrip("/")
         self.timeout = timeout
         self.page_size = page_size
+        import httpx
+
         self._http = httpx.Client(
             base_url=self.server,
             headers={"Authorization": f"Bearer {key}"},
@@ -113,6 +118,8 @@ class ServiceClient:
         self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None
     ) -> tuple[int, Any]:
         """``(status, decoded JSON)`` of one request; a 4xx/5xx answer raises :class:`ServiceError`."""
+        import httpx
+
         query = {k: v for k, v in (params or {}).items() if v is not None}
         try:
             response = self._http.request(method, path, params=query, json=body)
@@ -222,6 +229,68 @@ class ServiceClient:
                     if node is not None:
                         names[node_id] = node["name"]
         return names
+
+    # -- operators: pools, nodes, quotas (docs/api.md, "Inventory"; docs/quota.md) ----------------------
+
+    def create_pool(self, name: str) -> dict[str, Any]:
+        """``POST /v1/pools {name}``: the new pool."""
+        return self.request("POST", "/v1/pools", body={"name": name})[1]
+
+    def archive_pool(self, pool_id: str) -> dict[str, Any]:
+        """``POST /v1/pools/{id}/archive``: the archived pool (archiving twice answers it again)."""
+        return self.request("POST", f"/v1/pools/{pool_id}/archive")[1]
+
+    def import_node(self, pool_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/pools/{id}/nodes/import {name, topo, nvidiaSmiXml?, labels?, ...}``: the node
+        made, with ``warnings`` for topo cells it left out."""
+        return self.request("POST", f"/v1/pools/{pool_id}/nodes/import", body=body)[1]
+
+    def set_node_labels(self, node_id: str, labels: dict[str, str]) -> dict[str, Any]:
+        """``PUT /v1/nodes/{id}/labels``: replaces the node's operator labels (system labels stay)."""
+        return self.request("PUT", f"/v1/nodes/{node_id}/labels", body={"labels": labels})[1]
+
+    def set_node_taints(self, node_id: str, taints: list[dict[str, Any]]) -> dict[str, Any]:
+        """``PUT /v1/nodes/{id}/taints``: replaces the node's whole taint list."""
+        return self.request("PUT", f"/v1/nodes/{node_id}/taints", body={"taints": taints})[1]
+
+    def cordon(self, node_id: str, cordoned: bool = True) -> dict[str, Any]:
+        """``POST /v1/nodes/{id}/cordon`` (or ``uncordon``): the node."""
+        return self.request("POST", f"/v1/nodes/{node_id}/{'cordon' if cordoned else 'uncordon'}")[1]
+
+    def quota(self, tenant: str, pool_id: str) -> dict[str, Any]:
+        """``GET /v1/tenants/{tenant}/quotas/{pool}``: ``{limits, used, peak, peakWindow}``."""
+        return self.get(f"/v1/tenants/{tenant}/quotas/{pool_id}")
+
+    def set_quota(self, tenant: str, pool_id: str, limits: dict[str, Any]) -> dict[str, Any]:
+        """``PUT /v1/tenants/{tenant}/quotas/{pool}``: replaces the tenant's limits in the pool; the
+        answer's ``warnings`` name each limit the write dropped."""
+        return self.request("PUT", f"/v1/tenants/{tenant}/quotas/{pool_id}", body={"limits": limits})[1]
+
+    # -- names for ids ------------------------------------------------------------------------------
+
+    def pool_id(self, ref: str) -> str:
+        """The id of the pool ``ref`` names: a ``pool_...`` id as it is, else the visible pool of that
+        name. Raises :class:`ServiceError` ``NOT_FOUND`` when no visible pool has the name."""
+        if ref.startswith("pool_"):
+            return ref
+        for pool in self.pools():
+            if pool["name"] == ref:
+                return str(pool["id"])
+        raise ServiceError(404, "NOT_FOUND", f"pool '{ref}' not found (no visible pool has that name)")
+
+    def node_id(self, ref: str, pool: str | None = None) -> str:
+        """The id of the node ``ref`` names: a ``node_...`` id as it is, else the node of that name in
+        ``pool`` (name or id), or in any visible pool. Raises :class:`ServiceError` ``NOT_FOUND`` for
+        no such node, ``CONFLICT`` when pools share the name (give ``--pool``)."""
+        if ref.startswith("node_"):
+            return ref
+        pool_ids = [self.pool_id(pool)] if pool else [p["id"] for p in self.pools()]
+        found = [n["id"] for p in pool_ids for n in self.nodes(p) if n["name"] == ref]
+        if not found:
+            raise ServiceError(404, "NOT_FOUND", f"node '{ref}' not found (no visible node has that name)")
+        if len(found) > 1:
+            raise ServiceError(409, "CONFLICT", f"{len(found)} pools have a node '{ref}': give --pool")
+        return str(found[0])
 
 
 def _readable(read: Callable[[], Any]) -> Any:
