@@ -16,13 +16,15 @@ answer in one page without a cursor.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode, urlsplit
 
 from app.errors import AppError
 
-if TYPE_CHECKING:  # httpx is imported when a client is made: `--help` and usage errors never pay for it
-    import httpx
+if TYPE_CHECKING:
+    from http.client import HTTPConnection
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 PAGE_SIZE = 500  # items asked per page (every list route accepts at least 1000)
@@ -49,12 +51,10 @@ class Unreachable(AppError):
         self.url = url
 
 
-def _why(error: httpx.TransportError, timeout: float) -> str:
+def _why(error: Exception, timeout: float) -> str:
     """The short cause of a transport failure: the operating system's text (``connection refused``,
-    ``name or service not known``) when there is one, else httpx's."""
-    import httpx
-
-    if isinstance(error, httpx.TimeoutException):
+    ``name or service not known``) when there is one, else the error's own."""
+    if isinstance(error, TimeoutError):
         return f"no answer within {timeout:g} s"
     cause: BaseException | None = error
     while cause is not None:
@@ -65,30 +65,28 @@ def _why(error: httpx.TransportError, timeout: float) -> str:
     return text[-1] if text else type(error).__name__
 
 
-def _error_from(response: httpx.Response) -> ServiceError:
+def _error_from(status: int, reason: str, raw: bytes) -> ServiceError:
     """The :class:`ServiceError` for a 4xx/5xx answer (a body that is not the service's error shape,
     e.g. a proxy's HTML page, becomes ``HTTP_<status>`` with the body's first line)."""
     try:
-        body = response.json()
+        body = json.loads(raw)
     except ValueError:
         body = None
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict) and isinstance(error.get("code"), str):
         details = error.get("details")
         return ServiceError(
-            response.status_code,
-            error["code"],
-            str(error.get("message", "")),
-            details if isinstance(details, dict) else {},
+            status, error["code"], str(error.get("message", "")), details if isinstance(details, dict) else {}
         )
-    first_line = next(iter(response.text.strip().splitlines()), response.reason_phrase)
-    return ServiceError(response.status_code, f"HTTP_{response.status_code}", first_line[:200])
+    text = raw.decode("utf-8", errors="replace")
+    first_line = next(iter(text.strip().splitlines()), reason)
+    return ServiceError(status, f"HTTP_{status}", first_line[:200])
 
 
 class ServiceClient:
-    """A client of one service: ``ServiceClient(server, key)`` is a context manager around an
-    ``httpx.Client`` (``timeout`` in seconds per request; lists are read ``page_size`` items a
-    request). Every method raises :class:`ServiceError` or :class:`Unreachable`."""
+    """A client of one service: ``ServiceClient(server, key)`` is a context manager around one
+    keep-alive ``http.client`` connection (``timeout`` in seconds per request; lists are read
+    ``page_size`` items a request). Every method raises :class:`ServiceError` or :class:`Unreachable`."""
 
     def __init__(
         self,
@@ -100,38 +98,72 @@ class ServiceClient:
         self.server = server.rstrip("/")
         self.timeout = timeout
         self.page_size = page_size
-        import httpx
-
-        self._http = httpx.Client(
-            base_url=self.server,
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=timeout,
-        )
+        where = urlsplit(self.server)
+        self._https = where.scheme == "https"
+        self._host = where.hostname or ""
+        self._port = where.port
+        self._prefix = where.path
+        self._headers = {"Authorization": f"Bearer {key}", "Accept": "application/json"}
+        self._connection: HTTPConnection | None = None
 
     def __enter__(self) -> ServiceClient:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._http.close()
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def _connect(self) -> HTTPConnection:
+        """A new keep-alive connection (the standard library's: the CLI starts faster without httpx)."""
+        import http.client
+
+        if self._https:
+            import ssl
+
+            context = ssl.create_default_context()
+            return http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout, context=context)
+        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
 
     def request(
         self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None
     ) -> tuple[int, Any]:
-        """``(status, decoded JSON)`` of one request; a 4xx/5xx answer raises :class:`ServiceError`."""
-        import httpx
+        """``(status, decoded JSON)`` of one request; a 4xx/5xx answer raises :class:`ServiceError`.
+        A kept-alive connection the service closed meanwhile is opened again once (nothing was read
+        from it, so the request was not handled)."""
+        import http.client
 
-        query = {k: v for k, v in (params or {}).items() if v is not None}
+        query = urlencode({k: v for k, v in (params or {}).items() if v is not None})
+        target = quote(self._prefix + path, safe="/:@%") + (f"?{query}" if query else "")
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        headers = dict(self._headers)
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        for attempt in (1, 2):
+            reused = self._connection is not None
+            connection = self._connection or self._connect()
+            self._connection = connection
+            try:
+                connection.request(method, target, body=data, headers=headers)
+                response = connection.getresponse()
+                raw = response.read()
+                break
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as error:
+                connection.close()
+                self._connection = None
+                if not reused or attempt == 2:
+                    raise Unreachable(self.server, _why(error, self.timeout)) from None
+            except (OSError, http.client.HTTPException) as error:
+                connection.close()
+                self._connection = None
+                raise Unreachable(self.server, _why(error, self.timeout)) from None
+        if response.status >= 400:
+            raise _error_from(response.status, response.reason, raw)
         try:
-            response = self._http.request(method, path, params=query, json=body)
-        except httpx.TransportError as error:
-            raise Unreachable(self.server, _why(error, self.timeout)) from None
-        if response.status_code >= 400:
-            raise _error_from(response)
-        try:
-            return response.status_code, response.json()
+            return response.status, json.loads(raw)
         except ValueError:
             raise ServiceError(
-                response.status_code, "BAD_ANSWER", f"{method} {path} answered something other than JSON"
+                response.status, "BAD_ANSWER", f"{method} {path} answered something other than JSON"
             ) from None
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> Any:

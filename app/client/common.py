@@ -3,8 +3,9 @@ one-line failure, the :func:`service` context that turns client errors into exit
 "Exit codes"), the console and :func:`emit`.
 
 Start-up cost matters here (docs/cli.md, "Start-up"): this module imports typer and the light parts of
-:mod:`app.client` only. httpx is imported when a client is made, rich and yaml when something is
-printed (:mod:`app.client.render`), so ``--help`` and usage errors pay for none of them.
+:mod:`app.client` only. The HTTP client is the standard library's (httpx, with the trio it imports,
+costs a third of a second); rich and yaml are imported when something is printed
+(:mod:`app.client.render`), so ``--help`` and usage errors pay for none of them.
 """
 
 from __future__ import annotations
