@@ -456,7 +456,8 @@ def test_lists_are_read_page_by_page(server: Server) -> None:
             "--cpu: Input should be greater than 0",
         ),
         ("tenantId", "tenantId: String should match pattern", "--tenant: String should match pattern"),
-        ("start", "start: needs a timezone", "start: needs a timezone"),  # no flag sets it: unchanged
+        ("start", "start: needs a timezone", "--start: needs a timezone"),
+        ("deadline", "deadline: needs a timezone", "deadline: needs a timezone"),  # no flag: unchanged
         ("", "a JSON body is required", "a JSON body is required"),
     ],
 )
