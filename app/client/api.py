@@ -112,7 +112,8 @@ class ServiceClient:
     def request(
         self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None
     ) -> tuple[int, Any]:
-        """``(status, decoded JSON)`` of one request; a 4xx/5xx answer raises :class:`ServiceError`."""
+        """``(status, decoded JSON)`` of one request (``None`` for a 204 without a body); a 4xx/5xx answer
+        raises :class:`ServiceError`."""
         query = {k: v for k, v in (params or {}).items() if v is not None}
         try:
             response = self._http.request(method, path, params=query, json=body)
@@ -120,6 +121,8 @@ class ServiceClient:
             raise Unreachable(self.server, _why(error, self.timeout)) from None
         if response.status_code >= 400:
             raise _error_from(response)
+        if response.status_code == 204:
+            return 204, None
         try:
             return response.status_code, response.json()
         except ValueError:

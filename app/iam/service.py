@@ -92,7 +92,7 @@ async def create_api_key(
     if expires_at is not None:
         now = (await conn.execute(sa.select(sa.func.now()))).scalar_one()
         if expires_at <= now:
-            raise InvalidInput(f"expiresAt must be in the future (now {now.isoformat()})", path="expiresAt")
+            raise InvalidInput(f"expiresAt: must be in the future (now {now.isoformat()})", path="expiresAt")
     principal_id = new_id("principal")
     key_id = new_id("key")
     key = generate_key()

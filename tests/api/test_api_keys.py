@@ -18,6 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.tables import api_keys
+from app.iam.authorize import Principal
+from app.iam.key_cache import PrincipalCache
 from tests.conftest import ADMIN_KEY, settings_for
 
 A, B = "tenant-a", "tenant-b"
@@ -125,7 +127,7 @@ async def test_a_key_with_expires_at_works_until_then_and_is_401_key_expired_eve
     # a 60 s cache of principals: a cache that ignored expiry would keep serving the key
     async with _app(database_url, key_cache_seconds=60) as application:
         async with _client(application, ADMIN_KEY) as admin:
-            expires = await _db_now(clean_db) + timedelta(seconds=2)
+            expires = await _db_now(clean_db) + timedelta(seconds=4)  # room for a loaded machine
             made = await _create(admin, A, READ_A, expiresAt=expires.isoformat())
             assert datetime.fromisoformat(made["expiresAt"]) == expires
             listed = {k["id"]: k for k in await _listed(admin)}
@@ -253,3 +255,15 @@ async def test_last_used_at_is_set_on_use_and_written_at_most_once_a_minute(
                 assert await writes() == 3
                 again = {k["id"]: k for k in await _listed(admin)}[made["id"]]["lastUsedAt"]
                 assert datetime.fromisoformat(again) >= datetime.fromisoformat(used)
+
+
+def test_the_principal_cache_keeps_a_key_no_longer_than_its_expiry() -> None:
+    now = [100.0]
+    cache = PrincipalCache(ttl=60.0, clock=lambda: now[0])
+    short = Principal(id="p1", name="short", key_id="k1")
+    cache.put("h1", short, expires_in=1.5)
+    cache.put("h2", Principal(id="p2", name="forever", key_id="k2"))
+    now[0] += 1.4
+    assert cache.get("h1") is short
+    now[0] += 0.1  # its expiry: looked up again (and refused by the database's clock)
+    assert cache.get("h1") is None and cache.get("h2") is not None
