@@ -37,6 +37,7 @@ from app.client.read_commands import (
     get_reservations,
 )
 from app.client.reservation_commands import preview, release, request_command, reserve
+from app.client.key_commands import key_app
 from app.fleet.cli import placement_app
 
 # the client commands' shared pieces (app/client/common.py) stay importable from here
@@ -198,6 +199,7 @@ GROUPS: list[tuple[str, typer.Typer]] = [
     ("pool", pool_app),
     ("node", node_app),
     ("quota", quota_app),
+    ("key", key_app(service, console)),
 ]
 # kubectl takes either number: `get reservation ID`, `describe nodes ID`
 ALIASES: list[tuple[typer.Typer, str, Callable[..., None]]] = [

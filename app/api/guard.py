@@ -3,14 +3,16 @@
 For every ``/v1/...`` request, in this order (docs/api.md):
 
 1. **Authenticate.** No ``Authorization: Bearer <key>`` or an unknown/revoked key answers 401
-   ``UNAUTHENTICATED`` whatever the body holds: the body is never read (uvicorn discards it). Failed
+   ``UNAUTHENTICATED`` (an expired one: ``key expired``) whatever the body holds: the body is never
+   read (uvicorn discards it). Failed
    authentications count against the client address (``BC_AUTH_FAILURE_RATE_LIMIT``, default
    10/second); over it, 429 ``RATE_LIMITED`` without even looking the key up, except for a key that
    authenticated in this process within the last :data:`RECENT_KEY_SECONDS` (:class:`RecentKeys`): one
    guesser behind a NAT or proxy does not lock out the valid keys sharing its address. The key is
    resolved to its :class:`~app.iam.authorize.Principal` with one query, whose answer the process keeps
    for ``BC_KEY_CACHE_SECONDS`` (2 s, :mod:`app.iam.key_cache`: a key revoked through this process stops
-   at once, through another within those seconds), and kept in ``scope["state"]["principal"]`` for
+   at once, through another within those seconds; an expiring key is never served past its expiry),
+   and kept in ``scope["state"]["principal"]`` for
    :func:`app.api.deps.current_principal`; ``scope["state"]["api_key_id"]`` is the key id
    (``"bootstrap"`` for the bootstrap admin key) for the access log. A database outage during the
    lookup answers 503 ``UNAVAILABLE`` with ``Retry-After``.
@@ -66,7 +68,7 @@ from app.errors import (
 )
 from app.iam.authorize import Principal, authorize, holds_action, refusal_everywhere
 from app.iam.keys import hash_key
-from app.iam.service import principal_for_key
+from app.iam.service import KeyLookup, principal_for_key
 from app.observability.metrics import GUARD_REFUSALS
 from app.observability.middleware import mark_client_gone
 from app.settings import Settings
@@ -283,17 +285,19 @@ class RequestGuard:
         services = scope["app"].state.services
         principal = services.keys.get(key_hash)
         if principal is None:
-            principal = await self._look_up(services, key, key_hash, address)
-            services.keys.put(key_hash, principal)
+            found = await self._look_up(services, key, key_hash, address)
+            principal = found.principal
+            services.keys.put(key_hash, principal, found.expires_in)
         self.recent.remember(key_hash)
         state = scope.setdefault("state", {})
         state["principal"] = principal
         state["api_key_id"] = principal.key_id
         self.rates.spend_key(principal.key_id or principal.id, agent=is_agent_key(principal))
 
-    async def _look_up(self, services: Any, key: str, key_hash: str, address: str) -> Principal:
-        """The principal of ``key`` from the database (one SELECT); an unknown or revoked key counts as a
-        failed authentication of ``address``; a database outage is 503."""
+    async def _look_up(self, services: Any, key: str, key_hash: str, address: str) -> KeyLookup:
+        """The principal of ``key`` from the database (one statement, which also notes the key's use at
+        most once a minute); an unknown, revoked or expired key counts as a failed authentication of
+        ``address``; a database outage is 503."""
         try:
             async with services.engine.connect() as conn:
                 # one SELECT: autocommit spares the BEGIN and ROLLBACK round trips on every request

@@ -1,18 +1,23 @@
-"""IAM routes: create and revoke API keys."""
+"""IAM routes: create, list and revoke API keys (docs/api.md, "IAM"; docs/operating.md, "Keys")."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field
+from datetime import UTC, datetime
 
-from app.answers.iam import ApiKey
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app.answers.iam import ApiKey, ApiKeyList
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import responses
+from app.api.paging import CURSOR_QUERY, cursor_key, next_cursor, time_then_id
 from app.iam.authorize import Grant
+from app.iam.key_list import list_api_keys, visible_keys
 from app.iam.service import authorize_key_creation, create_api_key, revoke_api_key
 from app.ids import TenantId
 
 router = APIRouter(tags=["iam"])
+KEYS_CURSOR = "api-keys"
 
 
 class GrantBody(BaseModel):
@@ -22,12 +27,36 @@ class GrantBody(BaseModel):
 
 
 class ApiKeyCreate(BaseModel):
-    """``{principal, tenantId?, grants: [{action, resource}]}``."""
+    """``{principal, tenantId?, grants: [{action, resource}], expiresAt?}``."""
 
     model_config = ConfigDict(extra="forbid")
     principal: str = Field(min_length=1, max_length=128)
     tenantId: TenantId | None = None
     grants: list[GrantBody] = Field(default_factory=list, max_length=256)
+    expiresAt: datetime | None = Field(
+        default=None,
+        description="ISO 8601 with a UTC offset, in the future: the key is refused from then on "
+        "(401 `key expired`); absent: it never expires",
+    )
+
+    @field_validator("expiresAt", mode="before")
+    @classmethod
+    def _text(cls, value: object) -> object:
+        if value is not None and not isinstance(value, str):  # no Unix times: a time says its offset
+            raise ValueError("expiresAt is an ISO 8601 time with its offset, e.g. 2027-01-01T00:00:00Z")
+        return value
+
+    @field_validator("expiresAt")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return value
+        if value.tzinfo is None:
+            raise ValueError("expiresAt needs a timezone, e.g. 2027-01-01T00:00:00Z")
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("expiresAt must lie before year 10000 (UTC)") from None
 
 
 @router.post(
@@ -42,7 +71,27 @@ async def create_key(
 ) -> ApiKey:
     key_grants = [Grant(g.action, g.resource) for g in body.grants]
     authorize_key_creation(principal, body.tenantId, key_grants)
-    return await create_api_key(svc.engine, body.principal, body.tenantId, key_grants)
+    return await create_api_key(svc.engine, body.principal, body.tenantId, key_grants, body.expiresAt)
+
+
+@router.get(
+    "/v1/api-keys",
+    response_model=ApiKeyList,
+    responses=responses(401, 403, 422),
+    operation_id="listApiKeys",
+)
+async def list_keys(
+    limit: int = Query(default=100, ge=1, le=1000),
+    cursor: str | None = CURSOR_QUERY,
+    principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> ApiKeyList:
+    """A page of API keys, newest first, revoked and expired ones included, never a secret: every key
+    for an admin key, its own tenant's for a tenant key (``compute:iam:admin`` on the tenant)."""
+    visible = visible_keys(principal)
+    after = None if cursor is None else cursor_key(cursor, KEYS_CURSOR, time_then_id)
+    page = await list_api_keys(svc.engine, visible, limit, after)
+    return ApiKeyList(items=page.items, nextCursor=next_cursor(KEYS_CURSOR, page.next))
 
 
 @router.delete(

@@ -128,7 +128,8 @@ class ServiceClient:
     def request(
         self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None
     ) -> tuple[int, Any]:
-        """``(status, decoded JSON)`` of one request; a 4xx/5xx answer raises :class:`ServiceError`.
+        """``(status, decoded JSON)`` of one request (``None`` for a 204 without a body); a 4xx/5xx answer
+        raises :class:`ServiceError`.
         A kept-alive connection the service closed meanwhile is opened again once (nothing was read
         from it, so the request was not handled)."""
         import http.client
@@ -159,6 +160,8 @@ class ServiceClient:
                 raise Unreachable(self.server, _why(error, self.timeout)) from None
         if response.status >= 400:
             raise _error_from(response.status, response.reason, raw)
+        if response.status == 204:
+            return 204, None
         try:
             return response.status, json.loads(raw)
         except ValueError:

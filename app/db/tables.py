@@ -324,6 +324,8 @@ api_keys = sa.Table(
     sa.Column("key_hash", sa.Text, nullable=False, unique=True),
     sa.Column("created_at", TS, nullable=False, server_default=NOW),
     sa.Column("revoked_at", TS),
+    sa.Column("expires_at", TS),  # refused from then on (401 key expired); null: never
+    sa.Column("last_used_at", TS),  # written at most once a minute per key (app/iam/service.py)
 )
 
 grants = sa.Table(

@@ -123,6 +123,20 @@ def granted_pools(principal: Principal, action: str) -> frozenset[str] | None:
     return frozenset(pools)
 
 
+def granted_tenants(principal: Principal, action: str) -> frozenset[str] | None:
+    """The tenant ids on which ``action`` is granted (``tenant:<id>`` grants), or ``None`` when a grant
+    covers every tenant (resource ``*`` or ``tenant:*``); :func:`granted_pools`' twin for tenants."""
+    tenants: set[str] = set()
+    for g in principal.grants:
+        if not _covers(g.action, action):
+            continue
+        if g.resource in ("*", "tenant:*"):
+            return None
+        if g.resource.startswith("tenant:"):
+            tenants.add(g.resource[len("tenant:") :])
+    return frozenset(tenants)
+
+
 def refusal(principal: Principal, action: str, resource: str, tenant_scope: bool = False) -> Forbidden:
     """The one 403 (:class:`~app.errors.Forbidden`) of refusing ``action`` on ``resource``: details
     ``{"action", "resource"}``, plus ``tenantId`` (the tenant the key acts for) when the refusal is about

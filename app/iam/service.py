@@ -1,6 +1,10 @@
-"""IAM service: create and revoke API keys, resolve a presented key to a principal."""
+"""IAM service: create and revoke API keys, resolve a presented key to a principal (docs/operating.md,
+"Keys")."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -73,12 +77,22 @@ def authorize_key_creation(creator: Principal, tenant_id: str | None, key_grants
 
 @transaction
 async def create_api_key(
-    conn: AsyncConnection, name: str, tenant_id: str | None, key_grants: list[Grant]
+    conn: AsyncConnection,
+    name: str,
+    tenant_id: str | None,
+    key_grants: list[Grant],
+    expires_at: datetime | None = None,
 ) -> ApiKey:
     """Create a principal named ``name`` with ``key_grants`` and one key; answers the
     :class:`~app.answers.iam.ApiKey` whose ``key`` is shown this once (it is stored hashed, app/iam/keys.py;
-    docs/api.md). Raises :class:`~app.errors.InvalidInput` for a grant :func:`validate_grants` refuses."""
+    docs/api.md). ``expires_at`` (aware; None: never) must be after the database's now. Raises
+    :class:`~app.errors.InvalidInput` for a grant :func:`validate_grants` refuses (``grants.<i>.*``) or an
+    ``expires_at`` not in the future (``expiresAt``); nothing is written then."""
     validate_grants(key_grants)
+    if expires_at is not None:
+        now = (await conn.execute(sa.select(sa.func.now()))).scalar_one()
+        if expires_at <= now:
+            raise InvalidInput(f"expiresAt: must be in the future (now {now.isoformat()})", path="expiresAt")
     principal_id = new_id("principal")
     key_id = new_id("key")
     key = generate_key()
@@ -92,9 +106,17 @@ async def create_api_key(
             ],
         )
     await conn.execute(
-        sa.insert(api_keys).values(id=key_id, principal_id=principal_id, key_hash=hash_key(key))
+        sa.insert(api_keys).values(
+            id=key_id, principal_id=principal_id, key_hash=hash_key(key), expires_at=expires_at
+        )
     )
-    return ApiKey(id=key_id, key=key, principal=name, tenantId=tenant_id)
+    return ApiKey(
+        id=key_id,
+        key=key,
+        principal=name,
+        tenantId=tenant_id,
+        expiresAt=None if expires_at is None else expires_at.isoformat(),
+    )
 
 
 @transaction
@@ -130,35 +152,81 @@ async def revoke_api_key(conn: AsyncConnection, key_id: str, revoker: Principal)
         raise not_found(what)
 
 
-async def principal_for_key(conn: AsyncConnection, key: str, bootstrap_key: str | None) -> Principal:
-    """The principal behind ``key``; raises :class:`~app.errors.Unauthenticated` when unknown or revoked."""
+LAST_USE_EVERY_SECONDS = 60  # ``last_used_at`` is written at most this often per key (docs/operating.md)
+_LAST_USE_STALE = sa.literal_column(f"interval '{LAST_USE_EVERY_SECONDS} seconds'")
+KEY_EXPIRED = "key expired"
+UNKNOWN_KEY = "unknown or revoked API key"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLookup:
+    """A presented key's principal, and ``expires_in``: seconds until the key expires by the database's
+    clock (None: never), so a cache of principals can stop serving it at that instant
+    (app/iam/key_cache.py)."""
+
+    principal: Principal
+    expires_in: float | None = None
+
+
+async def principal_for_key(conn: AsyncConnection, key: str, bootstrap_key: str | None) -> KeyLookup:
+    """The principal behind ``key`` (one statement). Raises :class:`~app.errors.Unauthenticated`:
+    ``unknown or revoked API key``, or ``key expired`` once the database's now reaches its ``expires_at``.
+
+    The same statement notes the use: ``last_used_at`` becomes now when it is null or older than
+    :data:`LAST_USE_EVERY_SECONDS` (a data-modifying CTE whose condition is false on almost every lookup,
+    so a key writes its row at most once a minute however many processes and requests use it)."""
     if bootstrap_key and same_key(key, bootstrap_key):
-        return BOOTSTRAP_PRINCIPAL
-    # SELECT k.id, p.id, p.name, p.tenant_id, g.action, g.resource FROM api_keys k
-    #   JOIN principals p ON p.id = k.principal_id LEFT JOIN grants g ON g.principal_id = p.id
-    #  WHERE k.key_hash = :hash AND k.revoked_at IS NULL
+        return KeyLookup(BOOTSTRAP_PRINCIPAL)
+    key_hash = hash_key(key)
+    # WITH touched AS (UPDATE api_keys SET last_used_at = now() WHERE key_hash = :hash
+    #   AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+    #   AND (last_used_at IS NULL OR last_used_at < now() - interval '60 seconds') RETURNING id)
+    # SELECT k.id, extract(epoch FROM k.expires_at - now()), p.id, p.name, p.tenant_id, g.action,
+    #   g.resource FROM api_keys k JOIN principals p ON p.id = k.principal_id
+    #   LEFT JOIN grants g ON g.principal_id = p.id WHERE k.key_hash = :hash AND k.revoked_at IS NULL
+    touched = (
+        sa.update(api_keys)
+        .where(
+            api_keys.c.key_hash == key_hash,
+            api_keys.c.revoked_at.is_(None),
+            sa.or_(api_keys.c.expires_at.is_(None), api_keys.c.expires_at > sa.func.now()),
+            sa.or_(
+                api_keys.c.last_used_at.is_(None),
+                api_keys.c.last_used_at < sa.func.now() - _LAST_USE_STALE,
+            ),
+        )
+        .values(last_used_at=sa.func.now())
+        .returning(api_keys.c.id)
+        .cte("touched")
+    )
     rows = (
         await conn.execute(
             sa.select(
                 api_keys.c.id.label("key_id"),
+                sa.extract("epoch", api_keys.c.expires_at - sa.func.now()).label("expires_in"),
                 principals.c.id,
                 principals.c.name,
                 principals.c.tenant_id,
                 grants.c.action,
                 grants.c.resource,
             )
+            .add_cte(touched)
             .select_from(
                 api_keys.join(principals, principals.c.id == api_keys.c.principal_id).outerjoin(
                     grants, grants.c.principal_id == principals.c.id
                 )
             )
-            .where(api_keys.c.key_hash == hash_key(key), api_keys.c.revoked_at.is_(None))
+            .where(api_keys.c.key_hash == key_hash, api_keys.c.revoked_at.is_(None))
         )
     ).all()
     if not rows:
-        raise Unauthenticated("unknown or revoked API key")
+        raise Unauthenticated(UNKNOWN_KEY)
     first = rows[0]
+    expires_in = None if first.expires_in is None else float(first.expires_in)
+    if expires_in is not None and expires_in <= 0:
+        raise Unauthenticated(KEY_EXPIRED)
     held = tuple(Grant(r.action, r.resource) for r in rows if r.action is not None)
-    return Principal(
+    principal = Principal(
         id=first.id, name=first.name, tenant_id=first.tenant_id, grants=held, key_id=first.key_id
     )
+    return KeyLookup(principal, expires_in)

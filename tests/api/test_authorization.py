@@ -153,6 +153,12 @@ TABLE: dict[tuple[str, str], tuple[Builder, dict[str, int]]] = {
         ),
         created(TENANT_A_ONLY),
     ),
+    # an admin lists every key, a tenant key (compute:iam:admin on its tenant) its tenant's only
+    # (tests/api/test_api_keys.py)
+    ("GET", "/v1/api-keys"): (
+        fixed("/v1/api-keys"),
+        {"anonymous": 401, "no_grant": 403, "tenant_b": 200, "tenant_a": 200, "admin": 200},
+    ),
     ("DELETE", "/v1/api-keys/{key_id}"): (
         _revoke_a_key_of_tenant_a,
         {"anonymous": 401, "no_grant": 403, "tenant_b": 404, "tenant_a": 204, "admin": 204},

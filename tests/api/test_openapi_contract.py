@@ -125,6 +125,7 @@ async def test_every_operation_answers_its_declared_schema(client_for: Any) -> N
         await call("GET", "/readyz")
         await call("GET", "/metrics")
         key = (await call("POST", "/v1/api-keys", json={"principal": "ci", "grants": []})).json()
+        await call("GET", "/v1/api-keys", params={"limit": 1})
         await call("DELETE", f"/v1/api-keys/{key['id']}")
         pool = (await call("POST", "/v1/pools", json={"name": "walk"})).json()["id"]
         await call("GET", "/v1/pools", params={"limit": 1})
