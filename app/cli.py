@@ -26,6 +26,7 @@ import typer
 from app.agent.cli import agent as agent_command
 from app.client import EXIT_USAGE
 from app.client.common import KeyOpt, LimitOpt, OutputOpt, ServerOpt, console, emit, fail, service
+from app.client.key_commands import key_app
 from app.client.node_commands import node_app
 from app.client.pool_commands import pool_app
 from app.client.quota_commands import quota_app
@@ -37,7 +38,6 @@ from app.client.read_commands import (
     get_reservations,
 )
 from app.client.reservation_commands import preview, release, request_command, reserve
-from app.client.key_commands import key_app
 from app.fleet.cli import placement_app
 
 # the client commands' shared pieces (app/client/common.py) stay importable from here

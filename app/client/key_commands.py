@@ -130,9 +130,9 @@ KeyOpt = Annotated[
 OutputOpt = Annotated[Output, typer.Option("-o", "--output", help="Output format.")]
 
 
-def key_app(service: Service, console: Console) -> typer.Typer:
+def key_app(service: Service, console: Callable[[], Console]) -> typer.Typer:
     """The ``key`` command group; ``service(server, key, flags)`` opens a client and turns failures into
-    exits (``app/cli.py``), ``console`` prints."""
+    exits (``app/cli.py``), ``console()`` the console that prints."""
     group = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 
     @group.command("create")
@@ -159,7 +159,7 @@ def key_app(service: Service, console: Console) -> typer.Typer:
             if expires is not None:
                 body["expiresAt"] = expires_at(expires, datetime.now(UTC))
             answer = api.request("POST", "/v1/api-keys", body=body)[1]
-            out.emit(console, answer, output, lambda wide: created_view(answer, wide))
+            out.emit(console(), answer, output, lambda wide: created_view(answer, wide))
 
     @group.command("list")
     def list_keys(
@@ -174,7 +174,7 @@ def key_app(service: Service, console: Console) -> typer.Typer:
         with service(server, key) as api:
             rows = api.items("/v1/api-keys", limit=limit)
             now = datetime.now(UTC)
-            out.emit(console, {"items": rows}, output, lambda wide: keys_view(rows, wide, now))
+            out.emit(console(), {"items": rows}, output, lambda wide: keys_view(rows, wide, now))
 
     @group.command("revoke")
     def revoke(
@@ -185,6 +185,6 @@ def key_app(service: Service, console: Console) -> typer.Typer:
         """Revoke a key: it is refused from now on (401)."""
         with service(server, key) as api:
             api.request("DELETE", f"/v1/api-keys/{key_id}")
-        console.print(f"revoked {key_id}", markup=False, highlight=False)
+        console().print(f"revoked {key_id}", markup=False, highlight=False)
 
     return group
