@@ -27,6 +27,7 @@ from app.answers.statuses import ReservationStatus
 from app.client import EXIT_API_ERROR, EXIT_NOT_PLACED, EXIT_USAGE
 from app.client import render as out
 from app.client.api import DEFAULT_SERVER, ServiceClient, ServiceError, Unreachable
+from app.client.audit_commands import audit as audit_command
 from app.client.flags import LIST_RESERVATION_FLAGS, REQUEST_FLAGS, RequestFlags, UsageError, with_flag
 from app.client.render import Output
 from app.fleet.cli import placement_app
@@ -433,6 +434,7 @@ COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
     ("release", release, None),
     ("openapi", openapi_command, None),
     ("agent", agent_command, "Run the node agent on a GPU host (Hello, heartbeats)."),
+    ("audit", audit_command, None),
 ]
 GET_COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
     ("reservations", get_reservations, None),
