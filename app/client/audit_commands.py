@@ -18,8 +18,9 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from app.client.api import DEFAULT_SERVER
-from app.client.flags import UsageError
+from app.client import EXIT_API_ERROR, EXIT_USAGE
+from app.client.api import DEFAULT_SERVER, ServiceClient, ServiceError, Unreachable
+from app.client.flags import UsageError, with_flag
 from app.client.render import EMPTY_CELL, Output, emit, joined, when
 
 AUDIT_FLAGS: dict[str, str] = {
@@ -100,11 +101,26 @@ def audit(
     ] = None,
 ) -> None:
     """The audit log, newest first: who changed what, when, and the answer (admin keys)."""
-    from app.cli import service  # the commands' one error handling (app/cli.py imports this module)
-
-    with service(server, key, AUDIT_FLAGS) as api:
+    if not key:
+        raise _fail("an API key is needed: --key or BC_API_KEY", EXIT_USAGE)
+    if not server.startswith(("http://", "https://")):
+        raise _fail(f"--server {server!r}: give an http:// or https:// URL", EXIT_USAGE)
+    try:
         start = None if since is None else since_time(since).isoformat()
-        params = {"from": start, "actor": actor, "resource": resource}
-        rows = api.items("/v1/audit", params, limit)
-        console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10_000)
-        emit(console, {"items": rows}, output, lambda wide: audit_view(rows, wide))
+        with ServiceClient(server, key) as api:
+            rows = api.items("/v1/audit", {"from": start, "actor": actor, "resource": resource}, limit)
+    except UsageError as error:
+        raise _fail(error.message, EXIT_USAGE) from None
+    except Unreachable as error:
+        raise _fail(error.message, EXIT_API_ERROR) from None
+    except ServiceError as error:
+        message = with_flag(error.message, str(error.details.get("path", "")), AUDIT_FLAGS)
+        raise _fail(f"{error.code}: {message}", EXIT_API_ERROR) from None
+    console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10_000)
+    emit(console, {"items": rows}, output, lambda wide: audit_view(rows, wide))
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    """One plain line on stderr and the exit, as every client command (app/cli.py)."""
+    typer.echo(message, err=True)
+    return typer.Exit(code)

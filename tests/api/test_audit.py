@@ -52,7 +52,9 @@ async def rows_of(engine: AsyncEngine, request_id: str) -> list[Any]:
 def test_the_read_only_operations_exist_and_take_a_body() -> None:
     """Every declared read-only operation is a POST of the document (a stale name would hide nothing)."""
     document = json.loads((ROOT / "openapi" / "openapi.json").read_text())
-    posts = {op["operationId"] for item in document["paths"].values() for m, op in item.items() if m == "post"}
+    posts = {
+        op["operationId"] for item in document["paths"].values() for m, op in item.items() if m == "post"
+    }
     assert READ_ONLY_OPERATIONS <= posts
 
 
