@@ -25,6 +25,7 @@ import typer
 
 from app.agent.cli import agent as agent_command
 from app.client import EXIT_USAGE
+from app.client.audit_commands import audit as audit_command
 from app.client.common import KeyOpt, LimitOpt, OutputOpt, ServerOpt, console, emit, fail, service
 from app.client.key_commands import key_app
 from app.client.node_commands import node_app
@@ -182,6 +183,7 @@ COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
     ("release", release, None),
     ("openapi", openapi_command, None),
     ("agent", agent_command, "Run the node agent on a GPU host (Hello, heartbeats)."),
+    ("audit", audit_command, None),
 ]
 GET_COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
     ("reservations", get_reservations, None),

@@ -11,7 +11,8 @@ from functools import partial
 
 from fastapi import Depends, FastAPI
 
-from app.api import agents, health, iam, inventory, quota, reservation_batch, reservations, ui
+from app.api import agents, audit, health, iam, inventory, quota, reservation_batch, reservations, ui
+from app.api.audit_trail import AuditTrail
 from app.api.contract import install_contract
 from app.api.cors import BrowserCors
 from app.api.deps import Services
@@ -26,6 +27,8 @@ from app.capacity.controllers.wake import LISTENER_RETRY, WAKE_LISTENER, WAKE_PE
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.queue.worker import QUEUE_LISTENER, QUEUE_WORKER, QueueWorker
 from app.db.engine import create_engine, migrate_async, resolve_database_url
+from app.iam import audit_log
+from app.iam.audit_log import AUDIT_PRUNE_SECONDS, PRUNE_AUDIT
 from app.iam.key_cache import PrincipalCache
 from app.inventory.liveness_task import HEARTBEAT_LIVENESS, sweep_once
 from app.observability.logs import configure_logging
@@ -87,14 +90,18 @@ def lifecycle_tasks(
     repair: RepairController | None = None,
 ) -> list[LifecycleTask]:
     """The lifecycle controller's tasks (docs/lifecycle.md): the built-in ones, the liveness sweep of
-    agents' nodes and, when given, the wake-edge controller's listener and wake task, the pool-lease
-    worker's, and BookingRepair's listener and task (repair first), each safe with several replicas."""
+    agents' nodes, the audit log's prune (docs/operating.md, "Audit log") and, when given, the wake-edge
+    controller's listener and wake task, the pool-lease worker's, and BookingRepair's listener and task
+    (repair first), each safe with several replicas."""
     liveness = LifecycleTask(
         HEARTBEAT_LIVENESS,
         settings.node_liveness_sweep_seconds,
         partial(sweep_once, grace_seconds=settings.node_heartbeat_grace),
     )
-    tasks = [*default_tasks(settings.lifecycle_interval), liveness]
+    prune = LifecycleTask(
+        PRUNE_AUDIT, AUDIT_PRUNE_SECONDS, partial(audit_log.prune, retention=settings.audit_retention)
+    )
+    tasks = [*default_tasks(settings.lifecycle_interval), liveness, prune]
     if wake is not None:
         tasks += [
             LifecycleTask(WAKE_PENDING, wake.sweep_seconds, wake.run),
@@ -176,8 +183,9 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     install_error_handlers(app)
     install_contract(app)  # after the error shapes: it refines their document
     app.add_middleware(RequestGuard, settings=settings)  # inner: authenticate and bound the body first
+    app.add_middleware(AuditTrail)  # around the guard: its 401/403/413 are recorded too
     # the batch route first: /v1/reservations/batch is not a reservation id
-    for module in (health, iam, inventory, quota, reservation_batch, reservations, agents):
+    for module in (health, iam, inventory, quota, reservation_batch, reservations, agents, audit):
         app.include_router(module.router)
     from app.api import placement
 

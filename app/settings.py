@@ -22,7 +22,8 @@ the wake edges; docs/lifecycle.md),
 ``BC_FLEET_HOSTS_FILE`` (TOML of SSH hosts for fleet collection), ``BC_METRICS_REQUIRE_KEY`` (``/metrics``
 asks for an API key with ``compute:capacity:read`` on ``*``; docs/metrics.md), ``BC_PLAN_TOKEN_SECRET``
 (the key plan tokens are signed with; unset: one stored in the database) and ``BC_PLAN_TOKEN_TTL``
-(seconds a plan token is valid; docs/api.md, "Plan tokens").
+(seconds a plan token is valid; docs/api.md, "Plan tokens"), ``BC_AUDIT_RETENTION`` (how long audit rows
+are kept: seconds, ``90d``, ``12h`` or ISO 8601; docs/operating.md, "Audit log").
 
 Every setting is checked when it is read: :func:`load_settings` raises :class:`SettingsError`, one line
 naming the environment variable and what it accepts, and ``better-compute serve`` prints that line and
@@ -48,6 +49,7 @@ ACCEPTED: dict[str, str] = {
     "BC_SCHEDULER_WEIGHTS": 'a JSON object of scorer id -> weight >= 0, e.g. {"spread": 0.5}',
     "BC_SCHEDULER_PLUGINS": "a JSON list of 'module:attribute' import paths of scheduler plugins",
     "BC_CAPACITY_MAX_LEAD": "seconds (86400) or an ISO 8601 duration (P366D), above 0",
+    "BC_AUDIT_RETENTION": "seconds (7776000), a duration such as 90d, 12h, 30m or 2w, or ISO 8601 (P90D)",
     "BC_CORS_ORIGINS": 'a JSON list of origins, e.g. ["https://dash.example.com"]',
     "BC_RATE_LIMIT": "a rate such as 100/second or 6000/minute",
     "BC_AUTH_FAILURE_RATE_LIMIT": "a rate such as 10/second",
@@ -57,6 +59,8 @@ ACCEPTED: dict[str, str] = {
 # settings whose value is never repeated in an error line (it may hold a password or a key)
 SECRET_SETTINGS = frozenset({"DATABASE_URL", "BC_BOOTSTRAP_ADMIN_KEY", "BC_PLAN_TOKEN_SECRET"})
 _SECONDS = re.compile(r"\s*[0-9]+(\.[0-9]*)?\s*")
+_UNIT_DURATION = re.compile(r"([0-9]+(?:\.[0-9]*)?)([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 class SettingsError(ValueError):
@@ -182,6 +186,20 @@ class Settings(BaseSettings):
     # replica (unset: a random one created once and stored in the database), and how long one is valid
     plan_token_secret: str | None = Field(default=None, min_length=32, repr=False)
     plan_token_ttl: int = Field(default=300, ge=1, le=86400)
+    # how long audit rows are kept (docs/operating.md, "Audit log"): seconds, 90d, 12h, or ISO 8601
+    audit_retention: timedelta = Field(default=timedelta(days=90), gt=timedelta(0))
+
+    @field_validator("audit_retention", mode="before")
+    @classmethod
+    def _retention(cls, value: Any) -> Any:
+        # "7776000" (seconds) and "90d" / "12h" / "30m" / "2w" become seconds; ISO 8601 ("P90D") is pydantic's
+        if isinstance(value, str):
+            if _SECONDS.fullmatch(value):
+                return float(value)
+            unit = _UNIT_DURATION.fullmatch(value.strip())
+            if unit:
+                return float(unit[1]) * _UNIT_SECONDS[unit[2]]
+        return value
 
 
 def setting_name(field: str) -> str:

@@ -481,3 +481,23 @@ def test_request_flags_make_the_api_body() -> None:
     assert cpu_only["devices"] == [] and cpu_only["idempotencyKey"].startswith("cli-")
     with pytest.raises(UsageError, match="--selector and --nvlink need --gpus"):
         RequestFlags("acme", "pool_x", 0, "1d", "a = b", False, 4.0, None, None, "gpu").request_body()
+
+
+def test_audit_lists_the_log_filtered_by_resource_and_actor(server: Server) -> None:
+    pool = make_pool(server, {"a": 2})
+    node = next(iter(pool.nodes.values()))
+    assert httpx.post(f"{server.url}/v1/nodes/{node}/cordon", headers=ADMIN).status_code == 200
+    result = cli(server, "audit", "--since", "1h", "--resource", node, "-o", "json")
+    assert result.exit_code == 0, result.output
+    events = json.loads(result.output)["items"]
+    assert [(e["operationId"], e["status"], e["actor"]["keyId"]) for e in events] == [
+        ("cordonNode", 200, "bootstrap"),
+        ("createNode", 201, "bootstrap"),
+    ]
+    table = cli(server, "audit", "--resource", pool.id, "--actor", "bootstrap")
+    assert table.exit_code == 0, table.output
+    lines = table.output.splitlines()
+    assert lines[0].split() == ["AT", "ACTOR", "OPERATION", "RESOURCES", "STATUS"]
+    assert [line.split()[2] for line in lines[1:]] == ["createNode", "createPool"]
+    refused = cli(server, "audit", key="not-a-key")
+    assert refused.exit_code == 1 and refused.output.startswith("UNAUTHENTICATED:"), refused.output

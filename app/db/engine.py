@@ -18,6 +18,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from app.db.audit import install as install_audit
+
 EMBEDDED_DB_NAME = "better_compute"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 _embedded_servers: list[Any] = []  # keep pgserver handles alive for the process
@@ -80,6 +82,7 @@ def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
         connect_args={"server_settings": {"application_name": "better-compute"}},
     )
     event.listen(engine.sync_engine.pool, "checkout", replace_closed_connection)
+    install_audit(engine)  # a request's audit row rides on the transaction it commits (app/db/audit.py)
     return engine
 
 

@@ -357,3 +357,28 @@ plan_token_secrets = sa.Table(
     sa.Column("created_at", TS, nullable=False, server_default=NOW),
     sa.CheckConstraint("id = 1", name="one_row"),
 )
+
+# the audit log (docs/operating.md, "Audit log"): one row per mutating /v1/ request, written in the
+# change's transaction when there is one (app/db/audit.py), else right after the answer; pruned after
+# BC_AUDIT_RETENTION
+audit_events = sa.Table(
+    "audit_events",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),  # aud_<ulid>
+    sa.Column("at", TS, nullable=False, server_default=NOW),  # the database clock
+    sa.Column("request_id", sa.Text),
+    sa.Column("key_id", sa.Text),  # None: no key authenticated (401)
+    sa.Column("principal", sa.Text),
+    sa.Column("role", sa.Text, nullable=False),  # admin | tenant | agent | key | anonymous
+    sa.Column("tenant_id", sa.Text),  # the key's tenant
+    sa.Column("operation_id", sa.Text, nullable=False),
+    sa.Column("method", sa.Text, nullable=False),
+    sa.Column("route", sa.Text, nullable=False),
+    sa.Column("path_params", pg.JSONB, nullable=False),
+    sa.Column("created_id", sa.Text),
+    sa.Column("resources", pg.ARRAY(sa.Text), nullable=False),  # path parameter values, then created_id
+    sa.Column("status", sa.SmallInteger, nullable=False),
+    sa.Index("ix_audit_events_at", "at", "id"),
+    sa.Index("ix_audit_events_key_id", "key_id", "at"),
+    sa.Index("ix_audit_events_resources", "resources", postgresql_using="gin"),
+)

@@ -26,6 +26,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.db.audit import note_answer
+
 T = TypeVar("T")
 P = ParamSpec("P")
 
@@ -66,7 +68,9 @@ async def in_transaction(
     """``fn(conn, *args, **kwargs)`` inside ``BEGIN ... COMMIT`` (rolled back when it raises); run again
     when the transaction was a deadlock's victim (:func:`run_again_on_deadlock`)."""
     async with engine.begin() as conn:
-        return await fn(conn, *args, **kwargs)
+        answer = await fn(conn, *args, **kwargs)
+        note_answer(answer)  # a create's id for the request's audit row, written at COMMIT (app/db/audit.py)
+        return answer
 
 
 async def read_only(engine: AsyncEngine, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:

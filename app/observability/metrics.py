@@ -100,6 +100,16 @@ LOST_RACES = Counter(
 QUOTA_REJECTIONS = Counter(
     "bc_quota_rejections_total", "Requests refused because a tenant's quota would be exceeded (409)."
 )
+AUDIT_EVENTS = Counter(
+    "bc_audit_events_total",
+    'Audit rows recorded for mutating requests (docs/operating.md, "Audit log"), by the answer\'s '
+    "status class: 2xx, 3xx, 4xx, 5xx.",
+    ["outcome"],
+)
+AUDIT_WRITE_FAILURES = Counter(
+    "bc_audit_write_failures_total",
+    "Audit rows the service could not write after the answer (the database did not take them).",
+)
 HTTP_REQUESTS = Counter(
     "bc_http_requests_total",
     "HTTP requests answered, by route template, method and status code.",
@@ -225,6 +235,8 @@ for _code in GUARD_CODES:
     GUARD_REFUSALS.labels(_code)
 for _outcome in ("created", "changed", "unchanged"):
     HELLOS.labels(_outcome)
+for _outcome in ("2xx", "3xx", "4xx", "5xx"):
+    AUDIT_EVENTS.labels(_outcome)
 for _outcome in ("changed", "unchanged"):
     HEARTBEATS.labels(_outcome)
 for _edge in ("atoms_unavailable", "node_may_fit"):

@@ -159,6 +159,8 @@ TABLE: dict[tuple[str, str], tuple[Builder, dict[str, int]]] = {
         fixed("/v1/api-keys"),
         {"anonymous": 401, "no_grant": 403, "tenant_b": 200, "tenant_a": 200, "admin": 200},
     ),
+    # the audit log: admin keys only (tenant A's key holds compute:iam:admin on its tenant, not on *)
+    ("GET", "/v1/audit"): (fixed("/v1/audit"), ADMIN_ONLY),
     ("DELETE", "/v1/api-keys/{key_id}"): (
         _revoke_a_key_of_tenant_a,
         {"anonymous": 401, "no_grant": 403, "tenant_b": 404, "tenant_a": 204, "admin": 204},

@@ -180,6 +180,7 @@ async def test_every_operation_answers_its_declared_schema(client_for: Any) -> N
         record = {"job_id": "j1", "kind": "local", "target": "workstation", "state": "succeeded", "cpus": 4}
         await call("PUT", "/v1/placement/jobs/j1", json={**record, "finished_at": now})
         await call("GET", "/v1/placement/jobs")
+        await call("GET", "/v1/audit", params={"limit": 2})  # the audit log: the requests above
         await call("POST", "/v1/placement/compare", json={"fleet": fleet, "now": now})
         await call("POST", f"/v1/pools/{pool}/archive")
         await call("POST", "/v1/capacity/preview", json={**body, "idempotencyKey": "walk-3"})

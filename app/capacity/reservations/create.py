@@ -48,6 +48,7 @@ from app.capacity.requests import check_start, placement_request, quota_amounts,
 from app.capacity.reservations.plan_commit import commit_plan
 from app.capacity.reservations.plan_tokens import read_claim
 from app.capacity.views import committed_view, placed_view, reservation_view, row_view, with_warnings
+from app.db.audit import note_created
 from app.db.locks import PoolShare, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import TS, pools, reservations
@@ -112,6 +113,7 @@ async def _create(
         pool_share = PoolShare(body.poolId)  # taken right before the first commit, by either placement
         if created_at is None:
             return await idempotent_answer(conn, body, digest), False
+        note_created(reservation_id)  # the audit row written at COMMIT names it (app/db/audit.py)
         check_start(body, created_at, config.max_lead)  # raising rolls the row back: nothing is written
         request = placement_request(config, body, created_at)
         assert request.start is not None and request.end is not None
