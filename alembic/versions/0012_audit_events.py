@@ -2,7 +2,7 @@
 answer's status (docs/operating.md, "Audit log")
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-10 10:00:00.000000
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
