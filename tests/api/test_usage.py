@@ -301,3 +301,20 @@ async def test_two_statements_whatever_the_bookings(
             await usage_report(clean_db, asked)
         sent.append([s for s in trips.sent if s.startswith("SELECT")])
     assert len(sent[0]) == len(sent[1]) == 2, sent
+
+
+async def test_the_http_metrics_count_it(admin_client: httpx.AsyncClient) -> None:
+    from tests.api.metrics_text import parse, value
+
+    def count(samples: Any, code: str) -> float:
+        try:
+            return value(samples, "bc_http_requests_total", route="/v1/usage", method="GET", code=code)
+        except KeyError:
+            return 0.0
+
+    before = parse((await admin_client.get("/metrics")).text)
+    await usage(admin_client)
+    assert (await admin_client.get("/v1/usage", params={"groupBy": "rack"})).status_code == 422
+    after = parse((await admin_client.get("/metrics")).text)
+    assert count(after, "200") - count(before, "200") == 1 and count(after, "422") - count(before, "422") == 1
+    assert value(after, "bc_http_request_duration_seconds_count", route="/v1/usage") >= 2
