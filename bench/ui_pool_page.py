@@ -5,12 +5,18 @@ A fresh ``bc_bench_<random>`` database on ``DATABASE_URL``'s server (dropped at 
 bench/earliest.py's ``load_bookings``), one ``better-compute serve`` process, and Debian's chromium
 (``/usr/bin/chromium``) driven by Playwright. Each of ``--repeat`` loads opens
 ``/ui/#/pools/<poolId>`` in a fresh page (key already in sessionStorage) and stops the clock when every
-GPU cell of the grid and the timeline are drawn. Prints each load and p50 / max, and the time of the
-occupancy call alone (``GET /v1/pools/{poolId}/occupancy``, the page's biggest read). Not a test.
+GPU cell of the grid and the timeline's ``svg`` are there (the rows of a long timeline are drawn by
+blocks as they come into view, the rest while the browser is idle). Prints each load and p50 / max,
+and the time of the occupancy call alone (``GET /v1/pools/{poolId}/occupancy``, the page's biggest
+read). Not a test.
 
-Closing note (a run on the 2-core machine, defaults but ``--repeat 3``): the occupancy call 1,184 ms
-(3.1 MB); the page 5,256 / 3,231 / 2,745 ms (p50 3.2 s), most of it the occupancy read and drawing
-8,000 cells and 1,000 timeline rows.
+Closing note (the 2-core machine, shared and noisy; defaults but ``--repeat 3``): before, the occupancy
+call 1,360 ms (3.1 MB) and the page 2,946 / 4,092 / 2,175 ms (p50 2.9 s), most of it the occupancy read
+(its tree validated again before it was written) and drawing 8,000 cells and 10,000 timeline bars at
+once. After (the document written without a second validation, the grid's cells cloned, the timeline
+drawn by blocks of 50 rows as they come into view, modules preloaded; docs/dashboard.md): the occupancy
+call 488 ms (3.1 MB), the page 1,919 / 1,420 / 1,806 ms (p50 1.8 s). The old and the new code side by
+side on one database, loads interleaved (6 each, a quieter moment): p50 1,706 -> 1,536 ms.
 """
 
 from __future__ import annotations

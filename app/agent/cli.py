@@ -15,9 +15,6 @@ from typing import Annotated
 
 import typer
 
-from app.agent.run import Agent, AgentConfig
-from app.placement.request import parse_duration
-
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _CAPABILITY = re.compile(r"[a-z][a-z0-9._-]*")
 
@@ -43,6 +40,10 @@ def agent(
     ] = None,
 ) -> None:
     """Run the node agent on this GPU host: Hello with its nvidia-smi inventory, then heartbeats."""
+    # imported here: `better-compute --help` and the client commands need none of it (docs/cli.md)
+    from app.agent.run import Agent, AgentConfig
+    from app.placement.request import parse_duration
+
     if not key:
         typer.echo("an API key is needed: BC_API_KEY (compute:nodes:hello on the pool)", err=True)
         raise typer.Exit(2)

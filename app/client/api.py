@@ -16,12 +16,15 @@ answer in one page without a cursor.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode, urlsplit
 
 from app.errors import AppError
+
+if TYPE_CHECKING:
+    from http.client import HTTPConnection
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 PAGE_SIZE = 500  # items asked per page (every list route accepts at least 1000)
@@ -48,10 +51,10 @@ class Unreachable(AppError):
         self.url = url
 
 
-def _why(error: httpx.TransportError, timeout: float) -> str:
+def _why(error: Exception, timeout: float) -> str:
     """The short cause of a transport failure: the operating system's text (``connection refused``,
-    ``name or service not known``) when there is one, else httpx's."""
-    if isinstance(error, httpx.TimeoutException):
+    ``name or service not known``) when there is one, else the error's own."""
+    if isinstance(error, TimeoutError):
         return f"no answer within {timeout:g} s"
     cause: BaseException | None = error
     while cause is not None:
@@ -62,30 +65,28 @@ def _why(error: httpx.TransportError, timeout: float) -> str:
     return text[-1] if text else type(error).__name__
 
 
-def _error_from(response: httpx.Response) -> ServiceError:
+def _error_from(status: int, reason: str, raw: bytes) -> ServiceError:
     """The :class:`ServiceError` for a 4xx/5xx answer (a body that is not the service's error shape,
     e.g. a proxy's HTML page, becomes ``HTTP_<status>`` with the body's first line)."""
     try:
-        body = response.json()
+        body = json.loads(raw)
     except ValueError:
         body = None
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict) and isinstance(error.get("code"), str):
         details = error.get("details")
         return ServiceError(
-            response.status_code,
-            error["code"],
-            str(error.get("message", "")),
-            details if isinstance(details, dict) else {},
+            status, error["code"], str(error.get("message", "")), details if isinstance(details, dict) else {}
         )
-    first_line = next(iter(response.text.strip().splitlines()), response.reason_phrase)
-    return ServiceError(response.status_code, f"HTTP_{response.status_code}", first_line[:200])
+    text = raw.decode("utf-8", errors="replace")
+    first_line = next(iter(text.strip().splitlines()), reason)
+    return ServiceError(status, f"HTTP_{status}", first_line[:200])
 
 
 class ServiceClient:
-    """A client of one service: ``ServiceClient(server, key)`` is a context manager around an
-    ``httpx.Client`` (``timeout`` in seconds per request; lists are read ``page_size`` items a
-    request). Every method raises :class:`ServiceError` or :class:`Unreachable`."""
+    """A client of one service: ``ServiceClient(server, key)`` is a context manager around one
+    keep-alive ``http.client`` connection (``timeout`` in seconds per request; lists are read
+    ``page_size`` items a request). Every method raises :class:`ServiceError` or :class:`Unreachable`."""
 
     def __init__(
         self,
@@ -97,34 +98,72 @@ class ServiceClient:
         self.server = server.rstrip("/")
         self.timeout = timeout
         self.page_size = page_size
-        self._http = httpx.Client(
-            base_url=self.server,
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=timeout,
-        )
+        where = urlsplit(self.server)
+        self._https = where.scheme == "https"
+        self._host = where.hostname or ""
+        self._port = where.port
+        self._prefix = where.path
+        self._headers = {"Authorization": f"Bearer {key}", "Accept": "application/json"}
+        self._connection: HTTPConnection | None = None
 
     def __enter__(self) -> ServiceClient:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._http.close()
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def _connect(self) -> HTTPConnection:
+        """A new keep-alive connection (the standard library's: the CLI starts faster without httpx)."""
+        import http.client
+
+        if self._https:
+            import ssl
+
+            context = ssl.create_default_context()
+            return http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout, context=context)
+        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
 
     def request(
         self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None
     ) -> tuple[int, Any]:
-        """``(status, decoded JSON)`` of one request; a 4xx/5xx answer raises :class:`ServiceError`."""
-        query = {k: v for k, v in (params or {}).items() if v is not None}
+        """``(status, decoded JSON)`` of one request; a 4xx/5xx answer raises :class:`ServiceError`.
+        A kept-alive connection the service closed meanwhile is opened again once (nothing was read
+        from it, so the request was not handled)."""
+        import http.client
+
+        query = urlencode({k: v for k, v in (params or {}).items() if v is not None})
+        target = quote(self._prefix + path, safe="/:@%") + (f"?{query}" if query else "")
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        headers = dict(self._headers)
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        for attempt in (1, 2):
+            reused = self._connection is not None
+            connection = self._connection or self._connect()
+            self._connection = connection
+            try:
+                connection.request(method, target, body=data, headers=headers)
+                response = connection.getresponse()
+                raw = response.read()
+                break
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as error:
+                connection.close()
+                self._connection = None
+                if not reused or attempt == 2:
+                    raise Unreachable(self.server, _why(error, self.timeout)) from None
+            except (OSError, http.client.HTTPException) as error:
+                connection.close()
+                self._connection = None
+                raise Unreachable(self.server, _why(error, self.timeout)) from None
+        if response.status >= 400:
+            raise _error_from(response.status, response.reason, raw)
         try:
-            response = self._http.request(method, path, params=query, json=body)
-        except httpx.TransportError as error:
-            raise Unreachable(self.server, _why(error, self.timeout)) from None
-        if response.status_code >= 400:
-            raise _error_from(response)
-        try:
-            return response.status_code, response.json()
+            return response.status, json.loads(raw)
         except ValueError:
             raise ServiceError(
-                response.status_code, "BAD_ANSWER", f"{method} {path} answered something other than JSON"
+                response.status, "BAD_ANSWER", f"{method} {path} answered something other than JSON"
             ) from None
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
@@ -222,6 +261,68 @@ class ServiceClient:
                     if node is not None:
                         names[node_id] = node["name"]
         return names
+
+    # -- operators: pools, nodes, quotas (docs/api.md, "Inventory"; docs/quota.md) ----------------------
+
+    def create_pool(self, name: str) -> dict[str, Any]:
+        """``POST /v1/pools {name}``: the new pool."""
+        return self.request("POST", "/v1/pools", body={"name": name})[1]
+
+    def archive_pool(self, pool_id: str) -> dict[str, Any]:
+        """``POST /v1/pools/{id}/archive``: the archived pool (archiving twice answers it again)."""
+        return self.request("POST", f"/v1/pools/{pool_id}/archive")[1]
+
+    def import_node(self, pool_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/pools/{id}/nodes/import {name, topo, nvidiaSmiXml?, labels?, ...}``: the node
+        made, with ``warnings`` for topo cells it left out."""
+        return self.request("POST", f"/v1/pools/{pool_id}/nodes/import", body=body)[1]
+
+    def set_node_labels(self, node_id: str, labels: dict[str, str]) -> dict[str, Any]:
+        """``PUT /v1/nodes/{id}/labels``: replaces the node's operator labels (system labels stay)."""
+        return self.request("PUT", f"/v1/nodes/{node_id}/labels", body={"labels": labels})[1]
+
+    def set_node_taints(self, node_id: str, taints: list[dict[str, Any]]) -> dict[str, Any]:
+        """``PUT /v1/nodes/{id}/taints``: replaces the node's whole taint list."""
+        return self.request("PUT", f"/v1/nodes/{node_id}/taints", body={"taints": taints})[1]
+
+    def cordon(self, node_id: str, cordoned: bool = True) -> dict[str, Any]:
+        """``POST /v1/nodes/{id}/cordon`` (or ``uncordon``): the node."""
+        return self.request("POST", f"/v1/nodes/{node_id}/{'cordon' if cordoned else 'uncordon'}")[1]
+
+    def quota(self, tenant: str, pool_id: str) -> dict[str, Any]:
+        """``GET /v1/tenants/{tenant}/quotas/{pool}``: ``{limits, used, peak, peakWindow}``."""
+        return self.get(f"/v1/tenants/{tenant}/quotas/{pool_id}")
+
+    def set_quota(self, tenant: str, pool_id: str, limits: dict[str, Any]) -> dict[str, Any]:
+        """``PUT /v1/tenants/{tenant}/quotas/{pool}``: replaces the tenant's limits in the pool; the
+        answer's ``warnings`` name each limit the write dropped."""
+        return self.request("PUT", f"/v1/tenants/{tenant}/quotas/{pool_id}", body={"limits": limits})[1]
+
+    # -- names for ids ------------------------------------------------------------------------------
+
+    def pool_id(self, ref: str) -> str:
+        """The id of the pool ``ref`` names: a ``pool_...`` id as it is, else the visible pool of that
+        name. Raises :class:`ServiceError` ``NOT_FOUND`` when no visible pool has the name."""
+        if ref.startswith("pool_"):
+            return ref
+        for pool in self.pools():
+            if pool["name"] == ref:
+                return str(pool["id"])
+        raise ServiceError(404, "NOT_FOUND", f"pool '{ref}' not found (no visible pool has that name)")
+
+    def node_id(self, ref: str, pool: str | None = None) -> str:
+        """The id of the node ``ref`` names: a ``node_...`` id as it is, else the node of that name in
+        ``pool`` (name or id), or in any visible pool. Raises :class:`ServiceError` ``NOT_FOUND`` for
+        no such node, ``CONFLICT`` when pools share the name (give ``--pool``)."""
+        if ref.startswith("node_"):
+            return ref
+        pool_ids = [self.pool_id(pool)] if pool else [p["id"] for p in self.pools()]
+        found = [n["id"] for p in pool_ids for n in self.nodes(p) if n["name"] == ref]
+        if not found:
+            raise ServiceError(404, "NOT_FOUND", f"node '{ref}' not found (no visible node has that name)")
+        if len(found) > 1:
+            raise ServiceError(409, "CONFLICT", f"{len(found)} pools have a node '{ref}': give --pool")
+        return str(found[0])
 
 
 def _readable(read: Callable[[], Any]) -> Any:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import AppError
-from app.jsonnum import num
 
 
 class UsageError(AppError):
@@ -40,6 +39,11 @@ REQUEST_FLAGS: dict[str, str] = {
     "idempotencyKey": "--idempotency-key",
     "spot": "--spot",
     "ifPlan": "--if-plan",
+    "start": "--start",
+    "gang": "--gang",
+    "gang.members": "--gang",
+    "gang.topologyKey": "--topology-key",
+    "binding": "--whole-node",
 }
 LIST_RESERVATION_FLAGS: dict[str, str] = {"tenantId": "--tenant", "status": "--status", "limit": "--limit"}
 
@@ -85,6 +89,10 @@ class RequestFlags:
     spot: bool = False  # --spot: may be preempted by regular work (docs/preemption.md)
     earliest: bool = False  # --earliest: the first window that fits (docs/lifecycle.md, "Earliest start")
     if_plan: str | None = None  # reserve --if-plan: a preview's plan token (docs/api.md, "Plan tokens")
+    start: str | None = None  # --start ISO 8601 (with a UTC offset) or "earliest" (= --earliest)
+    gang: int | None = None  # --gang N: N copies of the shape on distinct nodes (docs/api.md, gang)
+    topology_key: str | None = None  # --topology-key K: the gang's nodes share label K's value
+    whole_node: bool = False  # --whole-node: binding "node", the whole-node lease rule
 
     def request_body(self) -> dict[str, Any]:
         """The ``POST /v1/reservations`` (and preview) body. Raises :class:`UsageError` when an amount
@@ -92,6 +100,7 @@ class RequestFlags:
         ``parse_duration``)."""
         # imported here: the request model pulls in pydantic and the placement package, a third of a
         # second that get / describe / release need not pay at start-up
+        from app.jsonnum import num
         from app.placement.request import parse_duration
 
         if self.gpus < 0:
@@ -107,6 +116,16 @@ class RequestFlags:
             parse_duration(self.duration)
         except ValueError as error:
             raise UsageError(f"--for {self.duration!r}: {error}") from None
+        if self.earliest and self.start not in (None, "earliest"):
+            raise UsageError(f"--earliest and --start {self.start!r}: give one")
+        if self.gang is not None and self.gang < 1:
+            raise UsageError(f"--gang must be 1 or more, not {self.gang}")
+        if self.topology_key and self.gang is None:
+            raise UsageError("--topology-key needs --gang")
+        start = "earliest" if self.earliest else self.start
+        gang: dict[str, Any] | None = {"members": self.gang} if self.gang is not None else None
+        if gang is not None and self.topology_key:
+            gang["topologyKey"] = self.topology_key
         device: dict[str, Any] = {"class": self.device_class, "count": self.gpus}
         if self.selector:
             device["selector"] = self.selector
@@ -121,6 +140,8 @@ class RequestFlags:
             "duration": self.duration,
             "idempotencyKey": self.idempotency_key or f"cli-{secrets.token_hex(8)}",
             **({"spot": True} if self.spot else {}),
-            **({"start": "earliest"} if self.earliest else {}),
+            **({"start": start} if start else {}),
+            **({"gang": gang} if gang else {}),
+            **({"binding": "node"} if self.whole_node else {}),
             **({"ifPlan": self.if_plan} if self.if_plan else {}),
         }

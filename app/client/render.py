@@ -17,16 +17,15 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
-import yaml
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from app.client import Output as Output  # the -o choices, imported from here too
 from app.errors import AppError
 
 NONE = "<none>"
@@ -34,19 +33,12 @@ _TRAILING_BLANKS = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$")  # spaces before the 
 EMPTY_CELL = "-"
 
 
-class Output(StrEnum):
-    """The ``-o`` choices."""
-
-    table = "table"
-    wide = "wide"
-    json = "json"
-    yaml = "yaml"
-
-
 def document_text(data: Any, output: Output) -> str:
     """``data`` as JSON (indented, UTF-8 characters as themselves) or YAML (block style, in the
     answer's key order), ending with a newline."""
     if output is Output.yaml:
+        import yaml
+
         return yaml.safe_dump(
             data, allow_unicode=True, sort_keys=False, default_flow_style=False, width=1 << 20
         )
@@ -109,7 +101,7 @@ def node_name(names: Mapping[str, str], node_id: str) -> str:
     return names.get(node_id, node_id)
 
 
-def _table(*columns: str) -> Table:
+def new_table(*columns: str) -> Table:
     """A borderless table with upper-case headers, like ``kubectl get``."""
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for column in columns:
@@ -117,7 +109,7 @@ def _table(*columns: str) -> Table:
     return table
 
 
-def _fields(rows: Iterable[tuple[str, RenderableType]]) -> Table:
+def field_grid(rows: Iterable[tuple[str, RenderableType]]) -> Table:
     """``Label:  value`` lines in two aligned columns, like ``kubectl describe``."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
@@ -143,13 +135,13 @@ def why_not_sections(holder: Mapping[str, Any]) -> list[RenderableType]:
     sections: list[RenderableType] = []
     rows = holder.get("rejections") or []
     if rows:
-        table = _table("filter", "reason", "nodes", "examples")
+        table = new_table("filter", "reason", "nodes", "examples")
         for r in rows:
             table.add_row(str(r["filter"]), str(r["reason"]), str(r["count"]), joined(r.get("nodes", [])))
         sections.append(_section("Rejections", table))
     misses = holder.get("nearestMisses") or []
     if misses:
-        table = _table("node", "filter", "shortfall", "missing atoms")
+        table = new_table("node", "filter", "shortfall", "missing atoms")
         for m in misses:
             table.add_row(
                 m.get("nodeName") or m["nodeId"],
@@ -187,7 +179,7 @@ def preview_view(answer: Mapping[str, Any], wide: bool) -> RenderableType:
         return Group(text, *sections) if sections else text
     candidates = answer.get("candidates", [])
     scorers = sorted({name for c in candidates for name in c.get("scores", {})}) if wide else []
-    table = _table("node", *(["id"] if wide else []), "score", *scorers, "atoms")
+    table = new_table("node", *(["id"] if wide else []), "score", *scorers, "atoms")
     for c in candidates:
         row = [c.get("nodeName") or c["nodeId"], *([c["nodeId"]] if wide else []), f"{c['score']:.3f}"]
         row += [f"{c.get('scores', {}).get(name, 0):.3f}" for name in scorers]
@@ -223,7 +215,7 @@ def reservations_view(
     if not reservations:
         return Text("no reservations")
     extra = ["pool", "resources", "start", "end", "idempotency key"] if wide else []
-    table = _table("id", "tenant", "status", "atoms", "nodes", "created", *extra, "reason")
+    table = new_table("id", "tenant", "status", "atoms", "nodes", "created", *extra, "reason")
     for r in reservations:
         allocations = r.get("allocations", [])
         atoms = sum(len(a.get("atoms", [])) for a in allocations)
@@ -253,7 +245,7 @@ def reservations_view(
 def allocations_view(allocations: list[Mapping[str, Any]], names: Mapping[str, str], wide: bool) -> Table:
     """The allocations: node name, atoms, scalar resources, window (``wide`` adds ids)."""
     extra = ["id", "node id"] if wide else []
-    table = _table("node", *extra, "atoms", "resources", "start", "end", "released")
+    table = new_table("node", *extra, "atoms", "resources", "start", "end", "released")
     for a in allocations:
         ids = [a["id"], a["nodeId"]] if wide else []
         table.add_row(
@@ -320,7 +312,7 @@ def describe_reservation_view(
     reservation: Mapping[str, Any], names: Mapping[str, str], wide: bool
 ) -> RenderableType:
     """``describe reservation``: its fields, request, allocations and conditions."""
-    head = _fields(
+    head = field_grid(
         [
             ("ID", reservation["id"]),
             ("Tenant", reservation["tenantId"]),
@@ -334,7 +326,7 @@ def describe_reservation_view(
     )
     allocations = reservation.get("allocations") or []
     conditions = reservation.get("conditions") or []
-    condition_table = _table("type", "status", "reason", "message")
+    condition_table = new_table("type", "status", "reason", "message")
     for c in conditions:
         condition_table.add_row(
             str(c.get("type", "")),
@@ -365,7 +357,7 @@ def pools_view(pools: list[Mapping[str, Any]], wide: bool) -> RenderableType:
     if not pools:
         return Text("no pools")
     others = sorted({r for p in pools for r in (p.get("capacity") or {}) if r != "gpu"}) if wide else []
-    table = _table("name", "id", "nodes", "gpu", *others, "status", *(["created"] if wide else []))
+    table = new_table("name", "id", "nodes", "gpu", *others, "status", *(["created"] if wide else []))
     for p in pools:
         row = [p["name"], p["id"], str(p.get("nodeCount", EMPTY_CELL)), _capacity(p, "gpu")]
         row += [_capacity(p, r) for r in others]
@@ -406,7 +398,7 @@ def nodes_view(nodes: list[Mapping[str, Any]], wide: bool, pool_names: Mapping[s
     ``pool_names`` maps pool id -> name for nodes that carry ``poolId``."""
     if not nodes:
         return Text("no nodes")
-    table = _table("name", "id", "status", "devices", *(["pool", "labels"] if wide else []))
+    table = new_table("name", "id", "status", "devices", *(["pool", "labels"] if wide else []))
     for n in nodes:
         devices = joined(f"{count} {cls}" for cls, count in sorted(device_counts(n).items()))
         row = [n["name"], n["id"], node_status(n), devices]
@@ -427,7 +419,7 @@ def describe_node_view(node: Mapping[str, Any], pool_name: str | None, wide: boo
     """``describe node``: its fields, labels, taints, scalar resources, devices and links (``wide``
     lists every link)."""
     pool = node.get("poolId", "")
-    head = _fields(
+    head = field_grid(
         [
             ("Name", node["name"]),
             ("ID", node["id"]),
@@ -439,11 +431,11 @@ def describe_node_view(node: Mapping[str, Any], pool_name: str | None, wide: boo
         ]
     )
     resources = node.get("resources") or {}
-    resource_table = _table("resource", "allocatable", "ratio", "allocated")
+    resource_table = new_table("resource", "allocatable", "ratio", "allocated")
     for name, r in resources.items():
         resource_table.add_row(name, str(r.get("allocatable")), str(r.get("ratio")), str(r.get("allocated")))
     devices = node.get("devices") or []
-    device_table = _table("id", "class", "numa", "healthy", "bookable", "attributes")
+    device_table = new_table("id", "class", "numa", "healthy", "bookable", "attributes")
     for d in devices:
         device_table.add_row(
             d["id"] + (f" (in {d['parent']})" if d.get("parent") else ""),
@@ -455,7 +447,7 @@ def describe_node_view(node: Mapping[str, Any], pool_name: str | None, wide: boo
         )
     links = node.get("links") or []
     if wide and links:
-        link_body: RenderableType = _table("a", "b", "link")
+        link_body: RenderableType = new_table("a", "b", "link")
         for link in links:
             link_body.add_row(str(link["a"]), str(link["b"]), str(link["link"]))
     else:

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from app.errors import InvalidInput
-from app.fleet.build import HistoryOptions
-from app.fleet.build_plan import BuildPlan, FleetBuildRefused, parse_assignment
-from app.fleet.documents import parse_instant
+
+if TYPE_CHECKING:  # the fleet modules are imported by the commands that run: `--help` needs none of them
+    from app.fleet.build import HistoryOptions
+    from app.fleet.build_plan import BuildPlan
 
 placement_app = typer.Typer(
     help="Explainable completion-time placement across daemon hosts and Slurm/PBS lanes (docs/explain.md). "
@@ -65,6 +66,8 @@ def load_json_file(path: Path, what: str, loader: Callable[[dict[str, Any]], T])
 
 def parse_now(value: str | None) -> datetime:
     """``--now``: an ISO 8601 time with a UTC offset; omitted = this host's clock (UTC)."""
+    from app.fleet.documents import parse_instant
+
     return datetime.now(UTC) if value is None else parse_instant(value, "--now")
 
 
@@ -180,11 +183,20 @@ class FleetOptions:
     hosts_path: Path | None = None
     timeout_seconds: float = 60.0
     history_path: Path | None = None
-    history: HistoryOptions = HistoryOptions()
+    history: HistoryOptions = field(default_factory=lambda: _history_options())
     now_text: str | None = None
 
 
+def _history_options(**given: Any) -> HistoryOptions:
+    """:class:`app.fleet.build.HistoryOptions` (imported when a fleet is built)."""
+    from app.fleet.build import HistoryOptions
+
+    return HistoryOptions(**given)
+
+
 def _refuse_overwrite(options: FleetOptions) -> None:
+    from app.fleet.build_plan import FleetBuildRefused
+
     output, base = options.output, options.base_path
     if output is not None and (
         output.resolve() == base.resolve() or (output.exists() and output.samefile(base))
@@ -194,6 +206,8 @@ def _refuse_overwrite(options: FleetOptions) -> None:
 
 def _plan(options: FleetOptions, capacity_names: tuple[str, ...]) -> BuildPlan:
     """The build plan the options name (refused later by :func:`app.fleet.build_plan.check_plan`)."""
+    from app.fleet.build_plan import BuildPlan, parse_assignment
+
     history_pairs = [
         parse_assignment(item, "--queue-history", value_required=False) for item in options.queue_history
     ]
@@ -214,6 +228,7 @@ def _plan(options: FleetOptions, capacity_names: tuple[str, ...]) -> BuildPlan:
 
 def _hosts(plan: BuildPlan, options: FleetOptions) -> dict[str, Any]:
     """The configured hosts when the plan contacts any (``--hosts`` or ``BC_FLEET_HOSTS_FILE``)."""
+    from app.fleet.build_plan import FleetBuildRefused
     from app.fleet.ssh import load_hosts
     from app.settings import get_settings
 
@@ -227,6 +242,7 @@ def _hosts(plan: BuildPlan, options: FleetOptions) -> dict[str, Any]:
 
 def _capacity_answers(pairs: list[tuple[str, str | None]]) -> dict[str, Any]:
     """``--capacity NAME=ANSWER.json``: each file's validated answer; errors name the option."""
+    from app.fleet.build_plan import FleetBuildRefused
     from app.fleet.capacity import load_capacity_answer
 
     answers = {}
@@ -246,6 +262,7 @@ def run_fleet(options: FleetOptions) -> tuple[str, list[str]]:
     Every refusal raises :class:`InvalidInput` before any host is contacted."""
     import asyncio
 
+    from app.fleet.build_plan import FleetBuildRefused, parse_assignment
     from app.fleet.collect import build_from_hosts
     from app.fleet.documents import dump_document, load_fleet
 
@@ -331,7 +348,7 @@ def fleet_command(
                 hosts_path=hosts,
                 timeout_seconds=timeout,
                 history_path=history,
-                history=HistoryOptions(jobs=history_jobs, days=history_days, minimum=history_min),
+                history=_history_options(jobs=history_jobs, days=history_days, minimum=history_min),
                 now_text=now,
             )
         )

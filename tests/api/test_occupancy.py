@@ -266,3 +266,32 @@ async def test_the_statements_do_not_grow_with_the_pool(
         sent.append(trips.sent)
     assert sent[0] == sent[1], sent[1]
     assert len([s for s in sent[0] if s.startswith("SELECT")]) == 6, sent[0]  # as docs/api.md says
+
+
+async def test_the_answer_text_is_the_models_text(
+    admin_client: httpx.AsyncClient, client_for: Any, clean_db: AsyncEngine
+) -> None:
+    """The route writes the document without validating it again (app/inventory/occupancy.py,
+    ``occupancy_json``): its text is byte for byte what :class:`PoolOccupancy` renders, for an admin and
+    for a tenant who sees another tenant's bookings without their ids, with fractional held amounts."""
+    from app.answers.occupancy import PoolOccupancy
+    from app.inventory.occupancy import Window, pool_occupancy
+
+    pool = await make_pool(admin_client, "occ-text")
+    await add_node(admin_client, pool, gpu_node("t1", 2, cpu=16, memory=None))
+    await add_node(admin_client, pool, gpu_node("t2", 1, cpu=16, memory=None))
+    await reserve(admin_client, reservation(pool, 1, tenant=A, resources={"cpu": 0.5}))
+    await reserve(admin_client, reservation(pool, 1, tenant=B, resources={"cpu": 3}))
+    async with await tenant_client(admin_client, client_for, A, pool) as as_a:
+        for client, sees in ((admin_client, lambda tenant: True), (as_a, lambda tenant: tenant == A)):
+            r = await client.get(f"/v1/pools/{pool}/occupancy")
+            assert r.status_code == 200, r.text
+            assert (
+                r.content
+                == PoolOccupancy.model_validate_json(r.content).model_dump_json(by_alias=True).encode()
+            )
+            held = [s["held"] for n in r.json()["nodes"] for c in n["scalars"] for s in c["steps"]]
+            assert 0.5 in held and 3 in held, held
+            model = await pool_occupancy(clean_db, pool, Window(), sees)
+            ids = {b.tenantId for n in model.nodes for a in n.atoms for b in a.bookings}
+            assert ids == ({A, B} if client is admin_client else {A, None}), ids

@@ -73,6 +73,9 @@ async def test_cpu_is_held_per_instant_next_month_and_now(
         body = _cpu(pool, 1, start, duration="1h")
         preview = (await admin_client.post("/v1/capacity/preview", json=body)).json()
         assert at(preview.pop("earliest")["start"]) == earliest
+        [row] = preview.pop("rejections")
+        assert (row["filter"], row["reason"], row["count"]) == ("scalars", "scalars: cpu needs 1, 0 free", 1)
+        assert [m["shortfall"] for m in preview.pop("nearestMisses")] == ["cpu needs 1, 0 free"]
         assert preview == {"fits": False, "candidates": [], "reason": reason}
         pending = await _reserve(admin_client, body)
         assert pending["status"] == "pending"

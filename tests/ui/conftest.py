@@ -57,9 +57,17 @@ class Watched:
     def __init__(self, page: Page, shots: Path) -> None:
         self.page = page
         self.errors: list[str] = []
+        self.allowed: list[str] = []  # console errors a test provokes on purpose (substrings)
         self.shots = shots
         page.on("console", lambda m: m.type == "error" and self.errors.append(f"console: {m.text}"))
         page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+
+    def allow(self, text: str) -> None:
+        """Console errors containing ``text`` are expected by this test (e.g. a refused key's 401)."""
+        self.allowed.append(text)
+
+    def unexpected(self) -> list[str]:
+        return [e for e in self.errors if not any(a in e for a in self.allowed)]
 
     async def shot(self, name: str) -> Path:
         """A full-page screenshot under the test's tmp folder."""
@@ -78,7 +86,7 @@ async def watched(browser: Browser, tmp_path: Path) -> AsyncIterator[Watched]:
         yield w
     finally:
         await context.close()
-    assert w.errors == [], w.errors
+    assert w.unexpected() == [], w.errors
 
 
 async def sign_in(page: Page, base: str, key: str, hash_: str = "") -> None:

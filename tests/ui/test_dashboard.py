@@ -134,6 +134,18 @@ async def test_sign_in_then_pools_with_the_keyboard(world: World, watched: Watch
     assert page.url.endswith(f"#/pools/{world.pool}")
 
 
+async def test_a_refused_key_says_why_on_the_sign_in_form(world: World, watched: Watched) -> None:
+    page = watched.page
+    watched.allow("status of 401")  # the browser logs the refused call as a failed load, nothing else
+    await page.goto(f"{world.base}/ui")
+    await page.locator("input[name=apiKey]").fill("not-a-key")
+    await page.keyboard.press("Enter")
+    error = page.get_by_test_id("signin-error")
+    await expect(error).to_contain_text("Not signed in: UNAUTHENTICATED")
+    await expect(page.locator("input[name=apiKey]")).to_be_visible()
+    await watched.shot("sign-in-refused")
+
+
 async def test_pool_page_grid_timeline_and_pending_reason(world: World, watched: Watched) -> None:
     page = watched.page
     await sign_in(page, world.base, ADMIN_KEY, f"#/pools/{world.pool}")
@@ -207,6 +219,13 @@ async def test_a_preview_that_does_not_fit_shows_its_reason(world: World, watche
     await expect(misses).to_contain_text("shortfall")
     await expect(misses.locator("tbody tr").first).to_be_visible()
     await watched.shot("preview-no-fit")
+    # reserving it anyway: it waits, and the page's pending queue shows it at once (no reload)
+    await page.get_by_role("button", name="Reserve").click()
+    reserved = result.get_by_test_id("reserved")
+    await expect(reserved).to_contain_text("pending")
+    waiting = await reserved.locator("a").inner_text()
+    await expect(page.get_by_test_id("pending")).to_contain_text(waiting)
+    await expect(page.get_by_test_id("pending")).to_contain_text("nvlink-all")
 
 
 async def test_a_tenant_key_never_shows_another_tenants_reservation_ids(
@@ -300,7 +319,8 @@ async def test_docs_render_with_the_network_blocked(world: World, watched: Watch
 
     await page.route("**/*", only_local)
     await page.goto(f"{world.base}/docs")
-    await expect(page.locator(".swagger-ui .information-container")).to_be_visible()
+    # Swagger UI parses the whole document before it draws: give a loaded 2-core machine time
+    await expect(page.locator(".swagger-ui .information-container")).to_be_visible(timeout=30_000)
     await expect(page.locator(".swagger-ui")).to_contain_text("better-compute")
     assert outside == []
     await watched.shot("docs")

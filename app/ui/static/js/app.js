@@ -18,15 +18,19 @@ const ROUTES = [
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
 
+let signInError = null; // why the last key was refused (the service's own words), shown on the sign-in form
+
 function signInPage() {
   const input = h("input", { id: "api-key", name: "apiKey", type: "password", autocomplete: "off", required: true });
   const form = h("form", { class: "card", "aria-labelledby": "signin-title" },
     h("h1", { id: "signin-title" }, "Sign in"),
     h("p", {}, "Your API key stays in this tab (session storage) and is sent as ", h("code", {}, "Authorization: Bearer"), "."),
     h("label", { for: "api-key" }, "API key"), input,
+    signInError ? h("p", { class: "error", role: "alert", "data-testid": "signin-error" }, `Not signed in: ${signInError}`) : null,
     h("button", { type: "submit" }, "Sign in"));
   form.addEventListener("submit", (e) => {
     e.preventDefault();
+    signInError = null;
     signIn(input.value);
     render();
   });
@@ -73,6 +77,7 @@ export async function render() {
   } catch (err) {
     if (mine !== generation) return;
     if (err.status === 401) {
+      signInError = err.message || "the service refused the key";
       signOut();
       render();
       return;

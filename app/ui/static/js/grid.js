@@ -14,17 +14,26 @@ const covers = (b, t) => Date.parse(b.start) <= t && t < Date.parse(b.end);
 
 // The booking holding an atom at instant t (ms), preferring a placed one over a planned one.
 export function bookingAt(atom, t) {
-  const now = atom.bookings.filter((b) => covers(b, t));
-  return now.find((b) => !b.planned) || now[0] || null;
+  let first = null;
+  for (const b of atom.bookings) {
+    if (!covers(b, t)) continue;
+    if (!b.planned) return b;
+    first = first || b;
+  }
+  return first;
 }
 
-export function atomState(node, atom, t) {
+// The state of an atom holding booking b (bookingAt) at that instant.
+function stateWith(node, atom, b) {
   if (!atom.healthy) return "unhealthy";
-  const b = bookingAt(atom, t);
   if (b && !b.planned) return b.spot ? "spot" : "booked";
   if (!node.schedulable || !atom.bookable) return "unschedulable";
   if (b) return "planned";
   return "free";
+}
+
+export function atomState(node, atom, t) {
+  return stateWith(node, atom, bookingAt(atom, t));
 }
 
 // Counts of GPU states at instant t over every node.
@@ -42,6 +51,9 @@ export function legend() {
       h("li", {}, h("span", { class: "cell", "data-state": state, "aria-hidden": "true" }, mark), ` ${label}`)));
 }
 
+// A GPU cell without its atom (cloned per cell: 8,000 in a 1,000-node pool).
+const CELL = h("span", { class: "cell", role: "listitem" });
+
 // The grid of `nodes` (occupancy nodes) at instant t. `highlight` maps nodeId -> Set of atom ids
 // (preview candidates or a reservation's allocations).
 export function grid(nodes, t, highlight = new Map()) {
@@ -51,17 +63,15 @@ export function grid(nodes, t, highlight = new Map()) {
     const cells = h("div", { class: "cells", role: "list", "aria-label": `GPUs of ${node.nodeName}` });
     for (const atom of node.atoms) {
       if (atom.class !== "gpu") continue;
-      const state = atomState(node, atom, t);
       const b = bookingAt(atom, t);
+      const state = stateWith(node, atom, b);
       const who = b && b.reservationId ? ` by ${b.reservationId}` : "";
-      const cell = h("span", {
-        class: "cell",
-        role: "listitem",
-        "data-atom": atom.atomId,
-        "data-state": state,
-        "data-highlight": lit && lit.has(atom.atomId) ? "true" : null,
-        title: `${atom.atomId}: ${STATES[state].label}${who}`,
-      }, STATES[state].mark);
+      const cell = CELL.cloneNode(false);
+      cell.setAttribute("data-atom", atom.atomId);
+      cell.setAttribute("data-state", state);
+      if (lit && lit.has(atom.atomId)) cell.setAttribute("data-highlight", "true");
+      cell.setAttribute("title", `${atom.atomId}: ${STATES[state].label}${who}`);
+      cell.textContent = STATES[state].mark;
       cells.append(cell);
     }
     const reasons = node.schedulable ? "" : ` — ${node.reasons.join("; ")}`;

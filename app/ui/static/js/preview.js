@@ -78,6 +78,7 @@ export function previewForm(poolId, gridHolder, refresh) {
       field("Start", input("start", { placeholder: "now" }), "empty: now; earliest; or an ISO time"),
       field("Binding", h("select", { id: "binding", name: "binding" }, ["device", "node", "kubernetes"].map((b) => h("option", { value: b }, b)))),
       h("div", { class: "field check" }, input("spot", { type: "checkbox" }), h("label", { for: "spot" }, "Spot"))),
+    h("p", { class: "muted" }, "Reserve places the request now: the service takes one of the best candidates at random (seeded), so it may land on a candidate other than the first."),
     h("div", { class: "actions" },
       h("button", { type: "submit" }, "Would it fit?"),
       h("button", { type: "button", id: "reserve", disabled: true }, "Reserve")));

@@ -1,6 +1,8 @@
 // SVG timelines: bookings as bars per node over a window, and points in time (conditions).
 import { s } from "./dom.js";
 
+const SVG_NS = "http://www.w3.org/2000/svg";
+
 const ROW = 18;
 const LABEL = 160;
 const WIDTH = 960;
@@ -17,42 +19,104 @@ function axis(from, to, x, height) {
   return out;
 }
 
+// One SVG element, its attributes set directly (the bookings timeline draws tens of thousands).
+function svgEl(tag, attrs, text) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const k in attrs) el.setAttribute(k, attrs[k]);
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+
+// The label and bars of one node's row at y: each booking of each atom, merged per reservation.
+function drawRow(into, node, y, x) {
+  into.append(svgEl("text", { x: 2, y: y + 12, class: "row-label" }, node.nodeName));
+  const seen = new Map();
+  for (const atom of node.atoms) {
+    for (const b of atom.bookings) {
+      const key = `${b.reservationId || "other"}|${b.start}|${b.end}|${b.planned}|${b.spot}`;
+      const entry = seen.get(key);
+      if (entry) entry.atoms += 1;
+      else seen.set(key, { ...b, atoms: 1 });
+    }
+  }
+  let lane = 0;
+  for (const b of seen.values()) {
+    const x1 = x(Date.parse(b.start));
+    const x2 = Math.max(x(Date.parse(b.end)), x1 + 2);
+    const kind = b.planned ? "planned" : b.spot ? "spot" : "booked";
+    const who = b.reservationId ? `${b.reservationId} ` : "";
+    const bar = svgEl("rect", { x: x1, y: y + 2 + (lane % 3) * 4, width: x2 - x1, height: 8, class: `bar ${kind}` });
+    bar.append(svgEl("title", {}, `${who}${kind} ${b.atoms} GPU ${b.start} – ${b.end}`));
+    into.append(bar);
+    lane += 1;
+  }
+}
+
+// Rows drawn at once; a longer timeline is drawn by blocks of BLOCK rows: those near the viewport
+// first (when they come into view), the rest while the browser is idle (bench/ui_pool_page.py).
+const EAGER_ROWS = 200;
+const BLOCK = 50;
+
 // Bars per node: each booking of each atom, merged per reservation (planned windows dashed).
 export function bookingsTimeline(occupancy) {
   const from = Date.parse(occupancy.from);
   const to = Date.parse(occupancy.to);
   const now = Date.parse(occupancy.now);
   const x = (t) => LABEL + ((Math.min(Math.max(t, from), to) - from) / (to - from)) * (WIDTH - LABEL - 4);
-  const height = 20 + occupancy.nodes.length * ROW;
+  const nodes = occupancy.nodes;
+  const height = 20 + nodes.length * ROW;
   const parts = axis(from, to, x, height);
-  occupancy.nodes.forEach((node, i) => {
-    const y = 20 + i * ROW;
-    parts.push(s("text", { x: 2, y: y + 12, class: "row-label" }, node.nodeName));
-    const seen = new Map();
-    for (const atom of node.atoms) {
-      for (const b of atom.bookings) {
-        const key = `${b.reservationId || "other"}|${b.start}|${b.end}|${b.planned}|${b.spot}`;
-        const entry = seen.get(key) || { ...b, atoms: 0 };
-        entry.atoms += 1;
-        seen.set(key, entry);
-      }
-    }
-    let lane = 0;
-    for (const b of seen.values()) {
-      const x1 = x(Date.parse(b.start));
-      const x2 = Math.max(x(Date.parse(b.end)), x1 + 2);
-      const kind = b.planned ? "planned" : b.spot ? "spot" : "booked";
-      const who = b.reservationId ? `${b.reservationId} ` : "";
-      parts.push(s("rect", { x: x1, y: y + 2 + (lane % 3) * 4, width: x2 - x1, height: 8, class: `bar ${kind}` },
-        s("title", {}, `${who}${kind} ${b.atoms} GPU ${b.start} – ${b.end}`)));
-      lane += 1;
-    }
-  });
-  if (now >= from && now <= to) parts.push(s("line", { x1: x(now), x2: x(now), y1: 14, y2: height, class: "now" }));
-  return s("svg", {
+  const svg = s("svg", {
     class: "timeline", viewBox: `0 0 ${WIDTH} ${height}`, width: WIDTH, height,
     role: "img", "aria-label": `Bookings per node from ${occupancy.from} to ${occupancy.to}; planned windows dashed`,
   }, parts);
+  const lazy = nodes.length > EAGER_ROWS && typeof IntersectionObserver === "function";
+  const blocks = [];
+  for (let first = 0; first < nodes.length; first += lazy ? BLOCK : nodes.length) {
+    const last = Math.min(nodes.length, first + (lazy ? BLOCK : nodes.length));
+    const g = svgEl("g", {});
+    const block = { g, drawn: false, draw() {
+      if (this.drawn) return;
+      this.drawn = true;
+      g.replaceChildren();
+      for (let i = first; i < last; i += 1) drawRow(g, nodes[i], 20 + i * ROW, x);
+    } };
+    if (lazy) {  // an invisible box the height of the block, watched until the block is drawn
+      g.append(svgEl("rect", { x: 0, y: 20 + first * ROW, width: WIDTH, height: (last - first) * ROW, fill: "none" }));
+    } else block.draw();
+    blocks.push(block);
+    svg.append(g);
+  }
+  if (now >= from && now <= to) svg.append(s("line", { x1: x(now), x2: x(now), y1: 14, y2: height, class: "now" }));
+  if (lazy) drawLater(blocks);
+  return svg;
+}
+
+function drawLater(blocks) {
+  const watcher = new IntersectionObserver((entries) => {
+    for (const e of entries) {
+      if (!e.isIntersecting) continue;
+      const block = blocks.find((b) => b.g === e.target.parentNode);
+      watcher.unobserve(e.target);
+      if (block) block.draw();
+    }
+  }, { rootMargin: "800px 0px" });
+  for (const b of blocks) watcher.observe(b.g.firstChild);
+  const idle = window.requestIdleCallback || ((fn) => setTimeout(fn, 50));
+  let next = 0;
+  let shown = false;
+  const step = () => {
+    while (next < blocks.length && blocks[next].drawn) next += 1;
+    const gone = shown && !blocks[0].g.isConnected;  // replaced (a refresh) or the page left
+    shown = shown || blocks[0].g.isConnected;
+    if (next >= blocks.length || gone) {
+      watcher.disconnect();
+      return;
+    }
+    blocks[next].draw();
+    idle(step);
+  };
+  idle(step);
 }
 
 // Horizontal interval bars: rows of {label, low, high, mid, dashed, note} in seconds.

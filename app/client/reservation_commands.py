@@ -1,0 +1,209 @@
+"""``reserve``, ``preview`` and ``release`` (docs/cli.md): the commands that send a reservation body or
+act on one reservation. Registered by ``app/cli.py``; the shared options and the exits are
+:mod:`app.client.common`'s.
+
+``reserve --wait`` polls the reservation (``GET /v1/reservations/{id}``, once a second at first, at most
+every 5 s) until it is placed (exit 0), leaves ``pending``/``queued`` unplaced (``ended`` at its
+deadline, released: exit 3) or ``--wait-timeout`` passes (still pending: exit 3).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from app.client import EXIT_API_ERROR, EXIT_NOT_PLACED, EXIT_USAGE
+from app.client.api import DEFAULT_SERVER, ServiceClient
+from app.client.common import KeyOpt, Output, OutputOpt, ServerOpt, emit, fail, service, warn
+from app.client.flags import REQUEST_FLAGS, RequestFlags
+
+TenantOpt = Annotated[str, typer.Option("--tenant", help="Tenant id.")]
+PoolOpt = Annotated[str, typer.Option("--pool", help="Pool id (pool_...) or name.")]
+GpusOpt = Annotated[int, typer.Option("--gpus", help="Number of atoms of --class.")]
+ForOpt = Annotated[str, typer.Option("--for", help="Duration: 90m, 2h, 1d, or seconds.")]
+SelectorOpt = Annotated[str | None, typer.Option("--selector", help="Selector shorthand.")]
+NvlinkOpt = Annotated[bool, typer.Option("--nvlink", help="Only NVLink-complete sets (nvlink-all).")]
+CpuOpt = Annotated[float | None, typer.Option("--cpu", help="CPU cores.")]
+MemOpt = Annotated[float | None, typer.Option("--memory", help="Memory (MiB).")]
+IdemOpt = Annotated[str | None, typer.Option("--idempotency-key", help="Retry key (default: random).")]
+ClassOpt = Annotated[str, typer.Option("--class", help="Device class.")]
+SpotOpt = Annotated[bool, typer.Option("--spot", help="Spot work: regular work may preempt it.")]
+EarliestOpt = Annotated[
+    bool, typer.Option("--earliest", help="Start at the first window that fits (= --start earliest).")
+]
+StartOpt = Annotated[
+    str | None,
+    typer.Option("--start", help="ISO 8601 with a UTC offset, or 'earliest' (default: now)."),
+]
+GangOpt = Annotated[
+    int | None, typer.Option("--gang", help="N copies of the shape on distinct nodes, all or nothing.")
+]
+TopologyKeyOpt = Annotated[
+    str | None, typer.Option("--topology-key", help="The gang's nodes share this node label's value.")
+]
+WholeNodeOpt = Annotated[bool, typer.Option("--whole-node", help="Lease whole nodes (binding: node).")]
+IfPlanOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--if-plan",
+        help="Commit exactly this plan token of a preview of the same flags, or fail (PLAN_STALE).",
+    ),
+]
+WaitOpt = Annotated[
+    bool, typer.Option("--wait", help="Wait while it is pending: exit 0 once placed, 3 at the timeout.")
+]
+WaitTimeoutOpt = Annotated[
+    str, typer.Option("--wait-timeout", help="How long --wait waits: 90s, 10m, 1h, or seconds.")
+]
+
+# reserve's own options: typer reads the parameters from the signature, so preview's leaves them out
+RESERVE_ONLY = ("if_plan", "wait", "wait_timeout")
+POLL_FIRST, POLL_MOST = 1.0, 5.0  # seconds between polls of --wait: from the first, growing to the most
+
+
+def request_command(
+    send: Callable[[ServiceClient, dict[str, Any], Output, float | None], bool], *, reserve: bool = False
+) -> Callable[..., None]:
+    """A command that sends the request the flags describe: ``send(api, body, output, wait)`` calls
+    the service, prints the answer and says whether it is done (else exit 3); ``wait`` is ``--wait``'s
+    timeout in seconds (None: no wait). Preview and reserve take the same flags, so they share this one
+    definition; ``--if-plan``, ``--wait`` and ``--wait-timeout`` are reserve's only (``reserve``)."""
+
+    def command(
+        tenant: TenantOpt,
+        pool: PoolOpt,
+        gpus: GpusOpt = 0,
+        for_: ForOpt = "1d",
+        selector: SelectorOpt = None,
+        nvlink: NvlinkOpt = False,
+        cpu: CpuOpt = None,
+        memory: MemOpt = None,
+        idempotency_key: IdemOpt = None,
+        device_class: ClassOpt = "gpu",
+        spot: SpotOpt = False,
+        earliest: EarliestOpt = False,
+        start: StartOpt = None,
+        gang: GangOpt = None,
+        topology_key: TopologyKeyOpt = None,
+        whole_node: WholeNodeOpt = False,
+        if_plan: IfPlanOpt = None,
+        wait: WaitOpt = False,
+        wait_timeout: WaitTimeoutOpt = "5m",
+        output: OutputOpt = Output.table,
+        server: ServerOpt = DEFAULT_SERVER,
+        key: KeyOpt = None,
+    ) -> None:
+        timeout = _wait_seconds(wait_timeout) if wait else None
+        with service(server, key, REQUEST_FLAGS) as api:
+            flags = RequestFlags(
+                tenant,
+                api.pool_id(pool),
+                gpus,
+                for_,
+                selector,
+                nvlink,
+                cpu,
+                memory,
+                idempotency_key,
+                device_class,
+                spot,
+                earliest,
+                if_plan,
+                start=start,
+                gang=gang,
+                topology_key=topology_key,
+                whole_node=whole_node,
+            )
+            done = send(api, flags.request_body(), output, timeout)
+        if not done:
+            raise typer.Exit(EXIT_NOT_PLACED)
+
+    if not reserve:
+        signature = inspect.signature(command, eval_str=True)
+        kept = [p for p in signature.parameters.values() if p.name not in RESERVE_ONLY]
+        command.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
+    return command
+
+
+def _wait_seconds(text: str) -> float:
+    """``--wait-timeout`` in seconds (the service's duration rule); a bad one exits 2."""
+    from app.placement.request import parse_duration
+
+    try:
+        return float(parse_duration(text))
+    except ValueError as error:
+        raise fail(f"--wait-timeout {text!r}: {error}", EXIT_USAGE) from None
+
+
+def preview(api: ServiceClient, body: dict[str, Any], output: Output, _wait: float | None) -> bool:
+    """Preview; done when it would fit. A request the pool could never hold (``satisfiable: false``)
+    exits 1 like reserve's UNSATISFIABLE error, not 3: waiting will not help (docs/cli.md)."""
+    from app.client import render as out
+
+    answer = api.preview(body)
+    emit(answer, output, lambda wide: out.preview_view(answer, wide))
+    if answer.get("planToken") and output in (Output.table, Output.wide):  # json/yaml carry it already
+        # one line of its own, never wrapped: `reserve ... --if-plan TOKEN` commits exactly this plan
+        typer.echo(f"plan token: {answer['planToken']}")
+    warn(answer)
+    if answer.get("satisfiable") is False:
+        why = answer.get("unsatisfiableReason") or answer.get("reason", "")
+        raise fail(f"UNSATISFIABLE: {why}", EXIT_API_ERROR)
+    return bool(answer.get("fits"))
+
+
+def reserve(api: ServiceClient, body: dict[str, Any], output: Output, wait: float | None) -> bool:
+    """Reserve; done when placed (pending and queued are not). With ``wait`` (seconds), a pending or
+    queued answer is polled until it is placed, decided otherwise, or the time is up; the answer
+    printed is the last one read."""
+    from app.client import render as out
+
+    answer = api.reserve(body)
+    warn(answer)
+    if wait is not None:
+        answer = wait_for_placement(api, answer, wait)
+    names = names_of(api, [answer], output)
+    emit(answer, output, lambda wide: out.reservation_view(answer, names, wide))
+    return answer.get("status") == "placed"
+
+
+def wait_for_placement(api: ServiceClient, reservation: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """``reservation`` read again until its status is no longer ``pending`` or ``queued``, or
+    ``seconds`` have passed (monotonic clock); polls ``POLL_FIRST`` s apart, growing to ``POLL_MOST``."""
+    deadline = time.monotonic() + seconds
+    pause = POLL_FIRST
+    while reservation.get("status") in ("pending", "queued"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(min(pause, left))
+        pause = min(pause * 1.5, POLL_MOST)
+        reservation = api.reservation(reservation["id"])
+    return reservation
+
+
+def names_of(api: ServiceClient, reservations: list[dict[str, Any]], output: Output) -> dict[str, str]:
+    """Node names for the reservations' allocations, looked up only for human output."""
+    from app.client import render as out
+
+    if output in (Output.json, Output.yaml):
+        return {}
+    return api.node_names(out.reservation_nodes(reservations))
+
+
+def release(
+    reservation_id: Annotated[str, typer.Argument(metavar="ID", help="Reservation id (res_...).")],
+    output: OutputOpt = Output.table,
+    server: ServerOpt = DEFAULT_SERVER,
+    key: KeyOpt = None,
+) -> None:
+    """Release a reservation (its holdings end now)."""
+    from app.client import render as out
+
+    with service(server, key) as api:
+        answer = api.release(reservation_id)
+        emit(answer, output, lambda wide: out.reservation_view(answer, {}, wide))
