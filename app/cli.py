@@ -39,6 +39,7 @@ from app.client.read_commands import (
     get_reservations,
 )
 from app.client.reservation_commands import preview, release, request_command, reserve
+from app.client.usage_commands import usage
 from app.fleet.cli import placement_app
 
 # the client commands' shared pieces (app/client/common.py) stay importable from here
@@ -181,6 +182,7 @@ COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
         "Would this fit, where, and if not, why not (exit 3: it would not).",
     ),
     ("release", release, None),
+    ("usage", usage, None),
     ("openapi", openapi_command, None),
     ("agent", agent_command, "Run the node agent on a GPU host (Hello, heartbeats)."),
     ("audit", audit_command, None),

@@ -234,6 +234,8 @@ TABLE: dict[tuple[str, str], tuple[Builder, dict[str, int]]] = {
         fixed("/v1/reservations/{reservation_a}/release"),
         OWNED_BY_A,
     ),
+    # tenant A's usage: the rule of GET /v1/reservations (tests/api/test_usage.py: a tenant key's own)
+    ("GET", "/v1/usage"): (fixed(f"/v1/usage?tenantId={A}&groupBy=node"), TENANT_A_ONLY),
     # tenant B's key holds compute:quota:write on the pool and still cannot set tenant A's quota
     ("GET", "/v1/tenants/{tenant_id}/quotas/{pool_id}"): (
         fixed(f"/v1/tenants/{A}/quotas/{{pool}}"),

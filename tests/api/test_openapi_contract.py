@@ -171,6 +171,9 @@ async def test_every_operation_answers_its_declared_schema(client_for: Any) -> N
         await call("GET", f"/v1/pools/{pool}/occupancy")  # bookings and scalar steps
         await call("GET", f"/v1/pools/{pool}/occupancy", params={"from": "2026-12-01T12:00:00"})  # 422
         await call("POST", f"/v1/reservations/{placed['id']}/release")
+        await call("GET", "/v1/usage", params={"groupBy": "node"})  # the released one's hours
+        await call("GET", "/v1/usage", params={"groupBy": "resource", "to": "2026-12-01T12:00:00Z"})
+        await call("GET", "/v1/usage", params={"groupBy": "rack"})  # 422
         await call("POST", "/v1/reservations", json={**body, "devices": [{"class": "gpu", "count": 0}]})
         fleet = json.loads((DATA / "explain" / "seed-fleet.json").read_text())
         request = json.loads((DATA / "explain" / "seed-request.json").read_text())

@@ -1,1 +1,1 @@
-"""The reservation service: create, read, release, preview, bulk, and who may act on one."""
+"""The reservation service: create, read, release, preview, bulk, who may act on one, and usage accounting."""
