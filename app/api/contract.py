@@ -46,7 +46,7 @@ SERVERS = [
         "url": DEFAULT_SERVER,
         "description": "`better-compute serve` with its default --host and --port; a deployment answers "
         "at its own address",
-    }
+    },
 ]
 
 
