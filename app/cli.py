@@ -1,7 +1,7 @@
 """The ``better-compute`` command (typer).
 
 Local commands: ``serve``, ``migrate``, ``openapi``, ``placement explain|fleet|compare`` (docs/explain.md).
-Client commands of a running service (docs/cli.md): ``reserve``, ``preview``, ``release``,
+Client commands of a running service (docs/cli.md): ``reserve``, ``preview``, ``release``, ``extend``,
 ``get reservations|pools|nodes [ID]``, ``describe reservation|node ID``; each takes ``--server``
 (``BC_SERVER``), ``--key`` (``BC_API_KEY``) and ``-o table|wide|json|yaml``, and exits 0 (done, placed),
 3 (pending, would not fit), 1 (an API error, printed ``CODE: message``, or an unreachable service) or
@@ -27,6 +27,7 @@ from app.answers.statuses import ReservationStatus
 from app.client import EXIT_API_ERROR, EXIT_NOT_PLACED, EXIT_USAGE
 from app.client import render as out
 from app.client.api import DEFAULT_SERVER, ServiceClient, ServiceError, Unreachable
+from app.client.extend_commands import extend_command
 from app.client.flags import LIST_RESERVATION_FLAGS, REQUEST_FLAGS, RequestFlags, UsageError, with_flag
 from app.client.render import Output
 from app.fleet.cli import placement_app
@@ -431,6 +432,7 @@ COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
         "Would this fit, where, and if not, why not (exit 3: it would not).",
     ),
     ("release", release, None),
+    ("extend", extend_command(service, console), None),
     ("openapi", openapi_command, None),
     ("agent", agent_command, "Run the node agent on a GPU host (Hello, heartbeats)."),
 ]
