@@ -1,7 +1,7 @@
 """The ``better-compute`` command (typer).
 
 Local commands: ``serve``, ``migrate``, ``openapi``, ``placement explain|fleet|compare`` (docs/explain.md).
-Client commands of a running service (docs/cli.md): ``reserve``, ``preview``, ``release``,
+Client commands of a running service (docs/cli.md): ``reserve``, ``preview``, ``release``, ``extend``,
 ``get reservations|pools|nodes [ID]``, ``describe reservation|node ID``, ``pool create|archive``,
 ``node import|label|taint|untaint|cordon|uncordon``, ``quota get|set``; each takes ``--server``
 (``BC_SERVER``), ``--key`` (``BC_API_KEY``) and ``-o table|wide|json|yaml``, and exits 0 (done, placed),
@@ -27,6 +27,7 @@ from app.agent.cli import agent as agent_command
 from app.client import EXIT_USAGE
 from app.client.audit_commands import audit as audit_command
 from app.client.common import KeyOpt, LimitOpt, OutputOpt, ServerOpt, console, emit, fail, service
+from app.client.extend_commands import extend_command
 from app.client.key_commands import key_app
 from app.client.node_commands import node_app
 from app.client.pool_commands import pool_app
@@ -183,6 +184,7 @@ COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
     ),
     ("release", release, None),
     ("usage", usage, None),
+    ("extend", extend_command(service, console), None),
     ("openapi", openapi_command, None),
     ("agent", agent_command, "Run the node agent on a GPU host (Hello, heartbeats)."),
     ("audit", audit_command, None),

@@ -37,13 +37,16 @@ class NearestMiss(ApiModel):
 class Condition(ApiModel):
     """One step of a reservation's story, e.g. ``Unschedulable`` (reason ``NoFit``) with its message."""
 
-    type: str = Field(description="Unschedulable, Planned, Scheduled, Repaired, Preempted, Ended or Released")
+    type: str = Field(
+        description="Unschedulable, Planned, Scheduled, Repaired, Preempted, Extended, Ended or Released"
+    )
     status: Literal["True", "False", "Unknown"]
     reason: str
     message: str
     at: Timestamp | None = Field(
         default=None,
-        description="When it happened (Scheduled, Repaired, Preempted, Released); Planned: the planned start",
+        description="When it happened (Scheduled, Repaired, Preempted, Extended, Released); Planned: the "
+        "planned start",
     )
     waitedSeconds: float | None = Field(
         default=None, description="Scheduled: how long the reservation waited pending (seconds)"
@@ -53,6 +56,8 @@ class Condition(ApiModel):
     oldAtoms: list[str] | None = Field(default=None, description="Repaired: the atoms it was booked on")
     newNodeId: str | None = Field(default=None, description="Repaired: the node it moved to (null: pending)")
     newAtoms: list[str] | None = Field(default=None, description="Repaired: the atoms it moved to")
+    oldEnd: Timestamp | None = Field(default=None, description="Extended: the end before the extension")
+    newEnd: Timestamp | None = Field(default=None, description="Extended: the end after it")
     reservationIds: list[str] | None = Field(
         default=None, description="Preempted (the preemptor): the victims of its own tenant"
     )

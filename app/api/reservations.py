@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.answers.reservations import Preview, Reservation, ReservationList, ReservationStatus
 from app.api.deps import Principal, Services, current_principal, services
 from app.api.errors import conflicts, responses, unsatisfiable
 from app.api.paging import CURSOR_QUERY, cursor_key, next_cursor, time_then_id
 from app.capacity.queue import worker as svc_queue
+from app.capacity.reservations import extend as svc_extend
 from app.capacity.reservations import preview as svc_preview
 from app.capacity.reservations import reads as svc_reads
 from app.capacity.reservations import release as svc_release
 from app.capacity.reservations.access import authorized_reservation_tenant
-from app.iam.authorize import authorize
-from app.placement.request import CreateReservationRequest, ReservationRequest
+from app.iam.authorize import authorize, may_read_work_of
+from app.placement.request import (
+    FIRST_WINDOW_YEAR,
+    LAST_WINDOW_YEAR,
+    CreateReservationRequest,
+    ReservationRequest,
+    window_end,
+)
 
 router = APIRouter(tags=["reservations"])
 
@@ -152,3 +162,54 @@ async def release_reservation(
         svc.engine, principal, reservation_id, "compute:reservations:release"
     )
     return await svc_release.release_reservation(svc.engine, reservation_id, tenant)
+
+
+class ExtendBody(BaseModel):
+    """``{end: "2026-12-02T12:00:00Z"}``: the new end of a placed reservation (docs/lifecycle.md,
+    "Extend")."""
+
+    model_config = ConfigDict(extra="forbid")
+    end: datetime = Field(
+        description="ISO 8601 with a UTC offset, in years 1970..9999: at or after the current end (the same "
+        "end again is a no-op), at most BC_CAPACITY_MAX_LEAD ahead of now"
+    )
+
+    @field_validator("end")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("end needs a timezone, e.g. 2026-12-01T12:00:00Z")
+        if window_end(value, 0) is None:
+            raise ValueError(f"end must lie in years {FIRST_WINDOW_YEAR}..{LAST_WINDOW_YEAR} (UTC)")
+        return value
+
+
+@router.post(
+    "/v1/reservations/{reservation_id}/extend",
+    response_model=Reservation,
+    response_model_exclude_unset=True,
+    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT", "QUOTA_EXCEEDED")},
+    operation_id="extendReservation",
+)
+async def extend_reservation(
+    reservation_id: str,
+    body: ExtendBody,
+    principal: Principal = Depends(current_principal),
+    svc: Services = Depends(services),
+) -> Reservation:
+    """Lengthen a placed reservation to ``end`` on the same atoms and amounts (docs/lifecycle.md,
+    "Extend"): 409 CONFLICT naming the reservation booked in the way (by id where this key may read its
+    tenant's work, else "another reservation"), or when the reservation is not placed; 409
+    QUOTA_EXCEEDED; 422 at ``end`` for an end before the current one. Nothing changes on a refusal; the
+    same end again answers the reservation unchanged."""
+    tenant = await authorized_reservation_tenant(
+        svc.engine, principal, reservation_id, "compute:reservations:release"
+    )
+    return await svc_extend.extend_reservation(
+        svc.engine,
+        reservation_id,
+        tenant,
+        body.end,
+        lambda owner: may_read_work_of(principal, owner),
+        svc.capacity.max_lead,
+    )

@@ -46,6 +46,7 @@ ROUTE_GRANTS: dict[tuple[str, str], RouteGrant] = {
     ("POST", "/v1/capacity/preview"): RouteGrant("compute:capacity:read"),
     ("POST", "/v1/reservations"): RouteGrant("compute:reservations:create"),
     ("POST", "/v1/reservations/{reservation_id}/release"): RouteGrant("compute:reservations:release"),
+    ("POST", "/v1/reservations/{reservation_id}/extend"): RouteGrant("compute:reservations:release"),
     ("POST", "/v1/nodes/hello"): RouteGrant("compute:nodes:hello"),
     ("POST", "/v1/nodes/{node_id}/heartbeat"): RouteGrant("compute:nodes:hello"),
     ("POST", "/v1/placement/explain"): RouteGrant(EXPLAIN, "*"),

@@ -2,7 +2,8 @@
 lifecycle"): each is a :class:`~app.answers.reservations.Condition`, ``{type, status: "True", reason,
 message}`` plus the fields of its kind. ``Unschedulable`` (its reasons, and how a newer one replaces the
 one before), ``Ended`` (``WindowEnded``, ``WindowPassed``, ``DeadlinePassed``), ``Released``
-(``ReleaseRequested``) and ``Planned`` (``PlannedStart``: a pending reservation's planned window,
+(``ReleaseRequested``), ``Extended`` (``ExtendRequested``: a placed reservation's longer window,
+docs/lifecycle.md "Extend") and ``Planned`` (``PlannedStart``: a pending reservation's planned window,
 docs/lifecycle.md "Planned starts") are made here; ``Scheduled`` by the wake
 (:mod:`app.capacity.controllers.wake`), ``Repaired`` by BookingRepair
 (:mod:`app.capacity.controllers.repair`) and ``Preempted`` by spot preemption
@@ -38,6 +39,8 @@ RELEASED = "Released"
 RELEASE_REQUESTED = "ReleaseRequested"
 PLANNED = "Planned"
 PLANNED_START = "PlannedStart"
+EXTENDED = "Extended"
+EXTEND_REQUESTED = "ExtendRequested"
 
 
 def condition(kind: str, reason: str, message: str, **fields: Any) -> Condition:
@@ -131,6 +134,19 @@ def released_condition(at: datetime, status_before: str) -> Condition:
     database clock), while it was ``status_before`` (placed, pending or queued); docs/lifecycle.md."""
     return condition(
         RELEASED, RELEASE_REQUESTED, f"released at {at.isoformat()} while {status_before}", at=at.isoformat()
+    )
+
+
+def extended_condition(at: datetime, old_end: datetime, new_end: datetime) -> Condition:
+    """The condition of a placed reservation extended by ``POST /v1/reservations/{id}/extend`` at ``at``
+    (the database clock) from ``old_end`` to ``new_end`` (docs/lifecycle.md, "Extend")."""
+    return condition(
+        EXTENDED,
+        EXTEND_REQUESTED,
+        f"extended from {old_end.isoformat()} to {new_end.isoformat()}",
+        at=at.isoformat(),
+        oldEnd=old_end.isoformat(),
+        newEnd=new_end.isoformat(),
     )
 
 

@@ -206,6 +206,14 @@ PLAN_TOKEN_CREATES = Counter(
     "altered, expired, or for another tenant or body).",
     ["result"],
 )
+EXTEND_RESULTS = ("extended", "conflict", "quota")
+RESERVATION_EXTENDS = Counter(
+    "bc_reservation_extends_total",
+    "POST /v1/reservations/{id}/extend answers (docs/lifecycle.md, Extend), by result: extended (the window "
+    "is longer), conflict (409 CONFLICT: an atom booked, a scalar run out, the node no longer schedulable, "
+    "or the reservation not placed) or quota (409 QUOTA_EXCEEDED).",
+    ["result"],
+)
 BUILD = Info("bc_build", "The running build: bc_build_info{version} is 1.")
 
 
@@ -253,6 +261,8 @@ for _result in PREEMPTION_RESULTS:
     PREEMPTION_ATTEMPTS.labels(_result)
 for _result in PLAN_TOKEN_RESULTS:
     PLAN_TOKEN_CREATES.labels(_result)
+for _result in EXTEND_RESULTS:
+    RESERVATION_EXTENDS.labels(_result)
 
 
 P = ParamSpec("P")

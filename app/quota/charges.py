@@ -3,7 +3,9 @@ every instant of it (docs/quota.md, "Usage is counted per instant").
 
 A charge is one guarded ``INSERT INTO quota_holdings ... WHERE limit IS NULL OR peak + n <= limit
 RETURNING`` (:data:`HOLD_QUOTA`; :data:`HOLD_QUOTA_ROWS` for the many reservations of a batch), run by
-the guarded commit of the placement itself (app/capacity/commit/single.py) or by :func:`charge`; a
+the guarded commit of the placement itself (app/capacity/commit/single.py) or by :func:`charge`; an
+extension's charge lengthens the reservation's holdings under the same guard (:data:`EXTEND_QUOTA`,
+:func:`extend_charge`; docs/lifecycle.md, "Extend"); a
 resource missing from what it returns is over its limit somewhere in the window, and
 :func:`refusal` makes its 409.
 
@@ -298,3 +300,93 @@ def hold_params(
         "starts_at": start,
         "ends_at": end,
     }
+
+
+_MINE = quota_holdings.alias("mine")
+_EXT = {
+    c: sa.bindparam(f"ext_{c}", type_=t)
+    for c, t in (("reservation_id", sa.Text), ("old_end", TS), ("new_end", TS))
+}
+_MINE_LIMIT = (
+    sa.select(quota_limits.c.limit)
+    .where(
+        quota_limits.c.tenant_id == _MINE.c.tenant_id,
+        quota_limits.c.pool_id == _MINE.c.pool_id,
+        quota_limits.c.resource == _MINE.c.resource,
+    )
+    .scalar_subquery()
+)
+_MINE_FITS = (
+    sa.select(_MINE.c.resource)
+    .where(
+        _MINE.c.reservation_id == _EXT["reservation_id"],
+        _MINE.c.ends_at == _EXT["old_end"],
+        room_for(
+            quota_holdings,
+            [
+                quota_holdings.c.tenant_id == _MINE.c.tenant_id,
+                quota_holdings.c.pool_id == _MINE.c.pool_id,
+                quota_holdings.c.resource == _MINE.c.resource,
+            ],
+            _EXT["old_end"],
+            _EXT["new_end"],
+            _MINE.c.amount,
+            _MINE_LIMIT,
+            (_MINE,),
+        ),
+    )
+    .cte("fits")
+)
+# The charge of an extension (docs/lifecycle.md, "Extend"): the reservation's holdings that end at
+# :old_end end at :new_end, each only if the tenant's usage stays within its limit at every instant of
+# [:old_end, :new_end) (its own row ends at :old_end, so it never counts against its extension):
+# WITH fits AS (SELECT mine.resource FROM quota_holdings mine
+#                WHERE mine.reservation_id = :ext_reservation_id AND mine.ends_at = :ext_old_end
+#                  AND ((SELECT limit ...) IS NULL
+#                       OR (<peak of the tenant's mine.resource holdings over [:ext_old_end, :ext_new_end)>)
+#                          + mine.amount <= (SELECT limit ...)))
+# UPDATE quota_holdings SET ends_at = :ext_new_end
+#  WHERE reservation_id = :ext_reservation_id AND ends_at = :ext_old_end
+#    AND resource IN (SELECT resource FROM fits)
+# RETURNING resource                                      -- one missing: over its limit somewhere
+EXTEND_QUOTA = (
+    sa.update(quota_holdings)
+    .where(
+        quota_holdings.c.reservation_id == _EXT["reservation_id"],
+        quota_holdings.c.ends_at == _EXT["old_end"],
+        quota_holdings.c.resource.in_(sa.select(_MINE_FITS.c.resource)),
+    )
+    .values(ends_at=_EXT["new_end"])
+    .returning(quota_holdings.c.resource)
+)
+
+
+async def extend_charge(
+    conn: AsyncConnection,
+    tenant_id: str,
+    pool_id: str,
+    reservation_id: str,
+    old_end: datetime,
+    new_end: datetime,
+) -> None:
+    """Charge the extension of a reservation's window from ``old_end`` to ``new_end``: its quota
+    holdings that end at ``old_end`` end at ``new_end``, each only where the tenant's limit holds at
+    every instant of ``[old_end, new_end)`` (:data:`EXTEND_QUOTA`). The tenant's ``quota_usage`` rows
+    of those resources are locked first (``FOR UPDATE``, sorted, last in the lock order), as a charge's
+    are. Raises :class:`~app.errors.QuotaExceeded` (409, :func:`refusal`) for the first refused resource
+    in sorted order; the caller's transaction is then rolled back, so nothing is written."""
+    rows = await conn.execute(
+        sa.select(quota_holdings.c.resource, quota_holdings.c.amount).where(
+            quota_holdings.c.reservation_id == reservation_id, quota_holdings.c.ends_at == old_end
+        )
+    )
+    wanted = {r.resource: Decimal(r.amount) for r in rows}
+    if not wanted:
+        return
+    resources = sorted(wanted)
+    await lock_usage_rows(conn, tenant_id, pool_id, resources)
+    params = {"ext_reservation_id": reservation_id, "ext_old_end": old_end, "ext_new_end": new_end}
+    held = set((await conn.execute(EXTEND_QUOTA, params)).scalars())
+    refused = next((r for r in resources if r not in held), None)
+    if refused is not None:
+        raise await refusal(conn, tenant_id, pool_id, refused, wanted[refused], old_end, new_end)

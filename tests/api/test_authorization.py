@@ -14,6 +14,7 @@ import itertools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,13 @@ async def _heartbeat_of_an_agent_node(w: World) -> Call:
     r = await w.admin.post("/v1/nodes/hello", json=_hello(w))  # a node that sent Hello, for every column
     assert r.status_code == 200, r.text
     return f"/v1/nodes/{r.json()['nodeId']}/heartbeat", {"devices": []}
+
+
+async def _extend_reservation_a(w: World) -> Call:
+    r = await w.admin.get(f"/v1/reservations/{w.reservation_a}")  # its end now, for every column
+    assert r.status_code == 200, r.text
+    end = max(datetime.fromisoformat(a["end"]) for a in r.json()["allocations"]) + timedelta(hours=1)
+    return f"/v1/reservations/{w.reservation_a}/extend", {"end": end.isoformat()}
 
 
 def _doc(name: str) -> dict[str, Any]:
@@ -236,6 +244,8 @@ TABLE: dict[tuple[str, str], tuple[Builder, dict[str, int]]] = {
     ),
     # tenant A's usage: the rule of GET /v1/reservations (tests/api/test_usage.py: a tenant key's own)
     ("GET", "/v1/usage"): (fixed(f"/v1/usage?tenantId={A}&groupBy=node"), TENANT_A_ONLY),
+    # each column that may extends reservation A by another hour (same permission as release)
+    ("POST", "/v1/reservations/{reservation_id}/extend"): (_extend_reservation_a, OWNED_BY_A),
     # tenant B's key holds compute:quota:write on the pool and still cannot set tenant A's quota
     ("GET", "/v1/tenants/{tenant_id}/quotas/{pool_id}"): (
         fixed(f"/v1/tenants/{A}/quotas/{{pool}}"),

@@ -39,6 +39,7 @@ COUNTERS = {
     "bc_lost_races_total": [{"reason": k} for k in LOST_RACE_KINDS],
     "bc_quota_rejections_total": [{}],
     "bc_plan_token_creates_total": [{"result": r} for r in ("placed", "stale", "invalid")],
+    "bc_reservation_extends_total": [{"result": r} for r in ("extended", "conflict", "quota")],
     "bc_reservations_ended_total": [{"reason": r} for r in ("WindowEnded", "WindowPassed", "DeadlinePassed")],
     "bc_http_request_duration_seconds_count": [
         {"route": "/v1/reservations"},

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 DOC = json.loads((ROOT / "openapi" / "openapi.json").read_text())
 VERBS = (
-    "get|list|create|import|archive|cordon|uncordon|set|preview|release|revoke|explain|build|compare|record"
-    "|check|send"
+    "get|list|create|import|archive|cordon|uncordon|set|preview|release|extend|revoke|explain|build|compare"
+    "|record|check|send"
 )
 OPERATION_ID = re.compile(rf"^({VERBS})([A-Z][a-z0-9]*)+$")
 TEXT_ANSWERS = {"getMetrics"}  # Prometheus text, not JSON
@@ -170,10 +171,15 @@ async def test_every_operation_answers_its_declared_schema(client_for: Any) -> N
         await call("GET", "/v1/reservations", params={"limit": 1})
         await call("GET", f"/v1/pools/{pool}/occupancy")  # bookings and scalar steps
         await call("GET", f"/v1/pools/{pool}/occupancy", params={"from": "2026-12-01T12:00:00"})  # 422
+        later = datetime.fromisoformat(placed["allocations"][0]["end"]) + timedelta(hours=1)
+        extend = f"/v1/reservations/{placed['id']}/extend"
+        await call("POST", extend, json={"end": later.isoformat()})  # 200
+        await call("POST", extend, json={"end": "2000-01-01T00:00:00Z"})  # 422: before its end
         await call("POST", f"/v1/reservations/{placed['id']}/release")
         await call("GET", "/v1/usage", params={"groupBy": "node"})  # the released one's hours
         await call("GET", "/v1/usage", params={"groupBy": "resource", "to": "2026-12-01T12:00:00Z"})
         await call("GET", "/v1/usage", params={"groupBy": "rack"})  # 422
+        await call("POST", extend, json={"end": (later + timedelta(hours=1)).isoformat()})  # 409: released
         await call("POST", "/v1/reservations", json={**body, "devices": [{"class": "gpu", "count": 0}]})
         fleet = json.loads((DATA / "explain" / "seed-fleet.json").read_text())
         request = json.loads((DATA / "explain" / "seed-request.json").read_text())
