@@ -11,7 +11,17 @@ from functools import partial
 
 from fastapi import Depends, FastAPI
 
-from app.api import agents, health, iam, inventory, quota, reservation_batch, reservations, ui
+from app.api import (
+    agents,
+    health,
+    iam,
+    inventory,
+    node_maintenance,
+    quota,
+    reservation_batch,
+    reservations,
+    ui,
+)
 from app.api.contract import install_contract
 from app.api.cors import BrowserCors
 from app.api.deps import Services
@@ -177,7 +187,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     install_contract(app)  # after the error shapes: it refines their document
     app.add_middleware(RequestGuard, settings=settings)  # inner: authenticate and bound the body first
     # the batch route first: /v1/reservations/batch is not a reservation id
-    for module in (health, iam, inventory, quota, reservation_batch, reservations, agents):
+    for module in (health, iam, inventory, node_maintenance, quota, reservation_batch, reservations, agents):
         app.include_router(module.router)
     from app.api import placement
 

@@ -197,7 +197,7 @@ async def _scalars(
         await conn.execute(
             sa.select(node_resources)
             .join(nodes, nodes.c.id == node_resources.c.node_id)
-            .where(nodes.c.pool_id == pool_id)
+            .where(nodes.c.pool_id == pool_id, nodes.c.deleted_at.is_(None))
             .order_by(node_resources.c.node_id, node_resources.c.resource)
         )
     ).all():
@@ -240,7 +240,7 @@ async def pool_occupancy(
                 nodes.c.heartbeat_lost,
                 nodes.c.last_heartbeat_at,
             )
-            .where(nodes.c.pool_id == pool_id)
+            .where(nodes.c.pool_id == pool_id, nodes.c.deleted_at.is_(None))  # a deleted node is history
             .order_by(nodes.c.id)
         )
     ).all()
@@ -254,7 +254,7 @@ async def pool_occupancy(
                 devices.c.bookable,
             )
             .join(nodes, nodes.c.id == devices.c.node_id)
-            .where(nodes.c.pool_id == pool_id)
+            .where(nodes.c.pool_id == pool_id, nodes.c.deleted_at.is_(None))
             .order_by(devices.c.node_id, devices.c.ordinal, devices.c.id)
         )
     ).all()
