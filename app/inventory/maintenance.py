@@ -7,8 +7,8 @@
   node's ``drain`` reads ``draining`` or ``drained`` (:func:`app.inventory.usage.drain_states`).
 - :func:`delete_node` archives a node that holds nothing current or future: the row stays as the
   history of its allocations (a past reservation still names its node), hidden from every read of the
-  pool (lists, counts, placement, occupancy) and from ``GET /v1/nodes/{id}`` (404); its name and device
-  ids are free for a new node.
+  pool (lists, counts, placement, occupancy) and from ``GET /v1/nodes/{id}`` (404); its name is free
+  for a new node (its device ids stay with its history).
 
 Both take the engine (their own transaction) or a connection (the caller's).
 """
@@ -55,12 +55,12 @@ async def delete_node(conn: AsyncConnection, node_id: str) -> None:
     Refused with :class:`~app.errors.Conflict` (409 ``CONFLICT``, nothing changed) while it does: the
     message names up to five reservations and how many there are, ``details`` ``{nodeId,
     reservationIds, count}``. Else the node row is archived (``deleted_at``; drained, its agent
-    forgotten), its device ids are set aside (``<id>~<node id>``: allocations keep the ids they booked
-    as history) so the same hardware may register again, its capacity leaves the pool's rollup and the
-    pool's inventory version is bumped. NotFound (404) for no node or one deleted already.
+    forgotten), its capacity leaves the pool's rollup and the pool's inventory version is bumped. Its
+    devices stay as the history of its bookings, so their ids stay taken (a node registering them again
+    is 409, as for any device id on another node). NotFound (404) for no node or one deleted already.
 
     Locks: the pool ``FOR NO KEY UPDATE`` (an inventory change, waiting for the commits in flight),
-    then the node, its devices, and the rollup last (the lock order)."""
+    then the node, and the rollup last (the lock order)."""
     pool_id = await node_pool_id(conn, node_id)
     await lock_pool(conn, pool_id)
     await lock_node(conn, node_id)
@@ -93,13 +93,6 @@ async def delete_node(conn: AsyncConnection, node_id: str) -> None:
         totals[device_class] = Decimal(-count)
     for r in (await conn.execute(sa.select(node_resources).where(node_resources.c.node_id == node_id))).all():
         totals[r.resource] = totals.get(r.resource, Decimal(0)) - scalar_capacity(r.allocatable, r.ratio)
-    # UPDATE devices SET id = id || '~' || :node, parent_id = parent_id || '~' || :node WHERE node_id = :node
-    suffix = "~" + node_id
-    await conn.execute(
-        sa.update(devices)
-        .where(devices.c.node_id == node_id)
-        .values(id=devices.c.id + suffix, parent_id=devices.c.parent_id + suffix)
-    )
     await add_rollup_totals(conn, pool_id, totals)
     await bump_inventory_version(conn, pool_id)
     NODE_MAINTENANCE.labels("delete").inc()
