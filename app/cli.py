@@ -28,6 +28,7 @@ from app.client import EXIT_API_ERROR, EXIT_NOT_PLACED, EXIT_USAGE
 from app.client import render as out
 from app.client.api import DEFAULT_SERVER, ServiceClient, ServiceError, Unreachable
 from app.client.flags import LIST_RESERVATION_FLAGS, REQUEST_FLAGS, RequestFlags, UsageError, with_flag
+from app.client.node_commands import node_group
 from app.client.render import Output
 from app.fleet.cli import placement_app
 
@@ -447,6 +448,7 @@ GROUPS: list[tuple[str, typer.Typer]] = [
     ("get", get_app),
     ("describe", describe_app),
     ("placement", placement_app),
+    ("node", node_group(service, console)),  # drain, undrain, delete (app/client/node_commands.py)
 ]
 # kubectl takes either number: `get reservation ID`, `describe nodes ID`
 ALIASES: list[tuple[typer.Typer, str, Callable[..., None]]] = [

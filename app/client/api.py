@@ -120,6 +120,8 @@ class ServiceClient:
             raise Unreachable(self.server, _why(error, self.timeout)) from None
         if response.status_code >= 400:
             raise _error_from(response)
+        if response.status_code == 204:  # no content (a delete)
+            return 204, None
         try:
             return response.status_code, response.json()
         except ValueError:
@@ -206,6 +208,18 @@ class ServiceClient:
     def node(self, node_id: str) -> dict[str, Any]:
         """``GET /v1/nodes/{id}``: the whole node (devices, links, resources)."""
         return self.get(f"/v1/nodes/{node_id}")
+
+    def drain_node(self, node_id: str, reschedule: bool) -> dict[str, Any]:
+        """``POST /v1/nodes/{id}/drain`` ``{reschedule}``: the node with the reservations it moved."""
+        return self.request("POST", f"/v1/nodes/{node_id}/drain", body={"reschedule": reschedule})[1]
+
+    def undrain_node(self, node_id: str) -> dict[str, Any]:
+        """``POST /v1/nodes/{id}/undrain``: the node."""
+        return self.request("POST", f"/v1/nodes/{node_id}/undrain")[1]
+
+    def delete_node(self, node_id: str) -> None:
+        """``DELETE /v1/nodes/{id}`` (204; 409 CONFLICT while it holds current or future work)."""
+        self.request("DELETE", f"/v1/nodes/{node_id}")
 
     def node_names(self, pool_node_ids: dict[str, set[str]]) -> dict[str, str]:
         """``{node id: name}`` for the given ``{pool id: node ids}``. A few nodes are read one by one,
