@@ -30,6 +30,7 @@ from app.client.common import KeyOpt, LimitOpt, OutputOpt, ServerOpt, console, e
 from app.client.extend_commands import extend_command
 from app.client.key_commands import key_app
 from app.client.node_commands import node_app
+from app.client.node_maintenance_commands import add_maintenance_commands
 from app.client.pool_commands import pool_app
 from app.client.quota_commands import quota_app
 from app.client.read_commands import (
@@ -42,6 +43,8 @@ from app.client.read_commands import (
 from app.client.reservation_commands import preview, release, request_command, reserve
 from app.client.usage_commands import usage
 from app.fleet.cli import placement_app
+
+add_maintenance_commands(node_app, service, console)  # node drain|undrain|delete
 
 # the client commands' shared pieces (app/client/common.py) stay importable from here
 __all__ = ["KeyOpt", "LimitOpt", "OutputOpt", "ServerOpt", "app", "emit", "main", "service"]

@@ -11,7 +11,19 @@ from functools import partial
 
 from fastapi import Depends, FastAPI
 
-from app.api import agents, audit, health, iam, inventory, quota, reservation_batch, reservations, ui, usage
+from app.api import (
+    agents,
+    audit,
+    health,
+    iam,
+    inventory,
+    node_maintenance,
+    quota,
+    reservation_batch,
+    reservations,
+    ui,
+    usage,
+)
 from app.api.audit_trail import AuditTrail
 from app.api.contract import install_contract
 from app.api.cors import BrowserCors
@@ -185,7 +197,18 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.add_middleware(RequestGuard, settings=settings)  # inner: authenticate and bound the body first
     app.add_middleware(AuditTrail)  # around the guard: its 401/403/413 are recorded too
     # the batch route first: /v1/reservations/batch is not a reservation id
-    for module in (health, iam, inventory, quota, reservation_batch, reservations, agents, audit, usage):
+    for module in (
+        health,
+        iam,
+        inventory,
+        node_maintenance,
+        quota,
+        reservation_batch,
+        reservations,
+        agents,
+        audit,
+        usage,
+    ):
         app.include_router(module.router)
     from app.api import placement
 

@@ -102,6 +102,15 @@ class ScalarUsage(ApiModel):
     free: Number
 
 
+DrainState = Literal["draining", "drained"] | None
+DRAIN_FIELD = Field(
+    default=None,
+    description="null: not drained; `draining`: drained, with work placed on it that is current or "
+    "future; `drained`: drained and holding nothing current or future (it may be deleted). "
+    "docs/operating.md, Maintenance: drain and delete",
+)
+
+
 class NodeAgent(ApiModel):
     """The node's agent (docs/agent.md): its heartbeat interval, last heartbeat and last reported error."""
 
@@ -124,6 +133,7 @@ class Node(ApiModel):
     heartbeatLost: bool
     leasable: bool
     noScheduleReasons: list[str]
+    drain: DrainState = DRAIN_FIELD
     agent: NodeAgent | None = Field(
         default=None, description="null for a node an operator registered without an agent"
     )
@@ -151,10 +161,30 @@ class NodeSummary(ApiModel):
     heartbeatLost: bool
     lastHeartbeat: Timestamp | None = Field(description="ISO 8601; null before an agent's first heartbeat")
     noScheduleReasons: list[str]
+    drain: DrainState = DRAIN_FIELD
     labels: dict[str, str]
     devices: dict[str, int]
     deviceClasses: list[DeviceClassUsage] = Field(description="atoms by class, at the database's now")
     scalars: list[ScalarUsage] = Field(description="scalar resources by name, at the database's now")
+
+
+class RescheduledReservation(ApiModel):
+    """A future reservation a drain with ``reschedule`` moved off the node (docs/operating.md,
+    "Maintenance: drain and delete"): to ``toNodeId``, or back to ``pending`` (``toNodeId`` null)."""
+
+    reservationId: str
+    result: Literal["other_node", "pending", "kept"] = Field(
+        description="`other_node`: placed elsewhere for the same window; `pending`: nothing else fits, "
+        "it waits for a wake; `kept`: not moved (a gang), it keeps its window on the node"
+    )
+    fromNodeId: str
+    toNodeId: str | None
+
+
+class DrainedNode(Node):
+    """The node a drain answered, with the future reservations it moved (empty without ``reschedule``)."""
+
+    rescheduled: list[RescheduledReservation]
 
 
 class NodeList(ApiModel):

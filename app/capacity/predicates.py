@@ -25,7 +25,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.elements import ColumnElement
 
 from app.db.tables import nodes, pools
-from app.placement.schedulable import DEDICATION_PREFIX
+from app.placement.schedulable import DEDICATION_PREFIX, DRAINING
 
 _PREFIX_LENGTH = len(DEDICATION_PREFIX)
 
@@ -65,15 +65,16 @@ def schedulable_sql_within(
     return sa.and_(pool_table.c.archived_at.is_(None), _reasons_of(node_table).contained_by(allowed))
 
 
-# pools.archived_at IS NULL AND nodes.leasable
+# pools.archived_at IS NULL AND nodes.leasable AND NOT ('draining' = ANY(nodes.no_schedule_reasons))
 #   AND NOT EXISTS (SELECT 1 FROM unnest(nodes.no_schedule_reasons) AS r(reason)
 #                    WHERE left(r.reason, 18) = 'tainted dedicated='
 #                      AND r.reason IS DISTINCT FROM 'tainted dedicated=' || :tenant)
 def leasable_sql_for(
     tenant_id: str | None, node_table: sa.Table = nodes, pool_table: sa.Table = pools
 ) -> ColumnElement[bool]:
-    """Leasable whole by ``tenant_id``: the pool is not archived, the node is ``leasable``, and no
-    dedication to another tenant (other NoSchedule reasons are ignored by whole-node leases). Twin of
+    """Leasable whole by ``tenant_id``: the pool is not archived, the node is ``leasable`` and not
+    ``draining``, and no dedication to another tenant (other NoSchedule reasons are ignored by
+    whole-node leases). Twin of
     ``lease_ineligibility(...) is None``."""
     return leasable_sql_within(sa.literal(own_dedication(tenant_id), sa.Text), node_table, pool_table)
 
@@ -83,7 +84,8 @@ def own_dedication(tenant_id: str | None) -> str | None:
     return DEDICATION_PREFIX + tenant_id if tenant_id is not None else None
 
 
-# ... AND NOT EXISTS (... WHERE left(r.reason, 18) = 'tainted dedicated=' AND r.reason IS DISTINCT FROM <own>)
+# ... AND NOT ('draining' = ANY(...))
+#     AND NOT EXISTS (... WHERE left(r.reason, 18) = 'tainted dedicated=' AND r.reason IS DISTINCT FROM <own>)
 def leasable_sql_within(
     own: ColumnElement[str | None], node_table: sa.Table = nodes, pool_table: sa.Table = pools
 ) -> ColumnElement[bool]:
@@ -97,7 +99,13 @@ def leasable_sql_within(
         .select_from(reasons)
         .where(_is_dedication(reasons.c.reason), reasons.c.reason.is_distinct_from(own))
     )
-    return sa.and_(pool_table.c.archived_at.is_(None), node_table.c.leasable.is_(True), ~foreign.exists())
+    draining = sa.literal(DRAINING, sa.Text) == sa.any_(_reasons_of(node_table))
+    return sa.and_(
+        pool_table.c.archived_at.is_(None),
+        node_table.c.leasable.is_(True),
+        sa.not_(draining),
+        ~foreign.exists(),
+    )
 
 
 # pools.archived_at IS NULL

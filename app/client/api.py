@@ -249,6 +249,18 @@ class ServiceClient:
         """``GET /v1/nodes/{id}``: the whole node (devices, links, resources)."""
         return self.get(f"/v1/nodes/{node_id}")
 
+    def drain_node(self, node_id: str, reschedule: bool) -> dict[str, Any]:
+        """``POST /v1/nodes/{id}/drain`` ``{reschedule}``: the node with the reservations it moved."""
+        return self.request("POST", f"/v1/nodes/{node_id}/drain", body={"reschedule": reschedule})[1]
+
+    def undrain_node(self, node_id: str) -> dict[str, Any]:
+        """``POST /v1/nodes/{id}/undrain``: the node."""
+        return self.request("POST", f"/v1/nodes/{node_id}/undrain")[1]
+
+    def delete_node(self, node_id: str) -> None:
+        """``DELETE /v1/nodes/{id}`` (204; 409 CONFLICT while it holds current or future work)."""
+        self.request("DELETE", f"/v1/nodes/{node_id}")
+
     def node_names(self, pool_node_ids: dict[str, set[str]]) -> dict[str, str]:
         """``{node id: name}`` for the given ``{pool id: node ids}``. A few nodes are read one by one,
         more by listing their pool; a node the key may not read (403, 404) keeps its id as its name, so

@@ -106,7 +106,12 @@ _SHARE_POOL = Prepared(
     .where(pools.c.id == sa.bindparam("pool_id", type_=sa.Text))
     .with_for_update(read=True)
 )
-_LOCK_NODE = sa.select(nodes).where(nodes.c.id == sa.bindparam("node_id", type_=sa.Text)).with_for_update()
+# a deleted node (``deleted_at`` set: history only) is no node to lock: 404 like an unknown id
+_LOCK_NODE = (
+    sa.select(nodes)
+    .where(nodes.c.id == sa.bindparam("node_id", type_=sa.Text), nodes.c.deleted_at.is_(None))
+    .with_for_update()
+)
 
 
 async def lock_pool(conn: AsyncConnection, pool_id: str, *, for_update: bool = True) -> Any:
@@ -140,7 +145,11 @@ async def lock_node_in_order(conn: AsyncConnection, node_id: str) -> Any:
 
     ``SELECT pool_id FROM nodes WHERE id = :node_id`` (no lock: a node never changes pool), then
     :func:`lock_pool` ``FOR SHARE`` and :func:`lock_node`."""
-    pool_id = (await conn.execute(sa.select(nodes.c.pool_id).where(nodes.c.id == node_id))).scalar()
+    pool_id = (
+        await conn.execute(
+            sa.select(nodes.c.pool_id).where(nodes.c.id == node_id, nodes.c.deleted_at.is_(None))
+        )
+    ).scalar()
     if pool_id is None:
         raise node_not_found(node_id)
     await lock_pool(conn, pool_id, for_update=False)

@@ -51,7 +51,9 @@ nodes = sa.Table(
     sa.Column("ready", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.Column("heartbeat_lost", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("leasable", sa.Boolean, nullable=False, server_default=sa.true()),
-    # kept in the same transaction as their cause (cordon, conditions, NoSchedule taints)
+    # drained for maintenance (docs/operating.md, "Maintenance: drain and delete"): the reason `draining`
+    sa.Column("draining", sa.Boolean, nullable=False, server_default=sa.false()),
+    # kept in the same transaction as their cause (cordon, drain, conditions, NoSchedule taints)
     sa.Column(
         "no_schedule_reasons", pg.ARRAY(sa.Text), nullable=False, server_default=sa.text("'{}'::text[]")
     ),
@@ -61,7 +63,16 @@ nodes = sa.Table(
     sa.Column("agent_interval_seconds", sa.Integer),
     sa.Column("last_heartbeat_at", TS),
     sa.Column("agent_error", sa.Text),
-    sa.UniqueConstraint("pool_id", "name"),
+    # a deleted node stays as the history of its allocations, hidden from every pool read; its name is
+    # free again for a new node of the pool (the unique index below covers live nodes only)
+    sa.Column("deleted_at", TS),
+    sa.Index(
+        "uq_nodes_pool_id_name",
+        "pool_id",
+        "name",
+        unique=True,
+        postgresql_where=sa.text("deleted_at IS NULL"),
+    ),
     # the shortlist reads only the nodes with a NoSchedule reason
     sa.Index(
         "ix_nodes_with_reasons",

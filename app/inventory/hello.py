@@ -158,7 +158,9 @@ async def _hello(
     caller commits this read-only attempt and runs again with ``exclusive``)."""
     node_id = (
         await conn.execute(
-            sa.select(nodes.c.id).where(nodes.c.pool_id == body.poolId, nodes.c.name == body.name)
+            sa.select(nodes.c.id).where(
+                nodes.c.pool_id == body.poolId, nodes.c.name == body.name, nodes.c.deleted_at.is_(None)
+            )
         )
     ).scalar()
     if node_id is None:
@@ -368,7 +370,9 @@ async def _set_liveness(conn: AsyncConnection, node: Any, interval: int | None, 
     not lost, last heartbeat now, and the NoSchedule reasons refreshed. True when the node came back
     (``not ready`` or ``heartbeat lost`` cleared)."""
     ready = error is None
-    reasons = no_schedule_reasons(node.cordoned, ready, False, await _node_taints(conn, node.id))
+    reasons = no_schedule_reasons(
+        node.cordoned, ready, False, await _node_taints(conn, node.id), draining=node.draining
+    )
     values: dict[str, Any] = {
         "ready": ready,
         "heartbeat_lost": False,

@@ -40,13 +40,13 @@ async def sweep_heartbeats(
         if grace_seconds is not None
         else sa.func.make_interval(0, 0, 0, 0, 0, 0, nodes.c.agent_interval_seconds * GRACE_INTERVALS)
     )
-    # SELECT id, cordoned, ready FROM nodes
+    # SELECT id, cordoned, ready, draining FROM nodes
     #  WHERE agent_interval_seconds IS NOT NULL AND NOT heartbeat_lost      -- ix_nodes_agent_heartbeat
     #    AND last_heartbeat_at < :now - <grace>
     #  ORDER BY id LIMIT :batch FOR UPDATE SKIP LOCKED
     overdue = (
         await conn.execute(
-            sa.select(nodes.c.id, nodes.c.cordoned, nodes.c.ready)
+            sa.select(nodes.c.id, nodes.c.cordoned, nodes.c.ready, nodes.c.draining)
             .where(
                 nodes.c.agent_interval_seconds.is_not(None),
                 sa.not_(nodes.c.heartbeat_lost),
@@ -74,7 +74,9 @@ async def sweep_heartbeats(
             .where(nodes.c.id == n.id)
             .values(
                 heartbeat_lost=True,
-                no_schedule_reasons=no_schedule_reasons(n.cordoned, n.ready, True, taints[n.id]),
+                no_schedule_reasons=no_schedule_reasons(
+                    n.cordoned, n.ready, True, taints[n.id], draining=n.draining
+                ),
             )
         )
     HEARTBEATS_LOST.inc(len(overdue))

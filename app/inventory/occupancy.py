@@ -196,7 +196,7 @@ async def _scalars(
         await conn.execute(
             sa.select(node_resources)
             .join(nodes, nodes.c.id == node_resources.c.node_id)
-            .where(nodes.c.pool_id == pool_id)
+            .where(nodes.c.pool_id == pool_id, nodes.c.deleted_at.is_(None))
             .order_by(node_resources.c.node_id, node_resources.c.resource)
         )
     ).all():
@@ -253,7 +253,7 @@ async def occupancy_document(
                 nodes.c.heartbeat_lost,
                 nodes.c.last_heartbeat_at,
             )
-            .where(nodes.c.pool_id == pool_id)
+            .where(nodes.c.pool_id == pool_id, nodes.c.deleted_at.is_(None))  # a deleted node is history
             .order_by(nodes.c.id)
         )
     ).all()
@@ -267,7 +267,7 @@ async def occupancy_document(
                 devices.c.bookable,
             )
             .join(nodes, nodes.c.id == devices.c.node_id)
-            .where(nodes.c.pool_id == pool_id)
+            .where(nodes.c.pool_id == pool_id, nodes.c.deleted_at.is_(None))
             .order_by(devices.c.node_id, devices.c.ordinal, devices.c.id)
         )
     ).all()

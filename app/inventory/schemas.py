@@ -10,6 +10,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
@@ -336,3 +337,12 @@ class HeartbeatAnswer(BaseModel):
     nodeId: str
     changed: bool
     noScheduleReasons: list[str]
+
+
+class DrainBody(BaseModel):
+    """``POST /v1/nodes/{id}/drain`` body (optional): ``reschedule`` moves the node's future reservations
+    (windows not started yet) to other nodes, or back to pending (docs/operating.md, "Maintenance: drain
+    and delete")."""
+
+    model_config = ConfigDict(extra="forbid")
+    reschedule: StrictBool = False

@@ -151,9 +151,11 @@ async def add_node(
                 name=body.name,
                 cordoned=body.cordoned,
                 leasable=body.leasable,
-                no_schedule_reasons=no_schedule_reasons(body.cordoned, True, False, taints),
+                no_schedule_reasons=no_schedule_reasons(body.cordoned, True, False, taints, draining=False),
             )
-            .on_conflict_do_nothing(index_elements=["pool_id", "name"])
+            .on_conflict_do_nothing(
+                index_elements=["pool_id", "name"], index_where=nodes.c.deleted_at.is_(None)
+            )
             .returning(nodes.c.id)
         )
     ).first()
@@ -225,7 +227,8 @@ async def list_nodes(
         nodes.c.heartbeat_lost,
         nodes.c.last_heartbeat_at,
         nodes.c.no_schedule_reasons,
-    ).where(nodes.c.pool_id == pool_id)
+        nodes.c.draining,
+    ).where(nodes.c.pool_id == pool_id, nodes.c.deleted_at.is_(None))
     if after is not None:
         stmt = stmt.where(nodes.c.id > after)
     rows = (await conn.execute(stmt.order_by(nodes.c.id).limit(limit + 1))).all()
@@ -242,7 +245,9 @@ async def get_pool_row(conn: AsyncConnection, pool_id: str) -> Any:
 
 
 async def _node_row(conn: AsyncConnection, node_id: str) -> Any:
-    row = (await conn.execute(sa.select(nodes).where(nodes.c.id == node_id))).first()
+    row = (
+        await conn.execute(sa.select(nodes).where(nodes.c.id == node_id, nodes.c.deleted_at.is_(None)))
+    ).first()
     if row is None:
         raise node_not_found(node_id)
     return row
@@ -251,7 +256,11 @@ async def _node_row(conn: AsyncConnection, node_id: str) -> Any:
 @reads
 async def node_pool_id(conn: AsyncConnection, node_id: str) -> str:
     """The pool a node belongs to (for authorization); NotFound if absent."""
-    pool_id = (await conn.execute(sa.select(nodes.c.pool_id).where(nodes.c.id == node_id))).scalar()
+    pool_id = (
+        await conn.execute(
+            sa.select(nodes.c.pool_id).where(nodes.c.id == node_id, nodes.c.deleted_at.is_(None))
+        )
+    ).scalar()
     if pool_id is None:
         raise node_not_found(node_id)
     return pool_id
@@ -263,7 +272,7 @@ async def get_node(conn: AsyncConnection, node_id: str) -> Node:
     return await node_view(conn, await _node_row(conn, node_id))
 
 
-async def _refresh_reasons(conn: AsyncConnection, node_id: str) -> None:
+async def refresh_reasons(conn: AsyncConnection, node_id: str) -> None:
     """Recompute ``no_schedule_reasons`` from the node's locked row and taints (same transaction)."""
     node = await _node_row(conn, node_id)
     taints = (
@@ -273,7 +282,9 @@ async def _refresh_reasons(conn: AsyncConnection, node_id: str) -> None:
             )
         )
     ).all()
-    reasons = no_schedule_reasons(node.cordoned, node.ready, node.heartbeat_lost, [tuple(t) for t in taints])
+    reasons = no_schedule_reasons(
+        node.cordoned, node.ready, node.heartbeat_lost, [tuple(t) for t in taints], draining=node.draining
+    )
     await conn.execute(sa.update(nodes).where(nodes.c.id == node_id).values(no_schedule_reasons=reasons))
 
 
@@ -282,7 +293,7 @@ async def set_cordon(conn: AsyncConnection, node_id: str, cordoned: bool) -> Nod
     """Cordon or uncordon a node; its NoSchedule reasons change in the same transaction."""
     await lock_node_in_order(conn, node_id)
     await conn.execute(sa.update(nodes).where(nodes.c.id == node_id).values(cordoned=cordoned))
-    await _refresh_reasons(conn, node_id)
+    await refresh_reasons(conn, node_id)
     if not cordoned:
         await notify_node(conn, node_id)  # wake edge: uncordon
     return await get_node(conn, node_id)
@@ -301,7 +312,7 @@ async def set_taints(conn: AsyncConnection, node_id: str, taints: list[TaintBody
                 for t in dedupe_taints(taints)
             ],
         )
-    await _refresh_reasons(conn, node_id)
+    await refresh_reasons(conn, node_id)
     await notify_node(conn, node_id)  # wake edge: a taint removed (sent only if now schedulable)
     return await get_node(conn, node_id)
 
@@ -370,7 +381,7 @@ async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> N
         change = _given(healthy=d.healthy, bookable=d.bookable)
         if change:
             await conn.execute(sa.update(devices).where(devices.c.id == d.id).values(**change))
-    await _refresh_reasons(conn, node_id)
+    await refresh_reasons(conn, node_id)
     await notify_node(conn, node_id)  # wake edge: health restored (sent only if now schedulable)
     if (
         unavailable

@@ -1,19 +1,21 @@
 """What nodes' atoms and scalar resources hold at the database's now, class by class and resource by
 resource: the ``deviceClasses`` and ``scalars`` of ``GET /v1/pools/{id}/nodes`` and ``GET /v1/nodes/{id}``
-(docs/api.md, "Inventory"). Three set-based statements for any number of nodes; reads only, in the
-caller's transaction."""
+(docs/api.md, "Inventory"). Three set-based statements for any number of nodes; and a node's ``drain``
+(what is placed on it now or later, docs/operating.md "Maintenance: drain and delete"). Reads only, in
+the caller's transaction."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.answers.inventory import DeviceClassUsage, ScalarUsage
-from app.db.tables import device_bookings, devices, node_resources, scalar_holdings
+from app.db.tables import allocations, device_bookings, devices, node_resources, scalar_holdings
 from app.db.windows import held_at
 from app.jsonnum import num
 from app.placement.scalar_capacity import scalar_capacity
@@ -107,3 +109,37 @@ async def node_usage(conn: AsyncConnection, node_ids: list[str]) -> dict[str, No
             )
         )
     return usage
+
+
+DRAINING, DRAINED = "draining", "drained"  # a node's ``drain`` (docs/operating.md, "Maintenance")
+
+
+def busy_allocations_sql(node_ids: list[str]) -> sa.Select[tuple[str, str, str]]:
+    """The allocations placed on ``node_ids`` that are current or future at the database's now (not
+    released, window not over; planned windows of pending reservations too), rows ``(node_id,
+    reservation_id, allocation id)`` by node, then start::
+
+        SELECT node_id, reservation_id, id FROM allocations
+         WHERE node_id = ANY(:ids) AND released_at IS NULL AND upper(during) > now()
+         ORDER BY node_id, lower(during), reservation_id
+    """
+    return (
+        sa.select(allocations.c.node_id, allocations.c.reservation_id, allocations.c.id)
+        .where(
+            allocations.c.node_id.in_(node_ids),
+            allocations.c.released_at.is_(None),
+            sa.func.upper(allocations.c.during) > sa.func.now(),
+        )
+        .order_by(allocations.c.node_id, sa.func.lower(allocations.c.during), allocations.c.reservation_id)
+    )
+
+
+async def drain_states(conn: AsyncConnection, rows: list[Any]) -> dict[str, str | None]:
+    """node id -> its ``drain`` for ``rows`` (nodes rows with ``id`` and ``draining``): ``draining``
+    while something placed on it is current or future (:func:`busy_allocations_sql`), ``drained`` once
+    nothing is, ``None`` for a node that is not drained. One statement, only for the draining nodes."""
+    draining = [r.id for r in rows if r.draining]
+    busy: set[str] = set()
+    if draining:
+        busy = {r.node_id for r in (await conn.execute(busy_allocations_sql(draining))).all()}
+    return {r.id: (DRAINING if r.id in busy else DRAINED) if r.draining else None for r in rows}

@@ -34,7 +34,7 @@ from app.db.tables import (
     scalar_holdings,
 )
 from app.db.windows import held_at
-from app.inventory.usage import node_usage
+from app.inventory.usage import drain_states, node_usage
 from app.jsonnum import num
 
 
@@ -82,7 +82,7 @@ async def pool_views(conn: AsyncConnection, rows: list[Any]) -> list[Pool]:
             (
                 await conn.execute(
                     sa.select(nodes.c.pool_id, sa.func.count())
-                    .where(nodes.c.pool_id.in_(ids))
+                    .where(nodes.c.pool_id.in_(ids), nodes.c.deleted_at.is_(None))
                     .group_by(nodes.c.pool_id)
                 )
             ).all()
@@ -151,6 +151,7 @@ async def node_view(conn: AsyncConnection, node: Any) -> Node:
         )
     ).all()
     usage = (await node_usage(conn, [node_id]))[node_id]
+    drain = (await drain_states(conn, [node]))[node_id]
     links = (
         await conn.execute(
             sa.select(capacity_device_links)
@@ -170,6 +171,7 @@ async def node_view(conn: AsyncConnection, node: Any) -> Node:
         heartbeatLost=node.heartbeat_lost,
         leasable=node.leasable,
         noScheduleReasons=list(node.no_schedule_reasons),
+        drain=drain,
         # the node's agent (None for a node registered by an operator): see app/inventory/hello.py
         agent=None
         if node.agent_interval_seconds is None
@@ -207,14 +209,16 @@ async def node_view(conn: AsyncConnection, node: Any) -> Node:
 
 async def node_summaries(conn: AsyncConnection, rows: list[Any]) -> list[NodeSummary]:
     """The summaries of ``rows`` (nodes rows with id, name, cordoned, ready, heartbeat_lost,
-    last_heartbeat_at, no_schedule_reasons) in their order, with labels, atoms counted by class and
-    :func:`app.inventory.usage.node_usage` (four statements for any number of nodes)."""
+    last_heartbeat_at, no_schedule_reasons, draining) in their order, with labels, atoms counted by
+    class, :func:`app.inventory.usage.node_usage` and the drain of the draining ones
+    (:func:`app.inventory.usage.drain_states`; five statements for any number of nodes)."""
     ids = [r.id for r in rows]
     labels: dict[str, dict[str, str]] = {i: {} for i in ids}
     if ids:
         for r in (await conn.execute(sa.select(node_labels).where(node_labels.c.node_id.in_(ids)))).all():
             labels[r.node_id][r.key] = r.value
     usage = await node_usage(conn, ids)
+    drains = await drain_states(conn, rows)
     return [
         NodeSummary(
             id=r.id,
@@ -224,6 +228,7 @@ async def node_summaries(conn: AsyncConnection, rows: list[Any]) -> list[NodeSum
             heartbeatLost=r.heartbeat_lost,
             lastHeartbeat=r.last_heartbeat_at.isoformat() if r.last_heartbeat_at else None,
             noScheduleReasons=list(r.no_schedule_reasons),
+            drain=drains[r.id],
             labels=dict(sorted(labels[r.id].items())),
             devices={u.device_class: u.total for u in usage[r.id].device_classes},
             deviceClasses=usage[r.id].device_classes,

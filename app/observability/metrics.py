@@ -171,6 +171,20 @@ REPAIRS = Counter(
     "atoms of its node), other_node, or pending (nothing fits; the reservation waits).",
     ["result"],
 )
+DRAIN_MOVE_RESULTS = ("other_node", "pending", "kept")
+DRAIN_MOVES = Counter(
+    "bc_drain_moves_total",
+    "Future reservations a drain with reschedule moved off its node, by result: other_node, pending (nothing "
+    "else fits; it waits) or kept (a gang, left on the node).",
+    ["result"],
+)
+NODE_MAINTENANCE_ACTIONS = ("drain", "undrain", "delete", "delete_refused")
+NODE_MAINTENANCE = Counter(
+    "bc_node_maintenance_total",
+    "Node maintenance calls (docs/operating.md, Maintenance: drain and delete), by action: drain, undrain, "
+    "delete, or delete_refused (409: the node holds current or future work).",
+    ["action"],
+)
 ENDED_REASONS = (WINDOW_ENDED, WINDOW_PASSED, DEADLINE_PASSED)
 RESERVATIONS_ENDED = Counter(
     "bc_reservations_ended_total",
@@ -255,6 +269,10 @@ for _result in REPAIR_RESULTS:
     REPAIRS.labels(_result)
 for _reason in ENDED_REASONS:
     RESERVATIONS_ENDED.labels(_reason)
+for _result in DRAIN_MOVE_RESULTS:
+    DRAIN_MOVES.labels(_result)
+for _action in NODE_MAINTENANCE_ACTIONS:
+    NODE_MAINTENANCE.labels(_action)
 for _source in WAKE_SOURCES:
     WAKE_EDGES_HEARD.labels(_source)
 for _result in PREEMPTION_RESULTS:

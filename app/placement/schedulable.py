@@ -4,10 +4,12 @@ It exists twice: here, and as the SQL predicates the commit locks with
 (:mod:`app.capacity.predicates`); ``tests/placement/test_schedulable_sql.py`` keeps the two in agreement
 against real PostgreSQL.
 
-``nodes.no_schedule_reasons`` holds the NoSchedule reasons (``cordoned``, ``not ready``, ``heartbeat
-lost``, ``tainted <key>=<value>``). The one reason a request tolerates is a dedication to its own
-tenant, ``tainted dedicated=<tenant>``. Whole-node leases ignore every other reason but honour
-dedications and need ``leasable``. Nothing new is placed in an archived pool.
+``nodes.no_schedule_reasons`` holds the NoSchedule reasons (``cordoned``, ``draining``, ``not ready``,
+``heartbeat lost``, ``tainted <key>=<value>``). The one reason a request tolerates is a dedication to its
+own tenant, ``tainted dedicated=<tenant>``. Whole-node leases ignore every other reason but honour
+dedications and ``draining`` (a node drained for maintenance takes no new work of any kind,
+docs/operating.md "Maintenance: drain and delete") and need ``leasable``. Nothing new is placed in an
+archived pool.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def taint_reason(key: str, value: str) -> str:
 
 DEDICATION_PREFIX = taint_reason(DEDICATED, "")
 POOL_ARCHIVED = "pool is archived"
+DRAINING = "draining"  # the NoSchedule reason of a drained node (app/inventory/reasons.py orders it)
 NOT_LEASABLE = "not leasable"
 
 
@@ -52,12 +55,14 @@ def ineligibility(node: NodeSnapshot, pool: PoolSnapshot, tenant_id: str | None)
 
 def lease_ineligibility(node: NodeSnapshot, pool: PoolSnapshot, tenant_id: str | None) -> str | None:
     """Why ``node`` cannot be leased whole by ``tenant_id``, or ``None``: an archived pool, a node that
-    is not ``leasable``, or a dedication to another tenant (other NoSchedule reasons are ignored).
-    SQL twin: ``leasable_sql_for(tenant_id)``."""
+    is not ``leasable``, a draining node, or a dedication to another tenant (other NoSchedule reasons
+    are ignored). SQL twin: ``leasable_sql_for(tenant_id)``."""
     if pool.archived:
         return POOL_ARCHIVED
     if not node.state.leasable:
         return NOT_LEASABLE
+    if DRAINING in node.state.no_schedule_reasons:
+        return DRAINING
     own = dedication(tenant_id)
     foreign = [r for r in node.state.no_schedule_reasons if r.startswith(DEDICATION_PREFIX) and r != own]
     return ", ".join(foreign) if foreign else None

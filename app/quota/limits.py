@@ -85,20 +85,24 @@ _POOL_CLASSES = (
     sa.select(devices.c["class"])
     .distinct()
     .select_from(devices.join(nodes, nodes.c.id == devices.c.node_id))
-    .where(nodes.c.pool_id == sa.bindparam("pool_id", type_=sa.Text))
+    .where(nodes.c.pool_id == sa.bindparam("pool_id", type_=sa.Text), nodes.c.deleted_at.is_(None))
 )
 # SELECT DISTINCT r.resource FROM node_resources r JOIN nodes n ON n.id = r.node_id WHERE n.pool_id = :pool_id
 _POOL_SCALARS = (
     sa.select(node_resources.c.resource)
     .distinct()
     .select_from(node_resources.join(nodes, nodes.c.id == node_resources.c.node_id))
-    .where(nodes.c.pool_id == sa.bindparam("pool_id", type_=sa.Text))
+    .where(nodes.c.pool_id == sa.bindparam("pool_id", type_=sa.Text), nodes.c.deleted_at.is_(None))
 )
 
 
 async def pool_resources(conn: AsyncConnection, pool_id: str) -> tuple[frozenset[str], frozenset[str], bool]:
     """``(device classes, scalar resources, has nodes)`` of the pool: the names some node of it has."""
-    has_nodes = (await conn.execute(sa.select(sa.exists().where(nodes.c.pool_id == pool_id)))).scalar_one()
+    has_nodes = (
+        await conn.execute(
+            sa.select(sa.exists().where(nodes.c.pool_id == pool_id, nodes.c.deleted_at.is_(None)))
+        )
+    ).scalar_one()
     classes = frozenset((await conn.execute(_POOL_CLASSES, {"pool_id": pool_id})).scalars())
     scalars = frozenset((await conn.execute(_POOL_SCALARS, {"pool_id": pool_id})).scalars())
     return classes, scalars, bool(has_nodes)

@@ -125,6 +125,11 @@ async def _extend_reservation_a(w: World) -> Call:
     return f"/v1/reservations/{w.reservation_a}/extend", {"end": end.isoformat()}
 
 
+async def _delete_a_fresh_node(w: World) -> Call:
+    node = await add_node(w.admin, w.pool, gpu_node(f"gone{next(_fresh)}", 2))  # one per column
+    return f"/v1/nodes/{node['id']}", None
+
+
 def _doc(name: str) -> dict[str, Any]:
     return json.loads((DATA / "explain" / name).read_text())
 
@@ -184,6 +189,16 @@ TABLE: dict[tuple[str, str], tuple[Builder, dict[str, int]]] = {
     ("POST", "/v1/nodes/{node_id}/heartbeat"): (_heartbeat_of_an_agent_node, ADMIN_ONLY),
     ("POST", "/v1/nodes/{node_id}/cordon"): (fixed("/v1/nodes/{node}/cordon"), ADMIN_ONLY),
     ("POST", "/v1/nodes/{node_id}/uncordon"): (fixed("/v1/nodes/{node}/uncordon"), ADMIN_ONLY),
+    ("POST", "/v1/nodes/{node_id}/drain"): (
+        fixed("/v1/nodes/{node}/drain", {"reschedule": True}),
+        ADMIN_ONLY,
+    ),
+    ("POST", "/v1/nodes/{node_id}/undrain"): (fixed("/v1/nodes/{node}/undrain"), ADMIN_ONLY),
+    # a node that holds nothing, for every column (a busy node is 409: tests/api/test_node_maintenance.py)
+    ("DELETE", "/v1/nodes/{node_id}"): (
+        _delete_a_fresh_node,
+        {"anonymous": 401, "no_grant": 403, "tenant_b": 403, "tenant_a": 403, "admin": 204},
+    ),
     ("POST", "/v1/nodes/{node_id}/health"): (fixed("/v1/nodes/{node}/health", {"ready": True}), ADMIN_ONLY),
     ("PUT", "/v1/nodes/{node_id}/labels"): (
         fixed("/v1/nodes/{node}/labels", {"labels": {"rack": "r1"}}),

@@ -22,6 +22,8 @@ DOC = json.loads((ROOT / "openapi" / "openapi.json").read_text())
 VERBS = (
     "get|list|create|import|archive|cordon|uncordon|set|preview|release|extend|revoke|explain|build|compare"
     "|record|check|send"
+    "get|list|create|import|archive|cordon|uncordon|set|preview|release|revoke|explain|build|compare|record"
+    "|check|send|drain|undrain|delete"
 )
 OPERATION_ID = re.compile(rf"^({VERBS})([A-Z][a-z0-9]*)+$")
 TEXT_ANSWERS = {"getMetrics"}  # Prometheus text, not JSON
@@ -191,6 +193,12 @@ async def test_every_operation_answers_its_declared_schema(client_for: Any) -> N
         await call("GET", "/v1/placement/jobs")
         await call("GET", "/v1/audit", params={"limit": 2})  # the audit log: the requests above
         await call("POST", "/v1/placement/compare", json={"fleet": fleet, "now": now})
+        await call("POST", f"/v1/nodes/{node}/drain", json={"reschedule": True})
+        await call("POST", f"/v1/nodes/{node}/drain")  # no body: reschedule false
+        await call("POST", f"/v1/nodes/{node}/undrain")
+        spare = (await call("POST", f"/v1/pools/{pool}/nodes", json=gpu_node("walk-c", 2))).json()["id"]
+        await call("DELETE", f"/v1/nodes/{spare}")
+        await call("DELETE", f"/v1/nodes/{spare}")  # 404: deleted
         await call("POST", f"/v1/pools/{pool}/archive")
         await call("POST", "/v1/capacity/preview", json={**body, "idempotencyKey": "walk-3"})
 

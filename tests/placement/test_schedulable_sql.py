@@ -34,6 +34,7 @@ SERVER = os.environ.get("DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432
 TENANTS = (None, "acme", "beta", "gamma", "")
 REASONS = (
     "cordoned",
+    "draining",
     "not ready",
     "heartbeat lost",
     "tainted gpu=maintenance",

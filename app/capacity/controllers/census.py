@@ -89,7 +89,7 @@ async def atom_counts(conn: AsyncConnection) -> dict[tuple[str, str, str], int]:
                 sa.func.sum(per_node.c.usable).filter(~schedulable),
             )
             .select_from(per_node.join(nodes, nodes.c.id == per_node.c.node_id).join(pools))
-            .where(pools.c.archived_at.is_(None))
+            .where(pools.c.archived_at.is_(None), nodes.c.deleted_at.is_(None))
             .group_by(nodes.c.pool_id, per_node.c.cls)
         )
     ).all()

@@ -63,6 +63,11 @@ SAME_NODE, OTHER_NODE, TO_PENDING = "same_node", "other_node", "pending"
 REPAIR_PREFIX = "repair: "
 REPAIRED = "Repaired"  # the condition type
 ATOM_UNAVAILABLE_REASON = "AtomUnavailable"
+NODE_DRAINING_REASON = "NodeDraining"  # a drain with reschedule (app.capacity.controllers.drain)
+_CAUSES = {
+    ATOM_UNAVAILABLE_REASON: "an atom turned unhealthy or unbookable",
+    NODE_DRAINING_REASON: "its node is draining",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +82,11 @@ class Repair:
     new_atoms: tuple[str, ...] = ()
 
 
-def repaired_condition(at: datetime, repair: Repair, names: dict[str, str]) -> Condition:
-    """The ``Repaired`` condition: old -> new atoms and nodes (node names in the message), and when."""
+def repaired_condition(
+    at: datetime, repair: Repair, names: dict[str, str], reason: str = ATOM_UNAVAILABLE_REASON
+) -> Condition:
+    """The ``Repaired`` condition: old -> new atoms and nodes (node names in the message), and when;
+    ``reason`` says why it moved (``AtomUnavailable``, ``NodeDraining``)."""
     old = f"{', '.join(repair.old_atoms)} on {names.get(repair.old_node_id, repair.old_node_id)}"
     if repair.new_node_id is None:
         new = "nothing (pending)"
@@ -86,8 +94,8 @@ def repaired_condition(at: datetime, repair: Repair, names: dict[str, str]) -> C
         new = f"{', '.join(repair.new_atoms)} on {names.get(repair.new_node_id, repair.new_node_id)}"
     return condition(
         REPAIRED,
-        ATOM_UNAVAILABLE_REASON,
-        f"an atom turned unhealthy or unbookable: {old} -> {new}",
+        reason,
+        f"{_CAUSES[reason]}: {old} -> {new}",
         at=at.isoformat(),
         oldNodeId=repair.old_node_id,
         oldAtoms=list(repair.old_atoms),
@@ -245,10 +253,31 @@ async def _repair(
     if not broken:
         return []
     [old] = broken  # not a gang: one allocation
+    repair = await move_allocation(conn, cache, config, row, old, now, assumptions)
+    REPAIRS.labels(repair.result).inc()
+    return [repair]
+
+
+async def move_allocation(
+    conn: AsyncConnection,
+    cache: PoolCache,
+    config: CapacityConfig,
+    row: Any,
+    old: Any,
+    now: datetime,
+    assumptions: list[int],
+    reason: str = ATOM_UNAVAILABLE_REASON,
+) -> Repair:
+    """Move the live allocation ``old`` of the placed, non-gang reservation ``row`` (its row held
+    ``FOR UPDATE``) for the rest of its window ``[max(now, start), end)``: cut it at ``now`` (removed when
+    it had not started), plan it again (on the same node first for ``AtomUnavailable``; a draining node
+    refuses it anyway), else on any node of the pool through the full pipeline and the guarded commit,
+    else send the reservation back to ``pending`` (its quota holdings dropped). The reservation gets a
+    ``Repaired`` condition with ``reason``; a wake edge goes out when the old node's atoms were freed."""
     body = ReservationRequest.model_validate({**row.spec, "idempotencyKey": row.idempotency_key})
     start, end = max(now, old.during.lower), old.during.upper
     request = replace(placement_request(config, body, now), start=start, end=end)
-    await free_allocations(conn, [old], row.pool_id, now)  # nothing stays booked on the broken atom
+    await free_allocations(conn, [old], row.pool_id, now)  # nothing stays booked on the old atoms
     pool_nodes = (
         await conn.execute(sa.select(nodes.c.id, nodes.c.name).where(nodes.c.pool_id == row.pool_id))
     ).all()
@@ -262,8 +291,10 @@ async def _repair(
     repair: Repair
     inline = placer(INLINE)  # BookingRepair always places inline (docs/placement-rules.md)
     context = PlacementContext(now, cache, same_node_only, row.id, config.max_attempts, config.shortlist_min)
-    outcome = await inline.place(conn, request, context)
+    outcome = None
     result = SAME_NODE
+    if reason == ATOM_UNAVAILABLE_REASON:
+        outcome = await inline.place(conn, request, context)
     if not isinstance(outcome, Placed):
         outcome = await inline.place(conn, request, replace(context, options=config.options))
         result = OTHER_NODE
@@ -272,12 +303,12 @@ async def _repair(
         [new] = outcome.allocations
         repair = Repair(row.id, result, old.node_id, tuple(old.atoms), new.node_id, tuple(new.atoms))
         values: dict[str, Any] = {
-            "conditions": appended(row.conditions, repaired_condition(now, repair, names))
+            "conditions": appended(row.conditions, repaired_condition(now, repair, names, reason))
         }
     else:
         repair = Repair(row.id, TO_PENDING, old.node_id, tuple(old.atoms))
         await refunds.drop_holdings(conn, row.id)  # a pending reservation holds nothing
-        history = [*from_stored(row.conditions), repaired_condition(now, repair, names)]
+        history = [*from_stored(row.conditions), repaired_condition(now, repair, names, reason)]
         values = {
             "status": "pending",
             "ends_at": None,
@@ -290,5 +321,4 @@ async def _repair(
     )
     if repair.result != SAME_NODE:
         await notify_pool(conn, row.pool_id)  # wake edge: a repair freed atoms (the old allocation's)
-    REPAIRS.labels(repair.result).inc()
-    return [repair]
+    return repair

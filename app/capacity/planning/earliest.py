@@ -198,6 +198,7 @@ async def _node_states(conn: AsyncConnection, pool_id: str) -> dict[str, NodeSta
         await conn.execute(
             sa.select(nodes.c.id, nodes.c.no_schedule_reasons, nodes.c.leasable).where(
                 nodes.c.pool_id == pool_id,
+                nodes.c.deleted_at.is_(None),
                 sa.or_(nodes.c.no_schedule_reasons != no_reasons, sa.not_(nodes.c.leasable)),
             )
         )

@@ -93,6 +93,7 @@ SCALAR_EXCEPTIONS = sa.union_all(
     .join(nodes, nodes.c.id == node_resources.c.node_id)
     .where(
         nodes.c.pool_id == _POOL,
+        nodes.c.deleted_at.is_(None),
         node_resources.c.resource == sa.any_(_NAMES),
         _CAP < _MOST,
     ),
@@ -175,7 +176,11 @@ def exceptions_statement(with_scalars: bool) -> Prepared:
         .group_by(devices.c.node_id),
         sa.select(*row("u", devices.c.node_id, atoms=_atoms(devices.c.id)))
         .join(nodes, nodes.c.id == devices.c.node_id)
-        .where(nodes.c.pool_id == _POOL, sa.not_(sa.and_(devices.c.healthy, devices.c.bookable)))
+        .where(
+            nodes.c.pool_id == _POOL,
+            nodes.c.deleted_at.is_(None),
+            sa.not_(sa.and_(devices.c.healthy, devices.c.bookable)),
+        )
         .group_by(devices.c.node_id),
         sa.select(
             *row(
@@ -186,7 +191,11 @@ def exceptions_statement(with_scalars: bool) -> Prepared:
             )
         )
         .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
-        .where(nodes.c.pool_id == _POOL, nodes.c.no_schedule_reasons != sa.text("'{}'::text[]")),
+        .where(
+            nodes.c.pool_id == _POOL,
+            nodes.c.deleted_at.is_(None),
+            nodes.c.no_schedule_reasons != sa.text("'{}'::text[]"),
+        ),
     ]
     if with_scalars:
         scalars = SCALAR_EXCEPTIONS.subquery("scalars")

@@ -214,7 +214,11 @@ async def _exceptions_snapshot(
         names = sorted(request.resources)
         resources = await read_scalar_rows(
             conn,
-            [nodes.c.pool_id == request.pool_id, node_resources.c.resource.in_(names)],
+            [
+                nodes.c.pool_id == request.pool_id,
+                nodes.c.deleted_at.is_(None),
+                node_resources.c.resource.in_(names),
+            ],
             [scalar_holdings.c.pool_id == request.pool_id, scalar_holdings.c.resource.in_(names)],
             request.start,
             request.end,

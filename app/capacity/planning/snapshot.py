@@ -186,7 +186,9 @@ async def load_pool_inventory(conn: AsyncConnection, pool_id: str) -> PoolInvent
     ).one()
     node_rows = (
         await conn.execute(
-            sa.select(nodes.c.id, nodes.c.name).where(nodes.c.pool_id == pool_id).order_by(nodes.c.id)
+            sa.select(nodes.c.id, nodes.c.name)
+            .where(nodes.c.pool_id == pool_id, nodes.c.deleted_at.is_(None))  # a deleted node is history
+            .order_by(nodes.c.id)
         )
     ).all()
     labels: dict[str, dict[str, str]] = defaultdict(dict)
@@ -308,7 +310,7 @@ async def read_node_states(
     bookings and scalar holdings of the allocations ``ignoring`` (ids) do not count (a what-if read:
     :mod:`app.capacity.planning.planned`)."""
     ids = list(node_ids) if node_ids is not None else None
-    node_filter: list[Any] = [nodes.c.pool_id == pool_id]
+    node_filter: list[Any] = [nodes.c.pool_id == pool_id, nodes.c.deleted_at.is_(None)]
     if ids is not None:
         node_filter.append(nodes.c.id.in_(ids))
     base_rows = (

@@ -96,7 +96,7 @@ NODE_NOW = (
         pools.c.archived_at.is_not(None).label("archived"),
     )
     .select_from(nodes.join(pools, pools.c.id == nodes.c.pool_id))
-    .where(nodes.c.id == _NODE)
+    .where(nodes.c.id == _NODE, nodes.c.deleted_at.is_(None))  # a deleted node was removed
 )
 # SELECT d.id, d.node_id, d.healthy, d.bookable,
 #        EXISTS (SELECT 1 FROM device_bookings b WHERE b.device_pk = d.pk AND b.during && :during) AS booked
