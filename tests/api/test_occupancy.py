@@ -278,7 +278,7 @@ async def test_the_answer_text_is_the_models_text(
     from app.inventory.occupancy import Window, pool_occupancy
 
     pool = await make_pool(admin_client, "occ-text")
-    await add_node(admin_client, pool, gpu_node("t1", 2, cpu=16, memory=None))
+    await add_node(admin_client, pool, gpu_node("t1", 1, cpu=16, memory=None))
     await add_node(admin_client, pool, gpu_node("t2", 1, cpu=16, memory=None))
     await reserve(admin_client, reservation(pool, 1, tenant=A, resources={"cpu": 0.5}))
     await reserve(admin_client, reservation(pool, 1, tenant=B, resources={"cpu": 3}))
