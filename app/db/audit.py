@@ -69,6 +69,7 @@ class AuditContext:
     created_id: str | None = None
     row_id: str | None = None
     written_status: int | None = None
+    answered_status: int | None = None  # the status the service knows it answers, when not the declared one
 
     def row(self, status: int) -> dict[str, Any]:
         """The bind parameters of :data:`INSERT` for this request answered ``status`` (a new id)."""
@@ -140,16 +141,25 @@ def note_created(resource_id: str) -> None:
         context.created_id = resource_id
 
 
+def note_status(status: int) -> None:
+    """Record, before COMMIT, the status the current request will answer when it is not the route's
+    declared one (a queued create's 202): the row is written with it, and no UPDATE follows."""
+    context = CURRENT.get()
+    if context is not None:
+        context.answered_status = status
+
+
 def _write_before_commit(conn: Connection) -> None:
     """The engine's ``commit`` listener: the current request's row, inserted in the transaction being
     committed, once per request (a request that commits several transactions records in the first)."""
     context = CURRENT.get()
     if context is None or context.row_id is not None:
         return
-    row = context.row(context.success_status)
+    status = context.answered_status or context.success_status
+    row = context.row(status)
     sql, values = INSERT.arguments(conn.dialect, row)
     conn.exec_driver_sql(sql, values)
-    context.row_id, context.written_status = row["id"], context.success_status
+    context.row_id, context.written_status = row["id"], status
 
 
 def install(engine: AsyncEngine) -> None:

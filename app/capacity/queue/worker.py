@@ -68,6 +68,7 @@ from app.capacity.requests import check_start, placement_request, quota_amounts,
 from app.capacity.reservations.access import reservation_named, reservation_not_found
 from app.capacity.reservations.create import create_reservation, idempotent_answer
 from app.capacity.views import decided_view, read_view, row_view, with_warnings
+from app.db.audit import note_created, note_status
 from app.db.locks import pool_lease, pool_not_found
 from app.db.prepared import Prepared
 from app.db.tables import pools, reservations
@@ -105,6 +106,9 @@ def queues(config: CapacityConfig, body: ReservationRequest) -> bool:
     return placer_id_for_request(config.placer, body) == POOL_LEASE
 
 
+ACCEPTED = 202  # the answer of a queued create (docs/api.md)
+
+
 async def create(
     engine: AsyncEngine,
     cache: PoolCache,
@@ -127,6 +131,8 @@ async def create(
         row = await _enqueue(conn, body, spec, digest)
         if row is None:
             return await _not_enqueued(conn, body, digest), False
+        note_created(row.id)  # the audit row written at COMMIT names it, answered 202 (app/db/audit.py)
+        note_status(ACCEPTED)
         check_start(body, row.created_at, config.max_lead)  # raising rolls the row back
         request = placement_request(config, body, row.created_at)
         head = PoolHead(row.pool_id, row.pool_archived, row.inventory_version)  # read by the enqueue
