@@ -20,11 +20,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.answers.inventory import RescheduledReservation
-from app.capacity.commit.plans import drop_plans
-from app.capacity.conditions import without_planned
 from app.capacity.config import CapacityConfig
-from app.capacity.controllers.repair import NODE_DRAINING_REASON, move_allocation
-from app.capacity.edges import notify_pool
+from app.capacity.controllers.repair import NODE_DRAINING_REASON, move_allocation, unplan
 from app.capacity.placing.inline import db_now
 from app.capacity.planning.snapshot import PoolCache
 from app.db.tables import allocations, reservations
@@ -61,17 +58,7 @@ async def drop_plans_on_node(engine: AsyncEngine, node_id: str) -> list[str]:
                 .with_for_update(of=reservations)
             )
         ).all()
-        for pool_id in await drop_plans(conn, [r.id for r in rows]):
-            await notify_pool(conn, pool_id)  # wake edge: the planner plans them again, elsewhere
-        for r in rows:
-            await conn.execute(
-                sa.update(reservations)
-                .where(reservations.c.id == r.id)
-                .values(
-                    planned_start=None, conditions=without_planned(r.conditions), updated_at=sa.func.now()
-                )
-            )
-    return [r.id for r in rows]
+        return await unplan(conn, rows)  # the planner plans them again, elsewhere
 
 
 def _future_on_node(node_id: str, now: sa.ColumnElement[object]) -> list[sa.ColumnElement[bool]]:

@@ -28,6 +28,7 @@ starts").
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -174,16 +175,21 @@ async def drop_broken_plans(engine: AsyncEngine) -> list[str]:
                 .with_for_update(of=reservations, skip_locked=True)
             )
         ).all()
-        for pool_id in await drop_plans(conn, [r.id for r in rows]):
-            await notify_pool(conn, pool_id)  # wake edge: the planner plans them again
-        for r in rows:
-            await conn.execute(
-                sa.update(reservations)
-                .where(reservations.c.id == r.id)
-                .values(
-                    planned_start=None, conditions=without_planned(r.conditions), updated_at=sa.func.now()
-                )
-            )
+        return await unplan(conn, rows)
+
+
+async def unplan(conn: AsyncConnection, rows: Sequence[Any]) -> list[str]:
+    """Drop the planned windows of the claimed pending reservations ``rows`` (``id``, ``conditions``),
+    send each pool that lost one its wake edge (the planner plans them again) and clear their
+    ``planned_start`` and ``Planned`` condition; returns their ids (docs/lifecycle.md, "Planned starts")."""
+    for pool_id in await drop_plans(conn, [r.id for r in rows]):
+        await notify_pool(conn, pool_id)
+    for r in rows:
+        await conn.execute(
+            sa.update(reservations)
+            .where(reservations.c.id == r.id)
+            .values(planned_start=None, conditions=without_planned(r.conditions), updated_at=sa.func.now())
+        )
     return [r.id for r in rows]
 
 
