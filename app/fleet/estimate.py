@@ -15,6 +15,8 @@ A raw estimate receipt (``vq.estimate-receipt/1``) is refused; so is an estimate
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, model_validator
@@ -114,11 +116,14 @@ class CalibratedEstimate(_Section):
     peak_memory: PeakMemoryCalibration
 
 
+FilledField = Literal["runtime_seconds", "mem_mb_per_node"]
+
+
 class FieldFill(_Section):
     """What the estimate did to one request field: ``outcome`` ``filled`` (``value`` is the new value),
     ``kept`` (``value`` is the request's own), or ``not filled`` (``reason`` says why)."""
 
-    field: Literal["runtime_seconds", "mem_mb_per_node"]
+    field: FilledField
     outcome: Literal["filled", "kept", "not filled"]
     value: RuntimeRange | int | None = None
     reason: str | None = None
@@ -155,34 +160,56 @@ def load_estimate(data: dict[str, Any]) -> CalibratedEstimate:
     return validated(CalibratedEstimate, data, "estimate")
 
 
-def _runtime_fill(request: PlacementRequestDoc, estimate: CalibratedEstimate) -> FieldFill:
-    if request.runtime_seconds is not None:
-        return FieldFill(field="runtime_seconds", outcome="kept", value=request.runtime_seconds)
+@dataclass(frozen=True, slots=True)
+class _NoFill:
+    """Why the estimate fills no value into a field the request leaves unset."""
+
+    reason: str
+
+
+def _runtime_value(request: PlacementRequestDoc, estimate: CalibratedEstimate) -> RuntimeRange | _NoFill:
+    """``runtime_seconds`` from a calibrated runtime: ``{receipt_low_seconds, calibrated_high_seconds}``."""
     runtime = estimate.runtime
     if not runtime.calibrated or runtime.calibrated_high_seconds is None:
-        return FieldFill(
-            field="runtime_seconds", outcome="not filled", reason=f"runtime uncalibrated: {runtime.reason}"
-        )
-    value = RuntimeRange(low=runtime.receipt_low_seconds, high=runtime.calibrated_high_seconds)
-    return FieldFill(field="runtime_seconds", outcome="filled", value=value)
+        return _NoFill(f"runtime uncalibrated: {runtime.reason}")
+    return RuntimeRange(low=runtime.receipt_low_seconds, high=runtime.calibrated_high_seconds)
 
 
-def _memory_fill(request: PlacementRequestDoc, estimate: CalibratedEstimate) -> FieldFill:
-    if request.mem_mb_per_node is not None:
-        return FieldFill(field="mem_mb_per_node", outcome="kept", value=request.mem_mb_per_node)
+def _memory_value(request: PlacementRequestDoc, estimate: CalibratedEstimate) -> int | _NoFill:
+    """``mem_mb_per_node`` from a calibrated peak that describes one node, in whole MiB (rounded up)."""
     peak = estimate.peak_memory
     if not peak.calibrated or peak.peak_bytes is None:
-        return FieldFill(
-            field="mem_mb_per_node", outcome="not filled", reason=f"peak memory uncalibrated: {peak.reason}"
-        )
+        return _NoFill(f"peak memory uncalibrated: {peak.reason}")
     if peak.scope == "rank":
-        reason = "a rank-scope peak is not per-node memory"
-        return FieldFill(field="mem_mb_per_node", outcome="not filled", reason=reason)
+        return _NoFill("a rank-scope peak is not per-node memory")
     if peak.scope == "job" and request.nodes != 1:
-        reason = f"a job-scope peak on a {request.nodes}-node request is not per-node memory"
-        return FieldFill(field="mem_mb_per_node", outcome="not filled", reason=reason)
-    mib = -(-peak.peak_bytes // MIB)
-    return FieldFill(field="mem_mb_per_node", outcome="filled", value=mib)
+        return _NoFill(f"a job-scope peak on a {request.nodes}-node request is not per-node memory")
+    return -(-peak.peak_bytes // MIB)
+
+
+_ValueOf = Callable[[PlacementRequestDoc, CalibratedEstimate], RuntimeRange | int | _NoFill]
+# the fields an estimate fills, in the report's order, and the value each takes from it
+_FILLS: tuple[tuple[FilledField, _ValueOf], ...] = (
+    ("runtime_seconds", _runtime_value),
+    ("mem_mb_per_node", _memory_value),
+)
+
+
+def _fill(
+    request: PlacementRequestDoc,
+    estimate: CalibratedEstimate,
+    field: FilledField,
+    value_of: _ValueOf,
+) -> FieldFill:
+    """``kept`` when the request sets ``field`` (an explicit value always wins), else ``filled`` with
+    the estimate's value, or ``not filled`` with why."""
+    own = getattr(request, field)
+    if own is not None:
+        return FieldFill(field=field, outcome="kept", value=own)
+    value = value_of(request, estimate)
+    if isinstance(value, _NoFill):
+        return FieldFill(field=field, outcome="not filled", reason=value.reason)
+    return FieldFill(field=field, outcome="filled", value=value)
 
 
 def check_estimate_program(request: PlacementRequestDoc, estimate: CalibratedEstimate) -> None:
@@ -206,7 +233,7 @@ def apply_estimate(
     another program than the request's.
     """
     check_estimate_program(request, estimate)
-    fills = (_runtime_fill(request, estimate), _memory_fill(request, estimate))
+    fills = tuple(_fill(request, estimate, field, value_of) for field, value_of in _FILLS)
     update = {fill.field: fill.value for fill in fills if fill.outcome == "filled"}
     effective = request.model_copy(update=update) if update else request
     report = EstimateReport(

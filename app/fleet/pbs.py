@@ -134,57 +134,55 @@ def _blocks(text: str, header: re.Pattern[str], what: str) -> list[tuple[str, di
     return blocks
 
 
+def _parsed(attributes: Mapping[str, str], key: str, parse: Callable[[str], T]) -> T | None:
+    """``parse`` of the attribute ``key``, stripped (``None`` when not printed)."""
+    value = _attribute(attributes, key)
+    return None if value is None else parse(value)
+
+
+def _comma_items(value: str) -> list[str]:
+    """A printed comma list's items, stripped, empty ones dropped."""
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
 # --- qstat -Qf ----------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class PbsQueue:
     """One queue of ``qstat -Qf``: its ``name`` and raw ``attributes`` (values as printed, folds
-    rejoined), with the fields the lane rule reads. Walltimes in seconds; ``None`` = not set."""
+    rejoined), with the fields the lane rule reads, parsed when the queue is read (``None`` = not
+    printed): ``enabled``, ``started``, ``queue_type`` (``Execution`` or ``Route``),
+    ``max_walltime_s`` (``resources_max.walltime`` in seconds), ``default_walltime_s``
+    (``resources_default.walltime`` in seconds: a default, never a maximum), ``max_nodect``
+    (``resources_max.nodect``: most nodes one job may have) and ``neednodes``
+    (``resources_default.neednodes``: Torque lane membership)."""
 
     name: str
     attributes: dict[str, str]
+    enabled: bool | None
+    started: bool | None
+    queue_type: str | None
+    max_walltime_s: int | None
+    default_walltime_s: int | None
+    max_nodect: int | None
+    neednodes: str | None
 
-    def _parsed(self, key: str, parse: Callable[[str], T]) -> T | None:
-        """``parse`` of the attribute ``key``, stripped (``None`` when not printed)."""
-        value = _attribute(self.attributes, key)
-        return None if value is None else parse(value)
 
-    @property
-    def enabled(self) -> bool | None:
-        """``enabled`` (``None`` when not printed)."""
-        return self._parsed("enabled", parse_pbs_bool)
-
-    @property
-    def started(self) -> bool | None:
-        """``started`` (``None`` when not printed)."""
-        return self._parsed("started", parse_pbs_bool)
-
-    @property
-    def queue_type(self) -> str | None:
-        """``queue_type`` (``Execution`` or ``Route``)."""
-        return _attribute(self.attributes, "queue_type")
-
-    @property
-    def max_walltime_s(self) -> int | None:
-        """``resources_max.walltime`` in seconds."""
-        return self._parsed("resources_max.walltime", parse_pbs_walltime)
-
-    @property
-    def default_walltime_s(self) -> int | None:
-        """``resources_default.walltime`` in seconds (a default, never a maximum)."""
-        return self._parsed("resources_default.walltime", parse_pbs_walltime)
-
-    @property
-    def max_nodect(self) -> int | None:
-        """``resources_max.nodect`` (most nodes one job may have)."""
-        key = "resources_max.nodect"
-        return self._parsed(key, lambda value: _count(value, key))
-
-    @property
-    def neednodes(self) -> str | None:
-        """``resources_default.neednodes`` (Torque lane membership)."""
-        return _attribute(self.attributes, "resources_default.neednodes")
+def _queue(name: str, attributes: dict[str, str]) -> PbsQueue:
+    """The :class:`PbsQueue` of one ``Queue: NAME`` block; a malformed value raises :class:`PbsParseError`."""
+    nodect = "resources_max.nodect"
+    return PbsQueue(
+        name,
+        attributes,
+        enabled=_parsed(attributes, "enabled", parse_pbs_bool),
+        started=_parsed(attributes, "started", parse_pbs_bool),
+        queue_type=_attribute(attributes, "queue_type"),
+        max_walltime_s=_parsed(attributes, "resources_max.walltime", parse_pbs_walltime),
+        default_walltime_s=_parsed(attributes, "resources_default.walltime", parse_pbs_walltime),
+        max_nodect=_parsed(attributes, nodect, lambda value: _count(value, nodect)),
+        neednodes=_attribute(attributes, "resources_default.neednodes"),
+    )
 
 
 _QUEUE_RE = re.compile(r"^Queue:\s*(?P<name>\S+)\s*$")
@@ -193,10 +191,7 @@ _QUEUE_RE = re.compile(r"^Queue:\s*(?P<name>\S+)\s*$")
 def parse_qstat_queues(text: str) -> list[PbsQueue]:
     """``qstat -Qf [QUEUE]`` output as queues, in printed order. Raises :class:`PbsParseError` when a
     line is neither ``Queue: NAME`` nor an indented ``key = value``, or a value does not parse."""
-    queues = [PbsQueue(name, attributes) for name, attributes in _blocks(text, _QUEUE_RE, "'Queue: NAME'")]
-    for queue in queues:  # surface malformed values now, not when the lane rule reads them
-        _ = (queue.enabled, queue.started, queue.max_walltime_s, queue.default_walltime_s, queue.max_nodect)
-    return queues
+    return [_queue(name, attributes) for name, attributes in _blocks(text, _QUEUE_RE, "'Queue: NAME'")]
 
 
 # --- pbsnodes -a --------------------------------------------------------------------------------
@@ -240,8 +235,7 @@ class PbsNode:
     @property
     def properties(self) -> list[str]:
         """Torque ``properties`` (comma list)."""
-        value = self.attributes.get("properties", "")
-        return [p.strip() for p in value.split(",") if p.strip()]
+        return _comma_items(self.attributes.get("properties", ""))
 
     @property
     def queue(self) -> str | None:
@@ -249,8 +243,7 @@ class PbsNode:
         return _attribute(self.attributes, "queue")
 
     def _int(self, key: str) -> int | None:
-        value = _attribute(self.attributes, key)
-        return None if value is None else _count(value, f"node {self.name}: {key}")
+        return _parsed(self.attributes, key, lambda value: _count(value, f"node {self.name}: {key}"))
 
     @property
     def np(self) -> int | None:
@@ -287,8 +280,7 @@ class PbsNode:
     @property
     def jobs(self) -> list[str]:
         """PBS Pro ``jobs`` (``", "``-separated ``jobid/slot`` list); ``[]`` when absent."""
-        value = self.attributes.get("jobs", "")
-        return [j.strip() for j in value.split(",") if j.strip()]
+        return _comma_items(self.attributes.get("jobs", ""))
 
     @property
     def gpu_status_entries(self) -> int | None:
@@ -379,6 +371,16 @@ def routed_nodes(queue: PbsQueue, nodes: list[PbsNode]) -> list[PbsNode]:
     return routed
 
 
+def _queue_named(qstat_text: str, queue_name: str) -> PbsQueue:
+    """The queue ``queue_name`` of ``qstat -Qf`` output; raises :class:`PbsParseError` when the output
+    does not parse or does not list it."""
+    queues = {queue.name: queue for queue in parse_qstat_queues(qstat_text)}
+    queue = queues.get(queue_name)
+    if queue is None:
+        raise PbsParseError(f"qstat lists no queue {quote_input(queue_name)}")
+    return queue
+
+
 @dataclass(frozen=True)
 class PbsQueueLimits:
     """What ``qstat -Qf QUEUE`` sets on a lane: ``max_walltime_seconds`` (``resources_max.walltime``;
@@ -393,10 +395,7 @@ class PbsQueueLimits:
 def queue_limits(qstat_text: str, queue_name: str) -> PbsQueueLimits:
     """The lane's limits from ``qstat -Qf QUEUE`` output. Raises :class:`PbsParseError` when the
     output does not parse or does not list the queue."""
-    queues = {queue.name: queue for queue in parse_qstat_queues(qstat_text)}
-    queue = queues.get(queue_name)
-    if queue is None:
-        raise PbsParseError(f"qstat lists no queue {quote_input(queue_name)}")
+    queue = _queue_named(qstat_text, queue_name)
     walltime = queue.max_walltime_s
     if walltime == 0:
         raise PbsParseError(f"queue {queue_name}: resources_max.walltime is 0")
@@ -422,11 +421,7 @@ class PbsNodeShape:
 def queue_node_shape(qstat_text: str, queue_name: str, pbsnodes_text: str) -> PbsNodeShape | None:
     """Per field, the smallest of the usable nodes the queue routes to; ``None`` when it routes to
     none (the caller keeps the base node record). Raises :class:`PbsParseError` on unparsable text."""
-    queues = {queue.name: queue for queue in parse_qstat_queues(qstat_text)}
-    queue = queues.get(queue_name)
-    if queue is None:
-        raise PbsParseError(f"qstat lists no queue {quote_input(queue_name)}")
-    routed = routed_nodes(queue, parse_pbsnodes(pbsnodes_text))
+    routed = routed_nodes(_queue_named(qstat_text, queue_name), parse_pbsnodes(pbsnodes_text))
     if not routed:
         return None
     return PbsNodeShape(

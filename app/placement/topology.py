@@ -28,8 +28,6 @@ from app.placement.model import Atom, NodeInventory
 UNKNOWN, SYS, NODE, PHB, PXB, PIX, NV = range(7)
 LINK_NAMES = {NV: "NV", PIX: "PIX", PXB: "PXB", PHB: "PHB", NODE: "NODE", SYS: "SYS", UNKNOWN: "unknown"}
 _TEXT_RANKS = {"PIX": PIX, "PXB": PXB, "PHB": PHB, "NODE": NODE, "SYS": SYS, "SOC": SYS}
-# docs/reasons.md: topology score of a picked set by its worst link; one atom scores 1.
-LINK_SCORES = {NV: 1.0, PIX: 0.8, PXB: 0.6, PHB: 0.4, NODE: 0.2, SYS: 0.0, UNKNOWN: 0.5}
 
 _MAX_CACHED_NODES = 200_000
 _MAX_CACHED_PICKS = 500_000
@@ -87,13 +85,12 @@ class NodeTopology:
 @dataclass(frozen=True, slots=True)
 class Pick:
     """A picked set: ``indices`` (sorted, into ``ClassTopology.atom_ids``), its ``worst_link`` rank (NV
-    for one atom), ``numa_spread`` (distinct NUMA nodes), and the topology and numa scores."""
+    for one atom) and ``numa_spread`` (distinct NUMA nodes). The scorers score it
+    (``app/placement/scorers/topology.py``, ``numa.py``)."""
 
     indices: tuple[int, ...]
     worst_link: int
     numa_spread: int
-    topology_score: float
-    numa_score: float
 
 
 _signatures: dict[tuple[tuple[tuple[int, ...], ...], tuple[int | None, ...]], int] = {}
@@ -177,10 +174,8 @@ def node_topology(inventory: NodeInventory) -> NodeTopology:
     return topo
 
 
-def _scored(indices: tuple[int, ...], worst: int, numa: tuple[int | None, ...]) -> Pick:
-    spread = len({numa[i] for i in indices}) if indices else 0
-    topology_score = 1.0 if len(indices) <= 1 else LINK_SCORES[worst]
-    return Pick(indices, worst, spread, topology_score, 1.0 / spread if spread else 1.0)
+def _picked(indices: tuple[int, ...], worst: int, numa: tuple[int | None, ...]) -> Pick:
+    return Pick(indices, worst, len({numa[i] for i in indices}) if indices else 0)
 
 
 def greedy_pick(
@@ -191,18 +186,18 @@ def greedy_pick(
     From every seed: repeatedly add the candidate maximizing (worst link to the set, same NUMA node as
     the seed, lower index). Keep the set minimizing (-worst link, NUMA spread, sorted indices)."""
     if count <= 0:
-        return _scored((), NV, numa)
+        return _picked((), NV, numa)
     if count >= len(free):
         chosen = tuple(free)
         worst = min((ranks[a][b] for a in chosen for b in chosen if a < b), default=NV)
-        return _scored(chosen, worst, numa)
+        return _picked(chosen, worst, numa)
     best_key: tuple[int, int, tuple[int, ...]] | None = None
     for indices, worst in _grown_sets(ranks, numa, free, count):
         key = (-worst, len({numa[i] for i in indices}), indices)
         if best_key is None or key < best_key:
             best_key = key
     assert best_key is not None
-    return _scored(best_key[2], -best_key[0], numa)
+    return _picked(best_key[2], -best_key[0], numa)
 
 
 def _grown_sets(
@@ -255,7 +250,7 @@ def tied_picks(topology: ClassTopology, free_mask: int, count: int) -> tuple[tup
     best = pick(topology, free_mask, count)
     free = [i for i in range(len(topology.atom_ids)) if free_mask >> i & 1]
     if count <= 1:
-        sets = {(i,) for i in free if _scored((i,), NV, topology.numa).numa_spread == best.numa_spread}
+        sets = {(i,) for i in free if _picked((i,), NV, topology.numa).numa_spread == best.numa_spread}
     elif count >= len(free):
         sets = {best.indices}
     else:
@@ -279,6 +274,6 @@ def worst_link_of(topology: ClassTopology, indices: list[int] | tuple[int, ...])
 
 
 def scored_set(topology: ClassTopology, indices: tuple[int, ...]) -> Pick:
-    """A :class:`Pick` for a set chosen elsewhere (a plugin picker), with its scores."""
+    """A :class:`Pick` for a set chosen elsewhere (a plugin picker)."""
     ordered = tuple(sorted(indices))
-    return _scored(ordered, worst_link_of(topology, ordered), topology.numa)
+    return _picked(ordered, worst_link_of(topology, ordered), topology.numa)

@@ -8,8 +8,9 @@ import pytest
 
 from app.placement.model import Atom, DeviceRequest, NodeInventory, NodeSnapshot, NodeState, Plan, Rejections
 from app.placement.pipeline import plan_placement
+from app.placement.scorers import topology as topology_scorer
+from app.placement.scorers.topology import LINK_SCORES
 from app.placement.topology import (
-    LINK_SCORES,
     NODE,
     NV,
     PHB,
@@ -85,7 +86,7 @@ def test_the_pick_prefers_the_better_link(better: str, worse: str) -> None:
     chosen = pick(ct, ct.full_mask, 2)
     assert [ct.atom_ids[i] for i in chosen.indices] == ["g1", "g2"]
     assert chosen.worst_link == link_rank(better)
-    assert chosen.topology_score == LINK_SCORES[link_rank(better)]
+    assert topology_scorer.share(chosen) == LINK_SCORES[link_rank(better)]
 
 
 PICKS = [

@@ -11,7 +11,6 @@ DEPENDS = COUNTS
 
 
 def share(total_class_atoms: int, busy_before: int, requested: int) -> float:
-    """``(busy_before + requested) / total_class_atoms`` (0 for a node without atoms of the class)."""
-    if total_class_atoms <= 0:
-        return 0.0
+    """``(busy_before + requested) / total_class_atoms`` (the contract asks only about a node with atoms
+    of the class)."""
     return min(1.0, (busy_before + requested) / total_class_atoms)

@@ -6,9 +6,10 @@ of the three kinds below) and the function that kind names:
 
 - ``COUNTS``: ``share(total_class_atoms, busy_before, requested) -> float`` in 0..1 for one device
   request, where ``total_class_atoms`` is the node's atoms of the requested class (selector aside) and
-  ``busy_before`` those not free for the window. The score is the mean over device requests (0.0 for a
-  request without devices). These scorers form the shortlist's ranking key
-  (:meth:`ScorerSet.count_score_many`, mirrored by ``app/placement/shortlist.py``).
+  ``busy_before`` those not free for the window. It is asked only for a node with atoms of the class:
+  a node without any scores 0.0 here, in every ``COUNTS`` scorer (:func:`counts_share`). The score is
+  the mean over device requests (0.0 for a request without devices). These scorers form the
+  shortlist's ranking key (:meth:`ScorerSet.count_score_many`, mirrored by ``app/placement/shortlist.py``).
 - ``PICK``: ``share(pick: Pick) -> float`` in 0..1, reading only the :class:`~app.placement.topology.Pick`
   (indices, worst link, NUMA spread); optionally ``ceiling(topology: ClassTopology, count) -> float``,
   an upper bound of ``share`` over every pick of ``count`` atoms of that class (used on hosts too big to
@@ -95,7 +96,7 @@ class Scorer:
                 for i, device in enumerate(devices):
                     ct = classes[i]
                     n = len(ct.atom_ids) if ct is not None else 0
-                    total += share(n, n - available[i].bit_count(), device.count)
+                    total += counts_share(share, n, n - available[i].bit_count(), device.count)
                 return total / len(devices)
 
             return counts_score
@@ -112,6 +113,14 @@ class Scorer:
 
 
 _score_fns: dict[Scorer, ScoreFn] = {}
+
+
+def counts_share(
+    share: Callable[[int, int, int], float], total: int, busy_before: int, requested: int
+) -> float:
+    """A ``COUNTS`` ``share`` for one device request; 0.0 for a node without atoms of the class (``share``
+    is never asked about one)."""
+    return share(total, busy_before, requested) if total > 0 else 0.0
 
 
 def declare(module: ModuleType | Any) -> Scorer:
@@ -202,7 +211,7 @@ class ScorerSet:
             return 0.0
         total = 0.0
         for s in self.of_kind(COUNTS):
-            mean = sum(s.share(t, busy, r) for t, busy, r in parts) / len(parts)
+            mean = sum(counts_share(s.share, t, busy, r) for t, busy, r in parts) / len(parts)
             total += self.weight(s, overrides) * mean
         return total
 

@@ -13,9 +13,14 @@ DEFAULT_WEIGHT = 0.5
 DEPENDS = PICK
 
 
+def _spanning(numa_spread: int) -> float:
+    """``1 / numa_spread`` (1 for a set that spans none: no atoms)."""
+    return 1.0 / numa_spread if numa_spread else 1.0
+
+
 def share(pick: Pick) -> float:
     """The pick's numa score, ``1 / numa_spread``."""
-    return pick.numa_score
+    return _spanning(pick.numa_spread)
 
 
 def ceiling(topology: ClassTopology, count: int) -> float:
@@ -27,4 +32,4 @@ def ceiling(topology: ClassTopology, count: int) -> float:
         held += size
         if held >= count:
             break
-    return 1.0 / spread if spread else 1.0
+    return _spanning(spread)

@@ -4,16 +4,19 @@ PIX .8, PXB .6, PHB .4, NODE .2, SYS 0; one atom 1; any unknown link .5 (neutral
 from __future__ import annotations
 
 from app.placement.scorers.contract import PICK
-from app.placement.topology import LINK_SCORES, ClassTopology, Pick
+from app.placement.topology import NODE, NV, PHB, PIX, PXB, SYS, UNKNOWN, ClassTopology, Pick
 
 NAME = "topology"
 DEFAULT_WEIGHT = 1.0
 DEPENDS = PICK
 
+# docs/reasons.md: the score of a link rank (app.placement.topology ranks them)
+LINK_SCORES = {NV: 1.0, PIX: 0.8, PXB: 0.6, PHB: 0.4, NODE: 0.2, SYS: 0.0, UNKNOWN: 0.5}
+
 
 def share(pick: Pick) -> float:
-    """The pick's topology score (:data:`app.placement.topology.LINK_SCORES` of its worst link)."""
-    return pick.topology_score
+    """:data:`LINK_SCORES` of the pick's worst link (1 for fewer than two atoms)."""
+    return 1.0 if len(pick.indices) <= 1 else LINK_SCORES[pick.worst_link]
 
 
 def ceiling(topology: ClassTopology, count: int) -> float:
