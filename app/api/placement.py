@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.answers.placement import Comparison, Explanation, FleetBuild, JobHistory
 from app.api.deps import CurrentPrincipal, ServicesDep
 from app.api.errors import responses
-from app.api.routing import SetFieldsRoute
+from app.api.routing import ExcludeUnsetRoute
 from app.db.job_records import job_records, record_job
 from app.errors import InvalidInput, quote_input
 from app.fleet.documents import parse_instant
@@ -26,7 +26,7 @@ from app.fleet.history import JobRecord, job_history_document, stored_record
 from app.iam.authorize import authorize
 
 # every placement route answers the same errors (404: a path parameter names nothing)
-router = APIRouter(tags=["placement"], responses=responses(401, 403, 404, 422), route_class=SetFieldsRoute)
+router = APIRouter(tags=["placement"], responses=responses(401, 403, 404, 422), route_class=ExcludeUnsetRoute)
 MAX_AGE_LIMIT = 10 * 366 * 86400  # ten years, in seconds
 EXPLAIN = "compute:placement:explain"
 

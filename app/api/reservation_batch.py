@@ -16,14 +16,14 @@ from app.answers.reservations import (
 )
 from app.api.deps import CurrentPrincipal, Principal, ServicesDep
 from app.api.errors import json_path, plain_message, responses
-from app.api.routing import SetFieldsRoute
+from app.api.routing import ExcludeUnsetRoute
 from app.api.text_guard import unstorable_item
 from app.capacity.reservations import bulk
 from app.errors import AppError, InvalidInput
 from app.iam.authorize import authorize
 from app.placement.request import ReservationRequest
 
-router = APIRouter(tags=["reservations"], route_class=SetFieldsRoute)
+router = APIRouter(tags=["reservations"], route_class=ExcludeUnsetRoute)
 
 
 def _invalid(index: int, item: Any, exc: ValidationError) -> InvalidInput:

@@ -12,7 +12,7 @@ from app.api.access import RESERVATIONS_READ, authorize_tenant_read
 from app.api.deps import CurrentPrincipal, ServicesDep
 from app.api.errors import responses, unsatisfiable
 from app.api.paging import PageCursor, PageLimit, created_after, next_cursor
-from app.api.routing import SetFieldsRoute
+from app.api.routing import ExcludeUnsetRoute
 from app.capacity.queue import worker as svc_queue
 from app.capacity.reservations import extend as svc_extend
 from app.capacity.reservations import preview as svc_preview
@@ -28,7 +28,7 @@ from app.placement.request import (
     window_end,
 )
 
-router = APIRouter(tags=["reservations"], route_class=SetFieldsRoute)
+router = APIRouter(tags=["reservations"], route_class=ExcludeUnsetRoute)
 
 
 @router.post(

@@ -11,11 +11,11 @@ from app.answers.usage_groups import UsageGroup
 from app.api.access import authorize_tenant_read
 from app.api.deps import CurrentPrincipal, ServicesDep
 from app.api.errors import responses
-from app.api.routing import SetFieldsRoute
+from app.api.routing import ExcludeUnsetRoute
 from app.api.times import IsoTime
 from app.capacity.reservations import usage
 
-router = APIRouter(tags=["usage"], route_class=SetFieldsRoute)
+router = APIRouter(tags=["usage"], route_class=ExcludeUnsetRoute)
 
 
 @router.get("/v1/usage", responses=responses(401, 403, 422), operation_id="getUsage")
