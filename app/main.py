@@ -196,24 +196,27 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     install_contract(app)  # after the error shapes: it refines their document
     app.add_middleware(RequestGuard, settings=settings)  # inner: authenticate and bound the body first
     app.add_middleware(AuditTrail)  # around the guard: its 401/403/413 are recorded too
-    # the batch route first: /v1/reservations/batch is not a reservation id
-    for module in (
-        health,
-        iam,
-        inventory,
-        node_maintenance,
-        quota,
-        reservation_batch,
-        reservations,
-        agents,
-        audit,
-        usage,
-    ):
-        app.include_router(module.router)
     from app.api import placement
 
-    app.include_router(placement.router)
-    app.include_router(ui.router)  # the dashboard and the docs pages: not in the OpenAPI document
+    # in the order requests are matched: the batch route before the reservation routes
+    # (/v1/reservations/batch is not a reservation id); last the dashboard and the docs pages, which are
+    # not in the OpenAPI document
+    routers = (
+        health.router,
+        iam.router,
+        inventory.router,
+        node_maintenance.router,
+        quota.router,
+        reservation_batch.router,
+        reservations.router,
+        agents.router,
+        audit.router,
+        usage.router,
+        placement.router,
+        ui.router,
+    )
+    for router in routers:
+        app.include_router(router)
     # middlewares, innermost first (each add wraps the ones before): CORS, then the access log outermost
     if settings.cors_origins:
         app.add_middleware(BrowserCors, origins=settings.cors_origins)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter, ValidationError
 
-from app.api.deps import Principal, Services, current_principal, services
+from app.api.deps import CurrentPrincipal, Principal, Services, ServicesDep
 from app.api.errors import responses
 from app.api.text_guard import check_json_body
 from app.iam.authorize import authorize, granted_pools
@@ -40,16 +40,8 @@ def _hello_answer(outcome: agents.HelloOutcome, interval: int) -> HelloAnswer:
     )
 
 
-@router.post(
-    "/v1/nodes/hello",
-    response_model=HelloAnswer,
-    response_model_by_alias=True,
-    responses=responses(401, 403, 404, 409, 422),
-    operation_id="sendHello",
-)
-async def send_hello(
-    body: HelloBody, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> HelloAnswer:
+@router.post("/v1/nodes/hello", responses=responses(401, 403, 404, 409, 422), operation_id="sendHello")
+async def send_hello(body: HelloBody, principal: CurrentPrincipal, svc: ServicesDep) -> HelloAnswer:
     """Register or update the node ``(poolId, name)`` from its agent; writes its system labels."""
     authorize(principal, HELLO, f"pool:{body.poolId}")
     outcome = await agents.hello(svc.engine, body)
@@ -57,10 +49,7 @@ async def send_hello(
 
 
 async def send_heartbeat(
-    node_id: str,
-    body: HeartbeatBody,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
+    node_id: str, body: HeartbeatBody, principal: CurrentPrincipal, svc: ServicesDep
 ) -> HeartbeatAnswer:
     """Record device health from the node's agent; a heartbeat that changes nothing is one statement."""
     return await _heartbeat(node_id, body, principal, svc)
@@ -127,7 +116,6 @@ router.add_api_route(
     "/v1/nodes/{node_id}/heartbeat",
     send_heartbeat,
     methods=["POST"],
-    response_model=HeartbeatAnswer,
     responses=responses(401, 403, 404, 409, 422),
     operation_id="sendHeartbeat",
     route_class_override=LeanHeartbeatRoute,

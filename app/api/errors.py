@@ -30,9 +30,11 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+def responses(*statuses: int, conflicts: tuple[str, ...] = ()) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` entries for the given error statuses (all share :class:`ErrorBody`), plus
-    the 413, 429 and 503 that the request guard and an outage may answer on every route."""
+    the 413, 429 and 503 that the request guard and an outage may answer on every route. ``conflicts``
+    names exactly the 409 codes the operation answers (and declares its 409):
+    ``responses(401, 403, conflicts=("CONFLICT", "POOL_ARCHIVED"))``."""
     text = {
         401: "UNAUTHENTICATED",
         403: "FORBIDDEN",
@@ -45,21 +47,15 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         429: "RATE_LIMITED: too many requests; Retry-After gives the seconds to wait",
         503: "UNAVAILABLE: the database cannot be reached; Retry-After gives the seconds to wait",
     }
-    every_route = (413, 429, 503)
-    return {
-        s: {"model": ErrorBody, "description": text.get(s, "error")}
-        for s in sorted({*statuses, *every_route})
-    }
+    declared = {*statuses, 413, 429, 503}  # 413, 429, 503: every route
+    if conflicts:
+        text[409] = " or ".join(conflicts)
+        declared.add(409)
+    return {s: {"model": ErrorBody, "description": text.get(s, "error")} for s in sorted(declared)}
 
 
 SOURCES = ("body", "query", "path", "header", "cookie")
 PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
-
-
-def conflicts(*codes: str) -> dict[int | str, dict[str, Any]]:
-    """The 409 entry naming exactly the conflict codes one operation answers, to merge after
-    :func:`responses`: ``{**responses(401, 409), **conflicts("CONFLICT")}``."""
-    return {409: {"model": ErrorBody, "description": " or ".join(codes)}}
 
 
 def unsatisfiable() -> dict[int | str, dict[str, Any]]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.answers.health import Health, Readiness
-from app.api.deps import Services, current_principal, services
+from app.api.deps import ServicesDep, current_principal
 from app.api.errors import responses
 from app.db.engine import ping
 from app.errors import AppError
@@ -22,7 +22,7 @@ class NotReady(AppError):
     status = 503
 
 
-@router.get("/healthz", response_model=Health, operation_id="checkHealth")
+@router.get("/healthz", operation_id="checkHealth")
 async def healthz() -> Health:
     """The process is up."""
     return Health(status="ok")
@@ -30,11 +30,10 @@ async def healthz() -> Health:
 
 @router.get(
     "/readyz",
-    response_model=Readiness,
     responses={503: {**responses(503)[503], "description": "NOT_READY: the database does not answer"}},
     operation_id="checkReadiness",
 )
-async def readyz(svc: Services = Depends(services)) -> Readiness:
+async def readyz(svc: ServicesDep) -> Readiness:
     """The database answers."""
     try:
         await ping(svc.engine)
@@ -52,7 +51,7 @@ async def readyz(svc: Services = Depends(services)) -> Readiness:
         **responses(401, 403),
     },
 )
-async def metrics(request: Request, svc: Services = Depends(services)) -> Response:
+async def metrics(request: Request, svc: ServicesDep) -> Response:
     """Prometheus metrics (docs/metrics.md). Open by default; with `BC_METRICS_REQUIRE_KEY` on, an API
     key holding `compute:capacity:read` on `*` (the labels name every pool): 401 without a key, 403
     with another."""

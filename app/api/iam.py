@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.answers.iam import ApiKey, ApiKeyList
-from app.api.deps import Principal, Services, current_principal, services
+from app.api.deps import CurrentPrincipal, ServicesDep
 from app.api.errors import responses
-from app.api.paging import CURSOR_QUERY, cursor_key, next_cursor, time_then_id
+from app.api.paging import PageCursor, PageLimit, created_after, next_cursor
 from app.iam.authorize import Grant
 from app.iam.key_list import list_api_keys, visible_keys
 from app.iam.service import authorize_key_creation, create_api_key, revoke_api_key
@@ -59,47 +59,28 @@ class ApiKeyCreate(BaseModel):
             raise ValueError("expiresAt must lie before year 10000 (UTC)") from None
 
 
-@router.post(
-    "/v1/api-keys",
-    status_code=201,
-    response_model=ApiKey,
-    responses=responses(401, 403, 422),
-    operation_id="createApiKey",
-)
-async def create_key(
-    body: ApiKeyCreate, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> ApiKey:
+@router.post("/v1/api-keys", status_code=201, responses=responses(401, 403, 422), operation_id="createApiKey")
+async def create_key(body: ApiKeyCreate, principal: CurrentPrincipal, svc: ServicesDep) -> ApiKey:
     key_grants = [Grant(g.action, g.resource) for g in body.grants]
     authorize_key_creation(principal, body.tenantId, key_grants)
     return await create_api_key(svc.engine, body.principal, body.tenantId, key_grants, body.expiresAt)
 
 
-@router.get(
-    "/v1/api-keys",
-    response_model=ApiKeyList,
-    responses=responses(401, 403, 422),
-    operation_id="listApiKeys",
-)
+@router.get("/v1/api-keys", responses=responses(401, 403, 422), operation_id="listApiKeys")
 async def list_keys(
-    limit: int = Query(default=100, ge=1, le=1000),
-    cursor: str | None = CURSOR_QUERY,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
+    principal: CurrentPrincipal, svc: ServicesDep, limit: PageLimit = 100, cursor: PageCursor = None
 ) -> ApiKeyList:
     """A page of API keys, newest first, revoked and expired ones included, never a secret: every key
     for an admin key, its own tenant's for a tenant key (``compute:iam:admin`` on the tenant)."""
     visible = visible_keys(principal)
-    after = None if cursor is None else cursor_key(cursor, KEYS_CURSOR, time_then_id)
-    page = await list_api_keys(svc.engine, visible, limit, after)
+    page = await list_api_keys(svc.engine, visible, limit, created_after(cursor, KEYS_CURSOR))
     return ApiKeyList(items=page.items, nextCursor=next_cursor(KEYS_CURSOR, page.next))
 
 
 @router.delete(
     "/v1/api-keys/{key_id}", status_code=204, responses=responses(401, 403, 404), operation_id="revokeApiKey"
 )
-async def revoke_key(
-    key_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> None:
+async def revoke_key(key_id: str, principal: CurrentPrincipal, svc: ServicesDep) -> None:
     await revoke_api_key(svc.engine, key_id, principal)
     # refused at once by this process; by the others once their cached principal expires
     # (BC_KEY_CACHE_SECONDS, app/iam/key_cache.py)

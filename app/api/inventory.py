@@ -2,51 +2,40 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
-from pydantic import BeforeValidator
+from fastapi import APIRouter, Query, Response
 
 from app.answers.inventory import ImportedNode, Node, NodeList, Pool, PoolList
 from app.answers.occupancy import PoolOccupancy
-from app.api.deps import Principal, Services, current_principal, services
-from app.api.errors import conflicts, responses
-from app.api.paging import CURSOR_QUERY, decode_cursor, next_cursor, page_after, time_then_id
+from app.api.access import authorize_on_node
+from app.api.deps import CurrentPrincipal, ServicesDep
+from app.api.errors import responses
+from app.api.paging import PageCursor, PageLimit, decode_cursor, next_cursor, page_after, time_then_id
+from app.api.times import IsoTime
 from app.iam.authorize import authorize, holds_grant_on, may_read_work_of
 from app.inventory import occupancy
 from app.inventory import service as inventory
 from app.inventory.schemas import HealthBody, LabelsBody, NodeCreate, NodeImport, PoolCreate, TaintsBody
-from app.placement.request import FIRST_WINDOW_YEAR, LAST_WINDOW_YEAR, window_end
 
 router = APIRouter(tags=["inventory"])
 WRITE, READ = "compute:inventory:write", "compute:inventory:read"
 
 
-async def _node_pool(svc: Services, node_id: str) -> str:
-    return await inventory.node_pool_id(svc.engine, node_id)
-
-
 @router.post(
     "/v1/pools",
     status_code=201,
-    response_model=Pool,
-    responses={**responses(401, 403, 409, 422), **conflicts("CONFLICT")},
+    responses=responses(401, 403, 422, conflicts=("CONFLICT",)),
     operation_id="createPool",
 )
-async def create_pool(
-    body: PoolCreate, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> Pool:
+async def create_pool(body: PoolCreate, principal: CurrentPrincipal, svc: ServicesDep) -> Pool:
     authorize(principal, WRITE, "*")
     return await inventory.create_pool(svc.engine, body.name)
 
 
-@router.get("/v1/pools", response_model=PoolList, responses=responses(401, 422), operation_id="listPools")
+@router.get("/v1/pools", responses=responses(401, 422), operation_id="listPools")
 async def list_pools(
-    limit: int = Query(default=100, ge=1, le=1000),
-    cursor: str | None = CURSOR_QUERY,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
+    principal: CurrentPrincipal, svc: ServicesDep, limit: PageLimit = 100, cursor: PageCursor = None
 ) -> PoolList:
     """A page of the pools the caller may read, oldest first."""
     pools = await inventory.list_pools(svc.engine)
@@ -58,53 +47,26 @@ def _pool_key(pool: Pool) -> tuple[str, ...]:
     return pool.createdAt, pool.id
 
 
-@router.get(
-    "/v1/pools/{pool_id}", response_model=Pool, responses=responses(401, 403, 404), operation_id="getPool"
-)
-async def get_pool(
-    pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> Pool:
+@router.get("/v1/pools/{pool_id}", responses=responses(401, 403, 404), operation_id="getPool")
+async def get_pool(pool_id: str, principal: CurrentPrincipal, svc: ServicesDep) -> Pool:
     if not holds_grant_on(principal, f"pool:{pool_id}"):  # the rule of list_pools
         authorize(principal, READ, f"pool:{pool_id}")
     return await inventory.get_pool(svc.engine, pool_id)
 
 
-@router.get(
-    "/v1/pools/{pool_id}/nodes",
-    response_model=NodeList,
-    responses=responses(401, 403, 404, 422),
-    operation_id="listNodes",
-)
+@router.get("/v1/pools/{pool_id}/nodes", responses=responses(401, 403, 404, 422), operation_id="listNodes")
 async def list_nodes(
     pool_id: str,
-    limit: int = Query(default=1000, ge=1, le=10_000),
-    cursor: str | None = CURSOR_QUERY,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
+    principal: CurrentPrincipal,
+    svc: ServicesDep,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    cursor: PageCursor = None,
 ) -> NodeList:
     """The pool's nodes in id order, a page at a time."""
     authorize(principal, READ, f"pool:{pool_id}")
     after = None if cursor is None else decode_cursor(cursor, "nodes", 1)[0]
     page = await inventory.list_nodes(svc.engine, pool_id, limit, after)
     return NodeList(items=page.items, nextCursor=next_cursor("nodes", page.next))
-
-
-def _iso_time(value: object) -> object:
-    """A query's time: ISO 8601 text with a UTC offset, in years 1970..9999 (not a number of seconds)."""
-    if not isinstance(value, str):
-        return value
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError("not an ISO 8601 time, e.g. 2026-12-01T12:00:00Z") from None
-    if parsed.tzinfo is None:
-        raise ValueError("needs a UTC offset, e.g. 2026-12-01T12:00:00Z")
-    if window_end(parsed, 0) is None:
-        raise ValueError(f"must lie in years {FIRST_WINDOW_YEAR}..{LAST_WINDOW_YEAR} (UTC)")
-    return parsed
-
-
-IsoTime = Annotated[datetime | None, BeforeValidator(_iso_time)]
 
 
 @router.get(
@@ -115,6 +77,8 @@ IsoTime = Annotated[datetime | None, BeforeValidator(_iso_time)]
 )
 async def get_occupancy(
     pool_id: str,
+    principal: CurrentPrincipal,
+    svc: ServicesDep,
     start: Annotated[
         IsoTime,
         Query(alias="from", description="ISO 8601 with a UTC offset; absent: the database's now"),
@@ -127,8 +91,6 @@ async def get_occupancy(
             "absent: from + 48 h",
         ),
     ] = None,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
 ) -> Response:
     """Each node of the pool (id order) with its atoms' bookings over ``[from, to)`` and its scalars'
     held steps (docs/api.md, "Occupancy"). Who booked an atom (``reservationId``, ``tenantId``) is
@@ -144,132 +106,71 @@ async def get_occupancy(
     return Response(body, media_type="application/json")
 
 
-@router.post(
-    "/v1/pools/{pool_id}/archive",
-    response_model=Pool,
-    responses=responses(401, 403, 404),
-    operation_id="archivePool",
-)
-async def archive_pool(
-    pool_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> Pool:
+@router.post("/v1/pools/{pool_id}/archive", responses=responses(401, 403, 404), operation_id="archivePool")
+async def archive_pool(pool_id: str, principal: CurrentPrincipal, svc: ServicesDep) -> Pool:
     authorize(principal, WRITE, f"pool:{pool_id}")
     return await inventory.archive_pool(svc.engine, pool_id)
 
 
+# a node's registration and import answer the same errors: an archived pool takes no new node
+NEW_NODE_ERRORS = responses(401, 403, 404, 422, conflicts=("CONFLICT", "POOL_ARCHIVED"))
+
+
 @router.post(
-    "/v1/pools/{pool_id}/nodes",
-    status_code=201,
-    response_model=Node,
-    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT", "POOL_ARCHIVED")},
-    operation_id="createNode",
+    "/v1/pools/{pool_id}/nodes", status_code=201, responses=NEW_NODE_ERRORS, operation_id="createNode"
 )
-async def create_node(
-    pool_id: str,
-    body: NodeCreate,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
-) -> Node:
+async def create_node(pool_id: str, body: NodeCreate, principal: CurrentPrincipal, svc: ServicesDep) -> Node:
     authorize(principal, WRITE, f"pool:{pool_id}")
     return await inventory.add_node(svc.engine, pool_id, body)
 
 
 @router.post(
-    "/v1/pools/{pool_id}/nodes/import",
-    status_code=201,
-    response_model=ImportedNode,
-    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT", "POOL_ARCHIVED")},
-    operation_id="importNode",
+    "/v1/pools/{pool_id}/nodes/import", status_code=201, responses=NEW_NODE_ERRORS, operation_id="importNode"
 )
 async def import_node(
-    pool_id: str,
-    body: NodeImport,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
+    pool_id: str, body: NodeImport, principal: CurrentPrincipal, svc: ServicesDep
 ) -> ImportedNode:
     authorize(principal, WRITE, f"pool:{pool_id}")
     return await inventory.import_node(svc.engine, pool_id, body)
 
 
-@router.get(
-    "/v1/nodes/{node_id}", response_model=Node, responses=responses(401, 403, 404), operation_id="getNode"
-)
-async def get_node(
-    node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> Node:
-    authorize(principal, READ, f"pool:{await _node_pool(svc, node_id)}")
+@router.get("/v1/nodes/{node_id}", responses=responses(401, 403, 404), operation_id="getNode")
+async def get_node(node_id: str, principal: CurrentPrincipal, svc: ServicesDep) -> Node:
+    await authorize_on_node(principal, READ, svc.engine, node_id)
     return await inventory.get_node(svc.engine, node_id)
 
 
-@router.post(
-    "/v1/nodes/{node_id}/cordon",
-    response_model=Node,
-    responses=responses(401, 403, 404),
-    operation_id="cordonNode",
-)
-async def cordon(
-    node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> Node:
-    authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
+@router.post("/v1/nodes/{node_id}/cordon", responses=responses(401, 403, 404), operation_id="cordonNode")
+async def cordon(node_id: str, principal: CurrentPrincipal, svc: ServicesDep) -> Node:
+    await authorize_on_node(principal, WRITE, svc.engine, node_id)
     return await inventory.set_cordon(svc.engine, node_id, True)
 
 
-@router.post(
-    "/v1/nodes/{node_id}/uncordon",
-    response_model=Node,
-    responses=responses(401, 403, 404),
-    operation_id="uncordonNode",
-)
-async def uncordon(
-    node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> Node:
-    authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
+@router.post("/v1/nodes/{node_id}/uncordon", responses=responses(401, 403, 404), operation_id="uncordonNode")
+async def uncordon(node_id: str, principal: CurrentPrincipal, svc: ServicesDep) -> Node:
+    await authorize_on_node(principal, WRITE, svc.engine, node_id)
     return await inventory.set_cordon(svc.engine, node_id, False)
 
 
 @router.put(
-    "/v1/nodes/{node_id}/taints",
-    response_model=Node,
-    responses=responses(401, 403, 404, 422),
-    operation_id="setNodeTaints",
+    "/v1/nodes/{node_id}/taints", responses=responses(401, 403, 404, 422), operation_id="setNodeTaints"
 )
-async def set_taints(
-    node_id: str,
-    body: TaintsBody,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
-) -> Node:
-    authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
+async def set_taints(node_id: str, body: TaintsBody, principal: CurrentPrincipal, svc: ServicesDep) -> Node:
+    await authorize_on_node(principal, WRITE, svc.engine, node_id)
     return await inventory.set_taints(svc.engine, node_id, body.taints)
 
 
 @router.put(
-    "/v1/nodes/{node_id}/labels",
-    response_model=Node,
-    responses=responses(401, 403, 404, 422),
-    operation_id="setNodeLabels",
+    "/v1/nodes/{node_id}/labels", responses=responses(401, 403, 404, 422), operation_id="setNodeLabels"
 )
-async def set_labels(
-    node_id: str,
-    body: LabelsBody,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
-) -> Node:
-    authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
+async def set_labels(node_id: str, body: LabelsBody, principal: CurrentPrincipal, svc: ServicesDep) -> Node:
+    await authorize_on_node(principal, WRITE, svc.engine, node_id)
     return await inventory.set_labels(svc.engine, node_id, body.labels)
 
 
 @router.post(
-    "/v1/nodes/{node_id}/health",
-    response_model=Node,
-    responses=responses(401, 403, 404, 422),
-    operation_id="setNodeHealth",
+    "/v1/nodes/{node_id}/health", responses=responses(401, 403, 404, 422), operation_id="setNodeHealth"
 )
-async def set_health(
-    node_id: str,
-    body: HealthBody,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
-) -> Node:
-    authorize(principal, WRITE, f"pool:{await _node_pool(svc, node_id)}")
+async def set_health(node_id: str, body: HealthBody, principal: CurrentPrincipal, svc: ServicesDep) -> Node:
+    await authorize_on_node(principal, WRITE, svc.engine, node_id)
     return await inventory.set_health(svc.engine, node_id, body)

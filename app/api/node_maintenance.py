@@ -3,13 +3,13 @@ They need ``compute:inventory:write`` on the node's pool, as cordon and node reg
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Body, Depends, Response
+from fastapi import APIRouter, Body, Response
 
 from app.answers.inventory import DrainedNode, Node
-from app.api.deps import Principal, Services, current_principal, services
-from app.api.errors import conflicts, responses
+from app.api.access import authorize_on_node
+from app.api.deps import CurrentPrincipal, ServicesDep
+from app.api.errors import responses
 from app.capacity.controllers.drain import drop_plans_on_node, reschedule_future_work
-from app.iam.authorize import authorize
 from app.inventory import maintenance
 from app.inventory import service as inventory
 from app.inventory.schemas import DrainBody
@@ -18,28 +18,16 @@ router = APIRouter(tags=["inventory"])
 WRITE = "compute:inventory:write"
 
 
-async def _authorize(svc: Services, principal: Principal, node_id: str) -> None:
-    authorize(principal, WRITE, f"pool:{await inventory.node_pool_id(svc.engine, node_id)}")
-
-
-@router.post(
-    "/v1/nodes/{node_id}/drain",
-    response_model=DrainedNode,
-    responses=responses(401, 403, 404, 422),
-    operation_id="drainNode",
-)
+@router.post("/v1/nodes/{node_id}/drain", responses=responses(401, 403, 404, 422), operation_id="drainNode")
 async def drain(
-    node_id: str,
-    body: DrainBody | None = Body(default=None),
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
+    node_id: str, principal: CurrentPrincipal, svc: ServicesDep, body: DrainBody | None = Body(default=None)
 ) -> DrainedNode:
     """Drain the node: no new work lands on it (the NoSchedule reason `draining`, whole-node leases
     included); work placed on it keeps its window; planned starts on it are dropped and planned again
     elsewhere. With `reschedule: true` its future reservations (windows not started) are moved to other
     nodes, or back to pending, and listed in `rescheduled`. `drain` reads `draining` until nothing
     current or future is placed on it, then `drained`. Idempotent."""
-    await _authorize(svc, principal, node_id)
+    await authorize_on_node(principal, WRITE, svc.engine, node_id)
     await maintenance.set_drain(svc.engine, node_id, True)  # committed first: nothing plans onto it again
     await drop_plans_on_node(svc.engine, node_id)
     moved = []
@@ -49,18 +37,11 @@ async def drain(
     return DrainedNode(**dict(node), rescheduled=moved)
 
 
-@router.post(
-    "/v1/nodes/{node_id}/undrain",
-    response_model=Node,
-    responses=responses(401, 403, 404),
-    operation_id="undrainNode",
-)
-async def undrain(
-    node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> Node:
+@router.post("/v1/nodes/{node_id}/undrain", responses=responses(401, 403, 404), operation_id="undrainNode")
+async def undrain(node_id: str, principal: CurrentPrincipal, svc: ServicesDep) -> Node:
     """Lift a drain: the node takes new work again (unless cordoned, tainted or unhealthy), and pending
     reservations are woken. Moved reservations stay where they went. Idempotent."""
-    await _authorize(svc, principal, node_id)
+    await authorize_on_node(principal, WRITE, svc.engine, node_id)
     return await maintenance.set_drain(svc.engine, node_id, False)
 
 
@@ -68,16 +49,14 @@ async def undrain(
     "/v1/nodes/{node_id}",
     status_code=204,
     response_class=Response,
-    responses={**responses(401, 403, 404, 409), **conflicts("CONFLICT")},
+    responses=responses(401, 403, 404, conflicts=("CONFLICT",)),
     operation_id="deleteNode",
 )
-async def delete_node(
-    node_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
-) -> Response:
+async def delete_node(node_id: str, principal: CurrentPrincipal, svc: ServicesDep) -> Response:
     """Delete a node that holds no current or future allocation (a drained one): 204. While it holds
     some, 409 CONFLICT naming up to five reservations and how many. Its history stays: past
     reservations keep their allocations on it; it leaves the pool's node list, counts, placement and
     occupancy, `GET /v1/nodes/{id}` answers 404, and its name may be taken by a new node."""
-    await _authorize(svc, principal, node_id)
+    await authorize_on_node(principal, WRITE, svc.engine, node_id)
     await maintenance.delete_node(svc.engine, node_id)
     return Response(status_code=204)

@@ -20,7 +20,7 @@ import binascii
 import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Query
 
@@ -29,7 +29,9 @@ from app.errors import InvalidInput
 
 T = TypeVar("T")
 
-CURSOR_QUERY = Query(default=None, max_length=512, description="The previous page's `nextCursor`.")
+# a list's query parameters, as route parameters: ``limit: PageLimit = 100, cursor: PageCursor = None``
+PageLimit = Annotated[int, Query(ge=1, le=1000)]
+PageCursor = Annotated[str | None, Query(max_length=512, description="The previous page's `nextCursor`.")]
 
 
 def encode_cursor(kind: str, *key: str) -> str:
@@ -101,6 +103,12 @@ def time_then_id(key: tuple[str, ...]) -> tuple[datetime, str]:
         return created.astimezone(UTC), key[1]
     except OverflowError:
         raise ValueError("a cursor's time is out of range") from None
+
+
+def created_after(cursor: str | None, kind: str) -> tuple[datetime, str] | None:
+    """The ``(createdAt, id)`` key a page of the list ``kind`` starts after (:func:`time_then_id`);
+    None for the first page (no cursor). InvalidInput naming ``cursor`` when unreadable."""
+    return None if cursor is None else cursor_key(cursor, kind, time_then_id)
 
 
 def cursor_key(cursor: str, kind: str, order: Callable[[tuple[str, ...]], Any], size: int = 2) -> Any:

@@ -10,13 +10,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.answers.placement import Comparison, Explanation, FleetBuild, JobHistory
-from app.api.deps import Principal, Services, current_principal, services
+from app.api.deps import CurrentPrincipal, ServicesDep
 from app.api.errors import responses
+from app.api.routing import ExcludeUnsetRoute
 from app.db.job_records import job_records, record_job
 from app.errors import InvalidInput, quote_input
 from app.fleet.documents import parse_instant
@@ -24,10 +25,10 @@ from app.fleet.explain import DEFAULT_MAX_AGE_SECONDS, explain_documents
 from app.fleet.history import JobRecord, job_history_document, stored_record
 from app.iam.authorize import authorize
 
-router = APIRouter(tags=["placement"])
+# every placement route answers the same errors (404: a path parameter names nothing)
+router = APIRouter(tags=["placement"], responses=responses(401, 403, 404, 422), route_class=ExcludeUnsetRoute)
 MAX_AGE_LIMIT = 10 * 366 * 86400  # ten years, in seconds
-
-ERRORS = responses(401, 403, 404, 422)  # 404: a path parameter names nothing
+EXPLAIN = "compute:placement:explain"
 
 
 class ExplainBody(BaseModel):
@@ -54,16 +55,12 @@ def _parse_now(value: str | None) -> datetime:
     "/v1/placement/explain",
     operation_id="explainPlacement",
     response_model=Explanation,
-    response_model_exclude_unset=True,
     summary="Explain a completion-time placement (vq.placement-explanation/1)",
-    responses=ERRORS,
 )
-async def explain_placement_route(
-    body: ExplainBody, principal: Principal = Depends(current_principal)
-) -> dict[str, Any]:
+async def explain_placement_route(body: ExplainBody, principal: CurrentPrincipal) -> dict[str, Any]:
     """Every rejected target with its reasons and every eligible one ranked by predicted completion;
     ``held`` when none is eligible. Read-only."""
-    authorize(principal, "compute:placement:explain", "*")
+    authorize(principal, EXPLAIN, "*")
     now = _parse_now(body.now)
     # Pure but CPU-bound (about N targets x a few µs): off the event loop for large fleets.
     return await run_in_threadpool(
@@ -128,20 +125,16 @@ class CompareBody(BaseModel):
     "/v1/placement/fleet",
     operation_id="buildPlacementFleet",
     response_model=FleetBuild,
-    response_model_exclude_unset=True,
     summary="Build a fleet file from collected evidence ({fleet, report})",
-    responses=ERRORS,
 )
-async def build_fleet_route(
-    body: FleetBody, principal: Principal = Depends(current_principal)
-) -> dict[str, Any]:
+async def build_fleet_route(body: FleetBody, principal: CurrentPrincipal) -> dict[str, Any]:
     """The base fleet with the evidence applied, and one report entry per target and source. Opens no
     SSH connection: the evidence is in the body. Refusals (unknown target, lane given a capacity answer,
     lane without a queue, relative runtime root, malformed evidence) answer 422 naming the field."""
     from app.fleet.build import HistoryOptions
     from app.fleet.build_body import build_fleet_documents
 
-    authorize(principal, "compute:placement:explain", "*")
+    authorize(principal, EXPLAIN, "*")
     now = _parse_now(body.now)
     return await run_in_threadpool(
         lambda: build_fleet_documents(
@@ -160,18 +153,16 @@ async def build_fleet_route(
     "/v1/placement/compare",
     operation_id="comparePlacementOrderings",
     response_model=Comparison,
-    response_model_exclude_unset=True,
     summary="Compare the broker's capacity and completion-time orderings (vq.placement-compare/1)",
-    responses=ERRORS,
 )
 async def compare_orderings_route(
-    body: CompareBody, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+    body: CompareBody, principal: CurrentPrincipal, svc: ServicesDep
 ) -> dict[str, Any]:
     """Each recent finished local job placed by both orderings over the fleet's daemon snapshot:
     choices, whether they differ, blockers, and totals. Read-only."""
     from app.fleet.compare import compare_documents
 
-    authorize(principal, "compute:placement:explain", "*")
+    authorize(principal, EXPLAIN, "*")
     now = _parse_now(body.now)
     history = body.history
     if history is None:
@@ -185,15 +176,10 @@ async def compare_orderings_route(
     "/v1/placement/jobs/{job_id}",
     operation_id="recordPlacementJob",
     response_model=JobRecord,
-    response_model_exclude_unset=True,
     summary="Record (or replace) one job record for queue history and compare",
-    responses=ERRORS,
 )
 async def record_job_route(
-    job_id: str,
-    body: JobRecord,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
+    job_id: str, body: JobRecord, principal: CurrentPrincipal, svc: ServicesDep
 ) -> dict[str, Any]:
     """Store a job record (``scheduler_submitted_at`` / ``scheduler_started_at`` feed the queue-wait
     history of ``target``); the path's ``job_id`` must equal the body's."""
@@ -211,17 +197,15 @@ async def record_job_route(
     "/v1/placement/jobs",
     operation_id="listPlacementJobs",
     response_model=JobHistory,
-    response_model_exclude_unset=True,
     summary="The stored job records as vq.job-history/1",
-    responses=ERRORS,
 )
 async def job_history_route(
+    principal: CurrentPrincipal,
+    svc: ServicesDep,
     kind: Literal["local", "scheduler"] | None = Query(default=None),
     target: str | None = Query(default=None, max_length=256),
     limit: int = Query(default=10_000, ge=1, le=100_000),
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
 ) -> dict[str, Any]:
     """Newest recorded first."""
-    authorize(principal, "compute:placement:explain", "*")
+    authorize(principal, EXPLAIN, "*")
     return job_history_document(await job_records(svc.engine, kind, target, limit))

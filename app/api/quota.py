@@ -5,11 +5,11 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.answers.quota import Quota, QuotaWritten
-from app.api.deps import Principal, Services, current_principal, services
+from app.api.deps import CurrentPrincipal, ServicesDep
 from app.api.errors import responses
 from app.iam.authorize import authorize
 from app.ids import TenantId
@@ -30,18 +30,12 @@ class QuotaBody(BaseModel):
     ]
 
 
-@router.put(
-    "/v1/tenants/{tenant_id}/quotas/{pool_id}",
-    response_model=QuotaWritten,
-    responses=responses(401, 403, 404, 422),
-    operation_id="setQuota",
-)
+QUOTA_PATH = "/v1/tenants/{tenant_id}/quotas/{pool_id}"
+
+
+@router.put(QUOTA_PATH, responses=responses(401, 403, 404, 422), operation_id="setQuota")
 async def set_quota(
-    tenant_id: TenantId,
-    pool_id: str,
-    body: QuotaBody,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
+    tenant_id: TenantId, pool_id: str, body: QuotaBody, principal: CurrentPrincipal, svc: ServicesDep
 ) -> QuotaWritten:
     """Replace the tenant's limits in the pool (docs/quota.md, "Writing limits"): 422 at
     ``limits.<name>`` for a name no node of the pool has or a fractional device-class limit."""
@@ -49,17 +43,7 @@ async def set_quota(
     return await replace_limits(svc.engine, tenant_id, pool_id, dict(body.limits))
 
 
-@router.get(
-    "/v1/tenants/{tenant_id}/quotas/{pool_id}",
-    response_model=Quota,
-    responses=responses(401, 403, 404),
-    operation_id="getQuota",
-)
-async def get_quota(
-    tenant_id: str,
-    pool_id: str,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
-) -> Quota:
+@router.get(QUOTA_PATH, responses=responses(401, 403, 404), operation_id="getQuota")
+async def get_quota(tenant_id: str, pool_id: str, principal: CurrentPrincipal, svc: ServicesDep) -> Quota:
     authorize(principal, "compute:reservations:read", f"tenant:{tenant_id}")
     return await quota_view(svc.engine, tenant_id, pool_id)

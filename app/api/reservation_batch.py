@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -14,15 +14,16 @@ from app.answers.reservations import (
     ReservationBatchItem,
     ReservationBatchRequest,
 )
-from app.api.deps import Principal, Services, current_principal, services
+from app.api.deps import CurrentPrincipal, Principal, ServicesDep
 from app.api.errors import json_path, plain_message, responses
+from app.api.routing import ExcludeUnsetRoute
 from app.api.text_guard import unstorable_item
 from app.capacity.reservations import bulk
 from app.errors import AppError, InvalidInput
 from app.iam.authorize import authorize
 from app.placement.request import ReservationRequest
 
-router = APIRouter(tags=["reservations"])
+router = APIRouter(tags=["reservations"], route_class=ExcludeUnsetRoute)
 
 
 def _invalid(index: int, item: Any, exc: ValidationError) -> InvalidInput:
@@ -65,17 +66,9 @@ def _answer(result: bulk.ItemResult) -> ReservationBatchItem:
     return ReservationBatchItem(status=result.status, reservation=result.reservation)
 
 
-@router.post(
-    "/v1/reservations/batch",
-    response_model=ReservationBatch,
-    response_model_exclude_unset=True,
-    responses=responses(401, 422),
-    operation_id="createReservationBatch",
-)
+@router.post("/v1/reservations/batch", responses=responses(401, 422), operation_id="createReservationBatch")
 async def create_reservation_batch(
-    body: ReservationBatchRequest,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
+    body: ReservationBatchRequest, principal: CurrentPrincipal, svc: ServicesDep
 ) -> ReservationBatch:
     """Create 1 to 256 reservations in one call. Each item is independent (own idempotencyKey,
     authorization, quota): the answer lists ``{status, reservation | error}`` per item, in order, and

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.answers.reservations import Preview, Reservation, ReservationList, ReservationStatus
-from app.api.deps import Principal, Services, current_principal, services
-from app.api.errors import conflicts, responses, unsatisfiable
-from app.api.paging import CURSOR_QUERY, cursor_key, next_cursor, time_then_id
+from app.api.access import RESERVATIONS_READ, authorize_tenant_read
+from app.api.deps import CurrentPrincipal, ServicesDep
+from app.api.errors import responses, unsatisfiable
+from app.api.paging import PageCursor, PageLimit, created_after, next_cursor
+from app.api.routing import ExcludeUnsetRoute
 from app.capacity.queue import worker as svc_queue
 from app.capacity.reservations import extend as svc_extend
 from app.capacity.reservations import preview as svc_preview
@@ -26,22 +28,16 @@ from app.placement.request import (
     window_end,
 )
 
-router = APIRouter(tags=["reservations"])
+router = APIRouter(tags=["reservations"], route_class=ExcludeUnsetRoute)
 
 
 @router.post(
     "/v1/capacity/preview",
-    response_model=Preview,
-    response_model_exclude_unset=True,
     responses=responses(401, 403, 404, 422),
     operation_id="previewCapacity",
     tags=["capacity"],
 )
-async def preview(
-    body: ReservationRequest,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
-) -> Preview:
+async def preview(body: ReservationRequest, principal: CurrentPrincipal, svc: ServicesDep) -> Preview:
     """The placement pipeline without the commit: ``{fits, candidates, reason?}``."""
     authorize(principal, "compute:capacity:read", f"pool:{body.poolId}", tenant=body.tenantId)
     return await svc_preview.preview(svc.engine, svc.cache, svc.capacity, body)
@@ -50,8 +46,6 @@ async def preview(
 @router.post(
     "/v1/reservations",
     status_code=201,
-    response_model=Reservation,
-    response_model_exclude_unset=True,
     responses={
         200: {"model": Reservation, "description": "An idempotent retry: the reservation made before"},
         202: {
@@ -59,17 +53,13 @@ async def preview(
             "description": "Queued (BC_CAPACITY_PLACER=pool-lease): a batch worker decides it; "
             "GET /v1/reservations/{id}?waitSeconds=N waits for the decision",
         },
-        **responses(401, 403, 404, 409, 412, 422),
-        **conflicts("QUOTA_EXCEEDED", "IDEMPOTENCY_KEY_REUSED"),
+        **responses(401, 403, 404, 412, 422, conflicts=("QUOTA_EXCEEDED", "IDEMPOTENCY_KEY_REUSED")),
         **unsatisfiable(),
     },
     operation_id="createReservation",
 )
 async def create_reservation(
-    body: CreateReservationRequest,
-    response: Response,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
+    body: CreateReservationRequest, response: Response, principal: CurrentPrincipal, svc: ServicesDep
 ) -> Reservation:
     """Reserve now: ``placed`` with allocations, or ``pending`` with an Unschedulable condition; with
     the pool-lease placer ``queued`` (202) until a batch worker decides it. A request the pool could
@@ -88,42 +78,34 @@ async def create_reservation(
 
 @router.get(
     "/v1/reservations/{reservation_id}",
-    response_model=Reservation,
-    response_model_exclude_unset=True,
     responses=responses(401, 403, 404, 422),
     operation_id="getReservation",
 )
 async def get_reservation(
     reservation_id: str,
     request: Request,
+    principal: CurrentPrincipal,
+    svc: ServicesDep,
     waitSeconds: int = Query(
         default=0,
         ge=0,
         le=svc_queue.MAX_WAIT_SECONDS,
         description="Wait up to this many seconds (0..30) while the reservation is queued",
     ),
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
 ) -> Reservation:
     """The reservation; with ``waitSeconds`` a queued one is answered once a batch worker decided it
     (or when the wait is over, still queued)."""
     if waitSeconds > 0:  # the long-poll authorizes on the row it reads: one read, not two
         worker: svc_queue.QueueWorker = request.app.state.queue
         return await worker.wait(svc.engine, principal, reservation_id, waitSeconds)
-    tenant = await authorized_reservation_tenant(
-        svc.engine, principal, reservation_id, "compute:reservations:read"
-    )
+    tenant = await authorized_reservation_tenant(svc.engine, principal, reservation_id, RESERVATIONS_READ)
     return await svc_reads.get_reservation(svc.engine, reservation_id, tenant)
 
 
-@router.get(
-    "/v1/reservations",
-    response_model=ReservationList,
-    response_model_exclude_unset=True,
-    responses=responses(401, 403, 422),
-    operation_id="listReservations",
-)
+@router.get("/v1/reservations", responses=responses(401, 403, 422), operation_id="listReservations")
 async def list_reservations(
+    principal: CurrentPrincipal,
+    svc: ServicesDep,
     tenantId: str | None = Query(default=None, max_length=128),
     status: ReservationStatus | None = Query(default=None),
     poolId: str | None = Query(default=None, max_length=128, description="only the pool's reservations"),
@@ -132,31 +114,24 @@ async def list_reservations(
         max_length=128,
         description="only reservations with an allocation on the node, now or before (a planned window too)",
     ),
-    limit: int = Query(default=100, ge=1, le=1000),
-    cursor: str | None = CURSOR_QUERY,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
+    limit: PageLimit = 100,
+    cursor: PageCursor = None,
 ) -> ReservationList:
     """A page of reservations, newest first; pass ``nextCursor`` as ``cursor`` for the next page. The
     filters combine (AND); a pool or node that does not exist gives an empty page, as an unknown tenant
     does. A tenant key lists its own tenant's only."""
-    tenant = tenantId or principal.tenant_id
-    authorize(principal, "compute:reservations:read", f"tenant:{tenant}" if tenant else "*")
-    after = None if cursor is None else cursor_key(cursor, "reservations", time_then_id)
-    where = svc_reads.ListFilter(tenant, status, poolId, nodeId)
-    page = await svc_reads.list_reservations(svc.engine, where, limit, after)
+    where = svc_reads.ListFilter(authorize_tenant_read(principal, tenantId), status, poolId, nodeId)
+    page = await svc_reads.list_reservations(svc.engine, where, limit, created_after(cursor, "reservations"))
     return ReservationList(items=page.items, nextCursor=next_cursor("reservations", page.next))
 
 
 @router.post(
     "/v1/reservations/{reservation_id}/release",
-    response_model=Reservation,
-    response_model_exclude_unset=True,
     responses=responses(401, 403, 404),
     operation_id="releaseReservation",
 )
 async def release_reservation(
-    reservation_id: str, principal: Principal = Depends(current_principal), svc: Services = Depends(services)
+    reservation_id: str, principal: CurrentPrincipal, svc: ServicesDep
 ) -> Reservation:
     tenant = await authorized_reservation_tenant(
         svc.engine, principal, reservation_id, "compute:reservations:release"
@@ -186,16 +161,11 @@ class ExtendBody(BaseModel):
 
 @router.post(
     "/v1/reservations/{reservation_id}/extend",
-    response_model=Reservation,
-    response_model_exclude_unset=True,
-    responses={**responses(401, 403, 404, 409, 422), **conflicts("CONFLICT", "QUOTA_EXCEEDED")},
+    responses=responses(401, 403, 404, 422, conflicts=("CONFLICT", "QUOTA_EXCEEDED")),
     operation_id="extendReservation",
 )
 async def extend_reservation(
-    reservation_id: str,
-    body: ExtendBody,
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
+    reservation_id: str, body: ExtendBody, principal: CurrentPrincipal, svc: ServicesDep
 ) -> Reservation:
     """Lengthen a placed reservation to ``end`` on the same atoms and amounts (docs/lifecycle.md,
     "Extend"): 409 CONFLICT naming the reservation booked in the way (by id where this key may read its

@@ -4,27 +4,24 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 
 from app.answers.usage import UsageReport
 from app.answers.usage_groups import UsageGroup
-from app.api.deps import Principal, Services, current_principal, services
+from app.api.access import authorize_tenant_read
+from app.api.deps import CurrentPrincipal, ServicesDep
 from app.api.errors import responses
-from app.api.inventory import IsoTime
+from app.api.routing import ExcludeUnsetRoute
+from app.api.times import IsoTime
 from app.capacity.reservations import usage
-from app.iam.authorize import authorize
 
-router = APIRouter(tags=["usage"])
+router = APIRouter(tags=["usage"], route_class=ExcludeUnsetRoute)
 
 
-@router.get(
-    "/v1/usage",
-    response_model=UsageReport,
-    response_model_exclude_unset=True,
-    responses=responses(401, 403, 422),
-    operation_id="getUsage",
-)
+@router.get("/v1/usage", responses=responses(401, 403, 422), operation_id="getUsage")
 async def get_usage(
+    principal: CurrentPrincipal,
+    svc: ServicesDep,
     start: Annotated[
         IsoTime,
         Query(alias="from", description="ISO 8601 with a UTC offset; absent: 30 days before `to`"),
@@ -46,8 +43,6 @@ async def get_usage(
     groupBy: UsageGroup = Query(
         default=UsageGroup.tenant, description="one row per tenant, pool, node or resource"
     ),
-    principal: Principal = Depends(current_principal),
-    svc: Services = Depends(services),
 ) -> UsageReport:
     """The GPU-hours (atom-hours per device class) and scalar-hours (cpu core-hours, memory MiB-hours, ...)
     held over ``[from, to)``, regular and spot apart, grouped by ``groupBy``: the stored windows of
@@ -55,7 +50,5 @@ async def get_usage(
     windows are not usage. Who may read it is the rule of ``GET /v1/reservations``: a tenant key reads
     its own tenant's (another ``tenantId`` is 403), a key without a tenant needs
     ``compute:reservations:read`` on ``tenant:<id>`` for one tenant or on ``*`` for all."""
-    tenant = tenantId or principal.tenant_id
-    authorize(principal, "compute:reservations:read", f"tenant:{tenant}" if tenant else "*")
-    asked = usage.UsageQuery(start, end, groupBy, tenant, poolId)
+    asked = usage.UsageQuery(start, end, groupBy, authorize_tenant_read(principal, tenantId), poolId)
     return await usage.usage_report(svc.engine, asked)
