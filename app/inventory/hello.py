@@ -315,12 +315,15 @@ async def _apply(
             }
             if atom in changes.returned:
                 values["health_reason"] = None
-            await conn.execute(sa.update(devices).where(devices.c.id == atom).values(**values))
+            await conn.execute(
+                sa.update(devices).where(devices.c.node_id == node_id, devices.c.id == atom).values(**values)
+            )
         if changes.left:
-            # UPDATE devices SET bookable = false, health_reason = 'device left' WHERE id = ANY(:left)
+            # UPDATE devices SET bookable = false, health_reason = 'device left'
+            #  WHERE node_id = :node AND id = ANY(:left)
             await conn.execute(
                 sa.update(devices)
-                .where(devices.c.id.in_(changes.left))
+                .where(devices.c.node_id == node_id, devices.c.id.in_(changes.left))
                 .values(bookable=False, health_reason=DEVICE_LEFT)
             )
     if changes.links and desired.links is not None:
@@ -469,10 +472,11 @@ async def _changed_heartbeat(
         if d.id in down or d.id in up:
             # a device that left keeps its 'device left' mark until a Hello lists it again
             reason = DEVICE_LEFT if current[d.id].health_reason == DEVICE_LEFT else d.reason or "unhealthy"
-            # UPDATE devices SET healthy = :healthy, health_reason = :reason WHERE id = :id
+            # UPDATE devices SET healthy = :healthy, health_reason = :reason
+            #  WHERE node_id = :node AND id = :id
             await conn.execute(
                 sa.update(devices)
-                .where(devices.c.id == d.id)
+                .where(devices.c.node_id == node_id, devices.c.id == d.id)
                 .values(healthy=d.healthy, health_reason=None if d.healthy else reason)
             )
     revived = await _set_liveness(conn, node, None, body.error)
