@@ -25,7 +25,10 @@ runs again as an update.
 Heartbeat (:func:`heartbeat`): a heartbeat that changes nothing (same device health, node ready and not
 lost) is ONE ``UPDATE nodes SET last_heartbeat_at = now() ... WHERE <nothing changes> RETURNING``; otherwise
 one transaction in the lock order (pools FOR SHARE -> nodes -> devices) updates health and reasons.
-Health is volatile state read per request, so a heartbeat never bumps the inventory version.
+Health is volatile state read per request, so a heartbeat never bumps the inventory version. The one
+statement's match is the rule of what an operator sees change: a heartbeat it answers is no audited
+change (:func:`app.db.audit.note_unchanged`: no audit row); one the transaction path answers writes its
+row (docs/operating.md, "Audit log").
 
 Every change calls the hooks of :mod:`app.inventory.agent_hooks` in its own transaction:
 ``on_atoms_unavailable`` (devices that left or turned unhealthy) and ``on_node_may_fit`` (node created,
@@ -43,6 +46,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.answers.inventory import Node
+from app.db.audit import note_unchanged
 from app.db.locks import lock_node, lock_pool
 from app.db.tables import capacity_device_links, devices, node_labels, node_taints, nodes
 from app.errors import Conflict, InvalidInput
@@ -436,6 +440,7 @@ async def heartbeat(
         )
     if row is not None:
         HEARTBEATS.labels("unchanged").inc()
+        note_unchanged()  # nothing an operator sees changed: no audit row (docs/operating.md, "Audit log")
         return HeartbeatOutcome(node_id, False, list(row["no_schedule_reasons"]))
     async with engine.begin() as conn:
         outcome = await _changed_heartbeat(conn, node_id, body, authorize_pool)
