@@ -6,16 +6,12 @@ names) while its bookings and allocations keep the id they were made with. On a 
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from sqlalchemy.engine import make_url
 
-from app.db.engine import alembic_config
-from tests.conftest import _admin_exec, _server_url
+from tests.migrations import database_at, dsn, migrate_to
 
 BEFORE = """
 INSERT INTO pools (id, name) VALUES ('pool_m', 'migrated');
@@ -34,26 +30,8 @@ SELECT d.pk, d.id, 'pool_m', 'alloc_1', a.during FROM devices d, allocations a W
 @pytest.fixture
 async def database() -> AsyncIterator[str]:
     """A database of its own, migrated to 0013 (dropped afterwards)."""
-    server = _server_url()
-    name = f"bc_mig14_{os.getpid()}_{secrets.token_hex(4)}"
-    await asyncio.to_thread(_admin_exec, server, f'CREATE DATABASE "{name}"')
-    url = make_url(server).set(database=name).render_as_string(hide_password=False)
-    try:
-        await asyncio.to_thread(migrate_to, url, "upgrade", "0013")
+    async with database_at("0013") as url:
         yield url
-    finally:
-        await asyncio.to_thread(_admin_exec, server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def migrate_to(url: str, direction: str, revision: str) -> None:
-    """``alembic upgrade|downgrade <revision>`` on ``url``."""
-    from alembic import command
-
-    getattr(command, direction)(alembic_config(url), revision)
-
-
-def dsn(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 async def run(url: str, *statements: str) -> list[tuple[object, ...]]:
