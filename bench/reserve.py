@@ -506,7 +506,7 @@ INSERT INTO allocations (id, reservation_id, pool_id, node_id, atoms, resources,
 VALUES ($1, $2, $3, $4, $5::text[], $6::jsonb, tstzrange($7, $8, '[)'))"""
 SQL_BOOKINGS = """
 INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
-SELECT pk, id, $2, $3, tstzrange($4, $5, '[)') FROM devices WHERE id = ANY($1::text[])
+SELECT pk, id, $2, $3, tstzrange($4, $5, '[)') FROM devices WHERE id = ANY($1::text[]) AND deleted_at IS NULL
 ON CONFLICT DO NOTHING RETURNING device_id"""
 SQL_SCALAR_LOCK = "SELECT 1 FROM node_resources WHERE node_id = $1 AND resource = $2 FOR UPDATE"
 SQL_SCALAR = (
@@ -655,7 +655,7 @@ async def load_future(
         await conn.execute(
             """INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
                SELECT d.pk, d.id, a.pool_id, a.id, a.during
-                 FROM allocations a JOIN devices d ON d.id = a.atoms[1]
+                 FROM allocations a JOIN devices d ON d.node_id = a.node_id AND d.id = a.atoms[1]
                 WHERE a.node_id = $1""",
             node_id,
         )

@@ -4,17 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 
 import asyncpg
 import pytest
-from sqlalchemy.engine import make_url
 
-from app.db.engine import alembic_config
-from tests.conftest import _admin_exec, _server_url
+from tests.migrations import database_at, dsn, migrate_to
 
 BEFORE = """
 INSERT INTO pools (id, name) VALUES ('pool_m', 'migrated');
@@ -45,21 +41,8 @@ VALUES ('pool_m', 'gpu', 8, 4), ('pool_m', 'cpu', 96, 32);
 @pytest.fixture
 async def database() -> AsyncIterator[str]:
     """A database of its own, migrated to 0004 (dropped afterwards)."""
-    server = _server_url()
-    name = f"bc_mig_{os.getpid()}_{secrets.token_hex(4)}"
-    await asyncio.to_thread(_admin_exec, server, f'CREATE DATABASE "{name}"')
-    url = make_url(server).set(database=name).render_as_string(hide_password=False)
-    try:
-        await asyncio.to_thread(_alembic, url, "upgrade", "0004")
+    async with database_at("0004") as url:
         yield url
-    finally:
-        await asyncio.to_thread(_admin_exec, server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _alembic(url: str, direction: str, revision: str) -> None:
-    from alembic import command
-
-    getattr(command, direction)(alembic_config(url), revision)
 
 
 def _params(statement: str, values: tuple[datetime, ...]) -> tuple[datetime, ...]:
@@ -67,12 +50,8 @@ def _params(statement: str, values: tuple[datetime, ...]) -> tuple[datetime, ...
     return values[: max((i for i in range(1, len(values) + 1) if f"${i}" in statement), default=0)]
 
 
-def _dsn(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 async def test_counters_become_windowed_holdings_with_the_same_totals(database: str) -> None:
-    conn = await asyncpg.connect(_dsn(database))
+    conn = await asyncpg.connect(dsn(database))
     try:
         t0: datetime = await conn.fetchval("SELECT date_trunc('second', now()) + interval '1 hour'")
         t1, t2 = t0 + timedelta(days=1), t0 + timedelta(days=2)
@@ -88,9 +67,9 @@ async def test_counters_become_windowed_holdings_with_the_same_totals(database: 
     finally:
         await conn.close()
 
-    await asyncio.to_thread(_alembic, database, "upgrade", "head")
+    await asyncio.to_thread(migrate_to, database, "upgrade", "head")
 
-    conn = await asyncpg.connect(_dsn(database))
+    conn = await asyncpg.connect(dsn(database))
     try:
         scalar = await conn.fetch(
             "SELECT allocation_id, node_id, resource, amount, starts_at, ends_at FROM scalar_holdings "
@@ -132,8 +111,8 @@ async def test_counters_become_windowed_holdings_with_the_same_totals(database: 
         await conn.close()
 
     # and back: the counters are what the holdings hold (the ended reservation reads as released)
-    await asyncio.to_thread(_alembic, database, "downgrade", "0004")
-    conn = await asyncpg.connect(_dsn(database))
+    await asyncio.to_thread(migrate_to, database, "downgrade", "0004")
+    conn = await asyncpg.connect(dsn(database))
     try:
         assert (
             dict((r[0], r[1]) for r in await conn.fetch("SELECT node_id, allocated FROM node_resources"))

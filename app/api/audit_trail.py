@@ -12,7 +12,9 @@ For each recorded request it puts an :class:`~app.db.audit.AuditContext` in
 :data:`app.db.audit.CURRENT`; the first transaction the request commits inserts the row before its COMMIT
 (:mod:`app.db.audit`), and after the answer :func:`app.iam.audit_log.finish` completes it (or writes it,
 when nothing committed). The row's status is the answer's: a change that was rolled back (409, 412, 422
-at intake) is recorded with that status, never with a success.
+at intake) is recorded with that status, never with a success. A success whose service changed nothing
+an operator sees (a heartbeat that only recorded its time: :func:`app.db.audit.note_unchanged`) writes
+no row; its refusals (401, 403, 404, 422) are recorded as any.
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ when the answer's status is the one written (the common case), an UPDATE of the 
 (an idempotent retry's 200, a queued 202, a later step that failed), or its own INSERT when no
 transaction committed (a 401, 403, 404 or 422 refused before any write, a 409 rolled back).
 
+A request whose service changed nothing an operator sees says so (:func:`note_unchanged`): its success
+writes no row. One service does: a heartbeat that only recorded its time (same device health, same
+readiness, no condition cleared; :func:`app.inventory.hello.heartbeat`), about a thousand a second at
+10,000 nodes; a heartbeat that changes something writes its row as any change does.
+
 This module imports no domain module: who the caller is comes from :attr:`AuditContext.actor`, a
 function the middleware gives.
 """
@@ -70,6 +75,7 @@ class AuditContext:
     row_id: str | None = None
     written_status: int | None = None
     answered_status: int | None = None  # the status the service knows it answers, when not the declared one
+    unchanged: bool = False  # the service changed nothing an operator sees: a success writes no row
 
     def row(self, status: int) -> dict[str, Any]:
         """The bind parameters of :data:`INSERT` for this request answered ``status`` (a new id)."""
@@ -147,6 +153,15 @@ def note_status(status: int) -> None:
     context = CURRENT.get()
     if context is not None:
         context.answered_status = status
+
+
+def note_unchanged() -> None:
+    """Record that the current request changed nothing an operator sees (a heartbeat that only recorded
+    its time): answered with its success status, it is no audited change and writes no row
+    (:func:`app.iam.audit_log.finish`). Called by the service that knows, after its last write."""
+    context = CURRENT.get()
+    if context is not None:
+        context.unchanged = True
 
 
 def _write_before_commit(conn: Connection) -> None:

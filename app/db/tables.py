@@ -112,7 +112,9 @@ devices = sa.Table(
     metadata,
     # a bigint surrogate key: the booking exclusion constraint ranges over it (no btree_gist needed)
     sa.Column("pk", sa.BigInteger, sa.Identity(always=False), primary_key=True),
-    sa.Column("id", sa.Text, nullable=False, unique=True),
+    # the agent's id (a GPU UUID): unique among the live devices only (the index below), so a host whose
+    # node was deleted registers again with the same ids; bookings name a device by ``pk``
+    sa.Column("id", sa.Text, nullable=False),
     sa.Column("node_id", sa.Text, sa.ForeignKey("nodes.id"), nullable=False, index=True),
     sa.Column("class", sa.Text, nullable=False),
     sa.Column("attributes", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
@@ -123,6 +125,10 @@ devices = sa.Table(
     sa.Column("ordinal", sa.Integer, nullable=False, server_default="0"),
     # why the agent last reported the atom unhealthy (``device disappeared``, ``row remapping failure``)
     sa.Column("health_reason", sa.Text),
+    # set with its node's ``deleted_at`` (docs/operating.md, "Maintenance: drain and delete"): the row
+    # stays as the history of its bookings and gives its id up to a live device
+    sa.Column("deleted_at", TS),
+    sa.Index("uq_devices_id", "id", unique=True, postgresql_where=sa.text("deleted_at IS NULL")),
     # the volatile read of a request touches only unhealthy/unbookable atoms, not every device row
     sa.Index(
         "ix_devices_unavailable",

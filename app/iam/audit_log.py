@@ -3,7 +3,8 @@
 
 The row of a request that committed a change is written in that change's transaction
 (:mod:`app.db.audit`); :func:`finish` completes the record once the answer's status is known, with at
-most one statement of its own (autocommit, prepared). :func:`list_events` pages the log newest first and
+most one statement of its own (autocommit, prepared), none for a success that changed nothing (a quiet
+heartbeat: :func:`app.db.audit.note_unchanged`). :func:`list_events` pages the log newest first and
 :func:`prune` deletes what is older than the retention (a lifecycle task, safe with several replicas).
 """
 
@@ -38,13 +39,16 @@ async def finish(engine: AsyncEngine, context: AuditContext, status: int) -> Non
     """Complete ``context``'s record for an answer of ``status``: nothing when its transaction wrote that
     status already; ``UPDATE ... SET status`` when it wrote another (an idempotent retry's 200, a queued
     202, a step after the commit that failed), or an INSERT when that row is missing; an INSERT when no
-    transaction committed (refused before any write, or rolled back). A 429 without a row is not
-    recorded. One statement at most, in autocommit; a failure is logged and counted
+    transaction committed (refused before any write, or rolled back). Not recorded: a 429 without a
+    row, and a success whose service changed nothing (:func:`app.db.audit.note_unchanged`: a heartbeat
+    that only recorded its time). One statement at most, in autocommit; a failure is logged and counted
     (``bc_audit_write_failures_total``), never raised: the answer has been given."""
     if context.row_id is not None and context.written_status == status:
         AUDIT_EVENTS.labels(outcome_class(status)).inc()
         return
-    if context.row_id is None and status == RATE_LIMITED:
+    if context.row_id is None and (
+        status == RATE_LIMITED or (context.unchanged and status == context.success_status)
+    ):
         return
     try:
         conn = await _autocommit(engine)

@@ -25,7 +25,10 @@ runs again as an update.
 Heartbeat (:func:`heartbeat`): a heartbeat that changes nothing (same device health, node ready and not
 lost) is ONE ``UPDATE nodes SET last_heartbeat_at = now() ... WHERE <nothing changes> RETURNING``; otherwise
 one transaction in the lock order (pools FOR SHARE -> nodes -> devices) updates health and reasons.
-Health is volatile state read per request, so a heartbeat never bumps the inventory version.
+Health is volatile state read per request, so a heartbeat never bumps the inventory version. The one
+statement's match is the rule of what an operator sees change: a heartbeat it answers is no audited
+change (:func:`app.db.audit.note_unchanged`: no audit row); one the transaction path answers writes its
+row (docs/operating.md, "Audit log").
 
 Every change calls the hooks of :mod:`app.inventory.agent_hooks` in its own transaction:
 ``on_atoms_unavailable`` (devices that left or turned unhealthy) and ``on_node_may_fit`` (node created,
@@ -43,6 +46,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.answers.inventory import Node
+from app.db.audit import note_unchanged
 from app.db.locks import lock_node, lock_pool
 from app.db.tables import capacity_device_links, devices, node_labels, node_taints, nodes
 from app.errors import Conflict, InvalidInput
@@ -315,12 +319,15 @@ async def _apply(
             }
             if atom in changes.returned:
                 values["health_reason"] = None
-            await conn.execute(sa.update(devices).where(devices.c.id == atom).values(**values))
+            await conn.execute(
+                sa.update(devices).where(devices.c.node_id == node_id, devices.c.id == atom).values(**values)
+            )
         if changes.left:
-            # UPDATE devices SET bookable = false, health_reason = 'device left' WHERE id = ANY(:left)
+            # UPDATE devices SET bookable = false, health_reason = 'device left'
+            #  WHERE node_id = :node AND id = ANY(:left)
             await conn.execute(
                 sa.update(devices)
-                .where(devices.c.id.in_(changes.left))
+                .where(devices.c.node_id == node_id, devices.c.id.in_(changes.left))
                 .values(bookable=False, health_reason=DEVICE_LEFT)
             )
     if changes.links and desired.links is not None:
@@ -433,6 +440,7 @@ async def heartbeat(
         )
     if row is not None:
         HEARTBEATS.labels("unchanged").inc()
+        note_unchanged()  # nothing an operator sees changed: no audit row (docs/operating.md, "Audit log")
         return HeartbeatOutcome(node_id, False, list(row["no_schedule_reasons"]))
     async with engine.begin() as conn:
         outcome = await _changed_heartbeat(conn, node_id, body, authorize_pool)
@@ -469,10 +477,11 @@ async def _changed_heartbeat(
         if d.id in down or d.id in up:
             # a device that left keeps its 'device left' mark until a Hello lists it again
             reason = DEVICE_LEFT if current[d.id].health_reason == DEVICE_LEFT else d.reason or "unhealthy"
-            # UPDATE devices SET healthy = :healthy, health_reason = :reason WHERE id = :id
+            # UPDATE devices SET healthy = :healthy, health_reason = :reason
+            #  WHERE node_id = :node AND id = :id
             await conn.execute(
                 sa.update(devices)
-                .where(devices.c.id == d.id)
+                .where(devices.c.node_id == node_id, devices.c.id == d.id)
                 .values(healthy=d.healthy, health_reason=None if d.healthy else reason)
             )
     revived = await _set_liveness(conn, node, None, body.error)

@@ -7,8 +7,9 @@
   node's ``drain`` reads ``draining`` or ``drained`` (:func:`app.inventory.usage.drain_states`).
 - :func:`delete_node` archives a node that holds nothing current or future: the row stays as the
   history of its allocations (a past reservation still names its node), hidden from every read of the
-  pool (lists, counts, placement, occupancy) and from ``GET /v1/nodes/{id}`` (404); its name is free
-  for a new node (its device ids stay with its history).
+  pool (lists, counts, placement, occupancy) and from ``GET /v1/nodes/{id}`` (404); its name and its
+  device ids are free for a new node (its devices stay, ``deleted_at`` set, as the history of their
+  bookings: a past reservation, usage and audit still name them).
 
 Both take the engine (their own transaction) or a connection (the caller's).
 """
@@ -55,12 +56,12 @@ async def delete_node(conn: AsyncConnection, node_id: str) -> None:
     Refused with :class:`~app.errors.Conflict` (409 ``CONFLICT``, nothing changed) while it does: the
     message names up to five reservations and how many there are, ``details`` ``{nodeId,
     reservationIds, count}``. Else the node row is archived (``deleted_at``; drained, its agent
-    forgotten), its capacity leaves the pool's rollup and the pool's inventory version is bumped. Its
-    devices stay as the history of its bookings, so their ids stay taken (a node registering them again
-    is 409, as for any device id on another node). NotFound (404) for no node or one deleted already.
+    forgotten), its devices too (``deleted_at``: they stay as the history of their bookings, and their
+    ids are free for a new registration of the host, by Hello or import), its capacity leaves the pool's
+    rollup and the pool's inventory version is bumped. NotFound (404) for no node or one deleted already.
 
     Locks: the pool ``FOR NO KEY UPDATE`` (an inventory change, waiting for the commits in flight),
-    then the node, and the rollup last (the lock order)."""
+    then the node, its devices (the UPDATE), and the rollup last (the lock order)."""
     pool_id = await node_pool_id(conn, node_id)
     await lock_pool(conn, pool_id)
     await lock_node(conn, node_id)
@@ -81,6 +82,10 @@ async def delete_node(conn: AsyncConnection, node_id: str) -> None:
         sa.update(nodes)
         .where(nodes.c.id == node_id)
         .values(deleted_at=sa.func.now(), agent_interval_seconds=None)
+    )
+    # UPDATE devices SET deleted_at = now() WHERE node_id = :node   -- their ids free for a live device
+    await conn.execute(
+        sa.update(devices).where(devices.c.node_id == node_id).values(deleted_at=sa.func.now())
     )
     totals: dict[str, Decimal] = {}
     for device_class, count in (

@@ -83,16 +83,17 @@ def check_label_count(total: int, system: int) -> None:
 
 
 async def insert_devices(conn: AsyncConnection, node_id: str, numbered: list[tuple[int, DeviceBody]]) -> None:
-    """Insert ``(ordinal, device)`` rows on ``node_id``; Conflict (409) when an id is on another node."""
+    """Insert ``(ordinal, device)`` rows on ``node_id``; Conflict (409) when an id is on another live node
+    (a deleted node's devices gave their ids up: docs/operating.md, "Maintenance: drain and delete")."""
     if not numbered:
         return
     # SELECT d.id, n.id, n.name, n.pool_id FROM devices d JOIN nodes n ON n.id = d.node_id
-    #  WHERE d.id = ANY(:ids) LIMIT 1                           -- registered already: 409, nothing written
+    #  WHERE d.id = ANY(:ids) AND d.deleted_at IS NULL LIMIT 1  -- registered already: 409, nothing written
     taken = (
         await conn.execute(
             sa.select(devices.c.id, nodes.c.id.label("node_id"), nodes.c.name, nodes.c.pool_id)
             .select_from(devices.join(nodes, nodes.c.id == devices.c.node_id))
-            .where(devices.c.id.in_([d.id for _, d in numbered]))
+            .where(devices.c.id.in_([d.id for _, d in numbered]), devices.c.deleted_at.is_(None))
             .limit(1)
         )
     ).first()

@@ -113,22 +113,23 @@ class _Times(dict[datetime, str]):
 
 async def _bookings(
     conn: AsyncConnection, pool_id: str, start: datetime, end: datetime, sees: Callable[[str], bool]
-) -> dict[str, list[dict[str, Any]]]:
-    """device id -> its bookings overlapping the window, by start (:class:`OccupancyBooking` fields)::
+) -> dict[int, list[dict[str, Any]]]:
+    """device pk -> its bookings overlapping the window, by start (:class:`OccupancyBooking` fields); by
+    ``pk``, not id: a deleted node's device may carry the id of a live one, and keeps its own history::
 
-    SELECT b.device_id, lower(b.during), upper(b.during), r.id, r.tenant_id, (r.spec->>'spot')::boolean,
+    SELECT b.device_pk, lower(b.during), upper(b.during), r.id, r.tenant_id, (r.spec->>'spot')::boolean,
            r.status, a.planned
       FROM device_bookings b JOIN allocations a ON a.id = b.allocation_id
       JOIN reservations r ON r.id = a.reservation_id
      WHERE b.pool_id = :pool AND b.during && tstzrange(:from, :to, '[)')
-     ORDER BY b.device_id, lower(b.during)
+     ORDER BY b.device_pk, lower(b.during)
     """
     during = device_bookings.c.during
     asked = sa.func.tstzrange(start, end, "[)", type_=TSTZRANGE)
     rows = (
         await conn.execute(
             sa.select(
-                device_bookings.c.device_id,
+                device_bookings.c.device_pk,
                 sa.func.lower(during).label("starts_at"),
                 sa.func.upper(during).label("ends_at"),
                 reservations.c.id,
@@ -142,17 +143,17 @@ async def _bookings(
             .join(allocations, allocations.c.id == device_bookings.c.allocation_id)
             .join(reservations, reservations.c.id == allocations.c.reservation_id)
             .where(device_bookings.c.pool_id == pool_id, during.op("&&")(asked))
-            .order_by(device_bookings.c.device_id, sa.func.lower(during))
+            .order_by(device_bookings.c.device_pk, sa.func.lower(during))
         )
     ).all()
     seen: dict[str, bool] = {}
     times = _Times()
-    found: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for device_id, starts_at, ends_at, reservation_id, tenant_id, spot, status, planned in rows:
+    found: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for device_pk, starts_at, ends_at, reservation_id, tenant_id, spot, status, planned in rows:
         shown = seen.get(tenant_id)
         if shown is None:
             shown = seen[tenant_id] = sees(tenant_id)
-        found[device_id].append(
+        found[device_pk].append(
             {
                 "start": times[starts_at],
                 "end": times[ends_at],
@@ -261,6 +262,7 @@ async def occupancy_document(
         await conn.execute(
             sa.select(
                 devices.c.node_id,
+                devices.c.pk,
                 devices.c.id,
                 devices.c["class"].label("device_class"),
                 devices.c.healthy,
@@ -281,7 +283,7 @@ async def occupancy_document(
                 "class": d.device_class,
                 "healthy": d.healthy,
                 "bookable": d.bookable,
-                "bookings": bookings.get(d.id, []),
+                "bookings": bookings.get(d.pk, []),
             }
         )
     return {

@@ -380,7 +380,9 @@ async def set_health(conn: AsyncConnection, node_id: str, body: HealthBody) -> N
     for d in sorted(body.devices, key=lambda x: x.id):
         change = _given(healthy=d.healthy, bookable=d.bookable)
         if change:
-            await conn.execute(sa.update(devices).where(devices.c.id == d.id).values(**change))
+            await conn.execute(
+                sa.update(devices).where(devices.c.node_id == node_id, devices.c.id == d.id).values(**change)
+            )
     await refresh_reasons(conn, node_id)
     await notify_node(conn, node_id)  # wake edge: health restored (sent only if now schedulable)
     if (

@@ -111,7 +111,8 @@ async def node_usage(conn: AsyncConnection, node_ids: list[str]) -> dict[str, No
     return usage
 
 
-DRAINING, DRAINED = "draining", "drained"  # a node's ``drain`` (docs/operating.md, "Maintenance")
+# a node's ``drain`` (docs/operating.md, "Maintenance: drain and delete")
+DRAINING, DRAINED = "draining", "drained"
 
 
 def busy_allocations_sql(node_ids: list[str]) -> sa.Select[tuple[str, str, str]]:

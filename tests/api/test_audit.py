@@ -5,7 +5,8 @@ transaction; ``GET /v1/audit`` for admins; the retention prune; ``better-compute
 and DELETE operation except the declared read-only ones is sent (with the request builder of the
 authorization table, tests/api/test_authorization.py) by an admin, by no key and by tenant B's key, and
 each request must leave exactly one row with its operation id, actor and status. A route added without a
-row in the authorization table fails here too.
+row in the authorization table fails here too. The heartbeat it sends changes a device's health: one
+that changes nothing writes no row (:func:`test_a_heartbeat_that_changes_nothing_writes_no_row`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from app.api.audit_trail import MUTATING, READ_ONLY_OPERATIONS, audited_routes
 from app.client.audit_commands import audit_view, since_time
 from app.db.tables import audit_events, reservations
 from app.iam import audit_log
+from tests.agent_host import FIRST_UUID
+from tests.api.test_agents import hello_body
 from tests.api.test_authorization import ROOT, TABLE, build_world
 from tests.conftest import ADMIN_KEY
 from tests.factories import add_node, gpu_node, make_pool, reservation
@@ -135,6 +138,38 @@ async def test_a_rolled_back_create_leaves_its_failing_status_never_a_success(
     r = await admin_client.post("/v1/reservations", json=body, headers={"X-Request-Id": "retry"})
     assert r.status_code == 200, r.text
     assert [x.status for x in await rows_of(engine, "retry")] == [200]
+
+
+async def test_a_heartbeat_that_changes_nothing_writes_no_row(
+    app: Any, admin_client: httpx.AsyncClient, client_for: Any
+) -> None:
+    """A heartbeat that only records its time is no audited change (about 1,000 a second at 10,000
+    nodes); one that changes a device's health writes its one row; a refused one is recorded."""
+    engine = app.state.services.engine
+    pool = await make_pool(admin_client, "beats")
+    hello = await admin_client.post("/v1/nodes/hello", json=hello_body(pool))
+    assert hello.status_code == 200, hello.text
+    node = hello.json()["nodeId"]
+    url = f"/v1/nodes/{node}/heartbeat"
+    steps = (
+        ("quiet", {"devices": [{"id": FIRST_UUID, "healthy": True}]}, False),
+        ("down", {"devices": [{"id": FIRST_UUID, "healthy": False, "reason": "xid 79"}]}, True),
+        ("still-down", {"devices": [{"id": FIRST_UUID, "healthy": False, "reason": "xid 79"}]}, False),
+        ("not-ready", {"devices": [], "error": "nvidia-smi failed"}, True),
+        ("still-not-ready", {"devices": [], "error": "nvidia-smi failed"}, False),
+        ("ready-again", {"devices": []}, True),
+        ("unknown-device", {"devices": [{"id": "GPU-nope", "healthy": True}]}, True),
+    )
+    for request_id, body, recorded in steps:
+        r = await admin_client.post(url, json=body, headers={"X-Request-Id": request_id})
+        assert r.status_code in (200, 422), r.text
+        rows = [(x.operation_id, x.status) for x in await rows_of(engine, request_id)]
+        assert rows == ([("sendHeartbeat", r.status_code)] if recorded else []), (request_id, r.text)
+        if r.status_code == 200:
+            assert r.json()["changed"] is recorded, (request_id, r.text)
+    async with client_for(None) as anonymous:
+        r = await anonymous.post(url, json={"devices": []}, headers={"X-Request-Id": "no-key"})
+    assert [(x.operation_id, x.status) for x in await rows_of(engine, "no-key")] == [("sendHeartbeat", 401)]
 
 
 async def _events(client: httpx.AsyncClient, **params: Any) -> dict[str, Any]:

@@ -115,7 +115,10 @@ def _hello(w: World) -> dict[str, Any]:
 async def _heartbeat_of_an_agent_node(w: World) -> Call:
     r = await w.admin.post("/v1/nodes/hello", json=_hello(w))  # a node that sent Hello, for every column
     assert r.status_code == 200, r.text
-    return f"/v1/nodes/{r.json()['nodeId']}/heartbeat", {"devices": []}
+    # one that changes something (a device turns unhealthy), so its success is an audited change too
+    # (tests/api/test_audit.py; one that changes nothing writes no audit row)
+    unhealthy = {"id": r.json()["devices"][0]["id"], "healthy": False, "reason": "xid 79"}
+    return f"/v1/nodes/{r.json()['nodeId']}/heartbeat", {"devices": [unhealthy]}
 
 
 async def _extend_reservation_a(w: World) -> Call:

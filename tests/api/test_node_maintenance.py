@@ -9,9 +9,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.tables import devices
+from tests.agent_host import FIRST_UUID, SECOND_UUID
+from tests.api.test_agents import hello_body
 from tests.api.test_occupancy import occupancy, reserve
+from tests.api.test_usage import HOUR, hold, period, split, usage
+from tests.capacity.helpers import db_time
 from tests.capacity.invariants import violations
 from tests.factories import add_node, gpu_node, make_pool, reservation
 
@@ -179,13 +185,76 @@ async def test_delete_refuses_a_busy_node_and_keeps_the_history_of_a_deleted_one
     history = await get_reservation(admin_client, work["id"])
     assert [a["nodeId"] for a in history["allocations"]] == [n1]
 
-    # the name is free for a new node; the device ids stay with the history
-    r = await admin_client.post(f"/v1/pools/{pool}/nodes", json={**gpu_node("x1", 4), "name": "x3"})
-    assert r.status_code == 409 and "x1-GPU0" in r.json()["error"]["message"], r.text
-    again = await add_node(admin_client, pool, {**gpu_node("x1b", 4), "name": "x1"})
+    # the name and the device ids are free for the same host registered again (an import); the ids of
+    # a live node are not
+    r = await admin_client.post(f"/v1/pools/{pool}/nodes", json={**gpu_node("x2", 4), "name": "x3"})
+    assert r.status_code == 409 and "x2-GPU0" in r.json()["error"]["message"], r.text
+    again = await add_node(admin_client, pool, gpu_node("x1", 4))
     assert again["id"] != n1 and again["name"] == "x1" and again["drain"] is None
+    assert [d["id"] for d in again["devices"]] == [f"x1-GPU{i}" for i in range(4)]
     pool_view = (await admin_client.get(f"/v1/pools/{pool}")).json()
     assert pool_view["nodeCount"] == 2 and pool_view["capacity"]["gpu"]["total"] == 8, pool_view
     placed = await reserve(admin_client, reservation(pool, 4, duration="1h"))
     assert live(placed)[0]["nodeId"] == again["id"]
+    assert sorted(live(placed)[0]["atoms"]) == [f"x1-GPU{i}" for i in range(4)]
+    # the past reservation still names the deleted node and the ids it booked there
+    assert [
+        (a["nodeId"], a["atoms"]) for a in (await get_reservation(admin_client, work["id"]))["allocations"]
+    ] == [(n1, history["allocations"][0]["atoms"])]
+    assert await violations(engine) == {}
+
+
+async def test_a_deleted_hosts_device_ids_register_again_and_its_history_stays_exact(
+    admin_client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    """The same host (the same GPU UUIDs) says Hello again after its node was deleted: a new node with
+    the same device ids, bookable; the deleted node's reservation, usage and occupancy stay its own."""
+    pool = await make_pool(admin_client, "again")
+    old = (await post(admin_client, "/v1/nodes/hello", hello_body(pool, name="h1")))["nodeId"]
+    t = (await db_time(engine)).replace(microsecond=0) - 3 * HOUR
+    await hold(engine, pool, old, [FIRST_UUID], (t, t + HOUR), "acme")  # a known past hour
+    work = await reserve(admin_client, reservation(pool, 2, duration="1h"))
+    await post(admin_client, f"/v1/reservations/{work['id']}/release")
+    history = (await get_reservation(admin_client, work["id"]))["allocations"]
+    assert [(a["nodeId"], sorted(a["atoms"])) for a in history] == [(old, [FIRST_UUID, SECOND_UUID])]
+    past = period(t, t + 2 * HOUR, groupBy="node")
+    used = await usage(admin_client, **past)
+    assert used["rows"] == [
+        {"poolId": pool, "nodeId": old, "nodeName": "h1", "deviceHours": {"gpu": split(1)}, "scalarHours": {}}
+    ], used
+    await post(admin_client, f"/v1/nodes/{old}/drain")
+    assert (await admin_client.delete(f"/v1/nodes/{old}")).status_code == 204
+
+    again = await post(admin_client, "/v1/nodes/hello", hello_body(pool, name="h1"))
+    assert again["created"] and again["nodeId"] != old
+    assert [d["id"] for d in again["devices"]] == [FIRST_UUID, SECOND_UUID]
+    new = again["nodeId"]
+    # the history reads as before: the reservation's ids, the hours of the past window, to the second
+    assert (await get_reservation(admin_client, work["id"]))["allocations"] == history
+    assert await usage(admin_client, **past) == used
+    # the new node's atoms show none of the deleted node's bookings
+    seen = await occupancy(admin_client, pool, **{"from": t.isoformat(), "to": (t + 2 * HOUR).isoformat()})
+    assert [(n["nodeId"], [a["bookings"] for a in n["atoms"]]) for n in seen["nodes"]] == [(new, [[], []])]
+
+    # bookable: reservations land on the new node's devices (a bulk create: the batch's commit)
+    items = [reservation(pool, 1, duration="1h") for _ in range(2)]
+    r = await admin_client.post("/v1/reservations/batch", json={"items": items})
+    assert r.status_code == 200 and [a["status"] for a in r.json()["items"]] == [201, 201], r.text
+    placed = [a for item in r.json()["items"] for a in live(item["reservation"])]
+    assert sorted((a["nodeId"], *a["atoms"]) for a in placed) == [(new, FIRST_UUID), (new, SECOND_UUID)]
+    # a heartbeat, a Hello and an operator's health change touch the live device only
+    beat = {"devices": [{"id": FIRST_UUID, "healthy": False, "reason": "xid 79"}]}
+    assert (await post(admin_client, f"/v1/nodes/{new}/heartbeat", beat))["changed"] is True
+    async with engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                sa.select(devices.c.node_id, devices.c.healthy, devices.c.deleted_at.is_not(None))
+                .where(devices.c.id == FIRST_UUID)
+                .order_by(devices.c.pk)
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [(old, True, True), (new, False, False)]
+    # the ids of a live node stay its own: another node with them is 409
+    r = await admin_client.post("/v1/nodes/hello", json=hello_body(pool, name="h2"))
+    assert r.status_code == 409 and r.json()["error"]["details"]["nodeId"] == new, r.text
     assert await violations(engine) == {}

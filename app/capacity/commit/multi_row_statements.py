@@ -98,12 +98,21 @@ def lock_tenant_nodes_statement(skip_locked: bool) -> Prepared:
 def lock_atoms_statement(skip_locked: bool) -> Prepared:
     """The batch's atom guard, built and compiled once per variant::
 
-    SELECT id, class, node_id FROM devices WHERE id = ANY(:atom_ids) AND healthy AND bookable
+    SELECT id, class, node_id FROM devices
+     WHERE id = ANY(:atom_ids) AND deleted_at IS NULL AND healthy AND bookable
      ORDER BY id FOR SHARE [SKIP LOCKED]                  -- an atom missing: unhealthy or unbookable
+
+    A device id names one live device (a deleted node's devices keep theirs as history); the caller
+    checks that each row's node is the candidate's.
     """
     return Prepared(
         sa.select(devices.c.id, devices.c["class"], devices.c.node_id)
-        .where(devices.c.id == sa.any_(_ATOM_IDS), devices.c.healthy, devices.c.bookable)
+        .where(
+            devices.c.id == sa.any_(_ATOM_IDS),
+            devices.c.deleted_at.is_(None),
+            devices.c.healthy,
+            devices.c.bookable,
+        )
         .order_by(devices.c.id)
         .with_for_update(read=True, skip_locked=skip_locked)
     )
@@ -124,7 +133,7 @@ _BOOKING_ROWS = bound_rows(
 # INSERT INTO device_bookings (device_pk, device_id, pool_id, allocation_id, during)
 #   SELECT d.pk, d.id, :pool_id, w.allocation_id, tstzrange(w.starts_at, w.ends_at, '[)')
 #     FROM devices d JOIN unnest(:atom_ids, :ids, :starts, :ends) AS w (device_id, allocation_id, starts_at,
-#          ends_at) ON w.device_id = d.id
+#          ends_at) ON w.device_id = d.id AND d.deleted_at IS NULL
 #   ON CONFLICT DO NOTHING RETURNING allocation_id      -- fewer rows for an allocation: booked meanwhile
 INSERT_BOOKINGS = Prepared(
     pg_insert(device_bookings)
@@ -136,7 +145,12 @@ INSERT_BOOKINGS = Prepared(
             sa.bindparam("pool_id", type_=sa.Text),
             _BOOKING_ROWS.c.allocation_id,
             sa.func.tstzrange(_BOOKING_ROWS.c.starts_at, _BOOKING_ROWS.c.ends_at, sa.literal_column("'[)'")),
-        ).select_from(devices.join(_BOOKING_ROWS, _BOOKING_ROWS.c.device_id == devices.c.id)),
+        ).select_from(
+            devices.join(
+                _BOOKING_ROWS,
+                sa.and_(_BOOKING_ROWS.c.device_id == devices.c.id, devices.c.deleted_at.is_(None)),
+            )
+        ),
     )
     .on_conflict_do_nothing()
     .returning(device_bookings.c.allocation_id)

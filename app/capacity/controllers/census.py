@@ -58,7 +58,7 @@ async def atom_counts(conn: AsyncConnection) -> dict[tuple[str, str, str], int]:
     #          count(*) FILTER (WHERE b.device_pk IS NULL AND NOT (d.healthy AND d.bookable)) AS unhealthy,
     #          count(*) FILTER (WHERE b.device_pk IS NULL AND d.healthy AND d.bookable) AS usable
     #     FROM devices d LEFT JOIN device_bookings b ON b.device_pk = d.pk AND b.during @> now()
-    #    WHERE NOT EXISTS (SELECT 1 FROM devices c WHERE c.parent_id = d.id)
+    #    WHERE NOT EXISTS (SELECT 1 FROM devices c WHERE c.node_id = d.node_id AND c.parent_id = d.id)
     #    GROUP BY d.node_id, d.class)
     # SELECT n.pool_id, pn.class, sum(booked), sum(unhealthy),
     #        sum(usable) FILTER (WHERE <may_be_schedulable(n)>), sum(usable) FILTER (WHERE NOT ...)
@@ -73,7 +73,7 @@ async def atom_counts(conn: AsyncConnection) -> dict[tuple[str, str, str], int]:
             sa.func.count().filter(sa.and_(free_of_bookings, usable)).label("usable"),
         )
         .select_from(devices.outerjoin(device_bookings, held_now))
-        .where(~sa.exists().where(child.c.parent_id == devices.c.id))
+        .where(~sa.exists().where(child.c.node_id == devices.c.node_id, child.c.parent_id == devices.c.id))
         .group_by(devices.c.node_id, devices.c["class"])
         .cte("per_node")
     )

@@ -111,7 +111,7 @@ async def broken_reservations(conn: AsyncConnection, limit: int = REPAIR_BATCH) 
     (booked, not used: unavailable when it was placed) need no repair: the lease keeps them so that
     nothing else lands on its node (docs/lifecycle.md, "Whole-node leases")."""
     # SELECT DISTINCT a.reservation_id, r.created_at FROM device_bookings b
-    #   JOIN devices d ON d.id = b.device_id JOIN allocations a ON a.id = b.allocation_id
+    #   JOIN devices d ON d.pk = b.device_pk JOIN allocations a ON a.id = b.allocation_id
     #   JOIN reservations r ON r.id = a.reservation_id
     #  WHERE (NOT d.healthy OR NOT d.bookable) AND b.device_id = ANY(a.atoms)
     #    AND upper(b.during) > now() AND a.released_at IS NULL
@@ -119,7 +119,7 @@ async def broken_reservations(conn: AsyncConnection, limit: int = REPAIR_BATCH) 
     stmt = (
         sa.select(allocations.c.reservation_id, reservations.c.created_at)
         .select_from(
-            device_bookings.join(devices, devices.c.id == device_bookings.c.device_id)
+            device_bookings.join(devices, devices.c.pk == device_bookings.c.device_pk)
             .join(allocations, allocations.c.id == device_bookings.c.allocation_id)
             .join(reservations, reservations.c.id == allocations.c.reservation_id)
         )
@@ -245,11 +245,14 @@ async def _repair(
         )
     ).all()
     atoms = [a for alloc in live for a in alloc.atoms]
+    # a live allocation's atoms are live devices (a node holding one cannot be deleted); a deleted node's
+    # devices may carry the same ids (docs/operating.md, "Maintenance: drain and delete")
     unavailable = set(
         (
             await conn.execute(
                 sa.select(devices.c.id).where(
                     devices.c.id.in_(atoms),
+                    devices.c.deleted_at.is_(None),
                     sa.or_(devices.c.healthy.is_(False), devices.c.bookable.is_(False)),
                 )
             )

@@ -100,7 +100,7 @@ NODE_NOW = (
 )
 # SELECT d.id, d.node_id, d.healthy, d.bookable,
 #        EXISTS (SELECT 1 FROM device_bookings b WHERE b.device_pk = d.pk AND b.during && :during) AS booked
-#   FROM devices d WHERE d.id = ANY(:atoms)
+#   FROM devices d WHERE d.id = ANY(:atoms) AND d.deleted_at IS NULL   -- a deleted node's ids are history
 ATOMS_NOW = sa.select(
     devices.c.id,
     devices.c.node_id,
@@ -109,7 +109,7 @@ ATOMS_NOW = sa.select(
     sa.exists()
     .where(device_bookings.c.device_pk == devices.c.pk, device_bookings.c.during.op("&&")(_DURING))
     .label("booked"),
-).where(devices.c.id == sa.any_(_ATOMS))
+).where(devices.c.id == sa.any_(_ATOMS), devices.c.deleted_at.is_(None))
 
 
 async def what_changed(
