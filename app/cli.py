@@ -25,12 +25,11 @@ import typer
 
 from app.agent.cli import agent as agent_command
 from app.client import EXIT_USAGE
-from app.client.audit_commands import audit as audit_command
+from app.client.audit_commands import audit
 from app.client.common import KeyOpt, LimitOpt, OutputOpt, ServerOpt, console, emit, fail, service
-from app.client.extend_commands import extend_command
+from app.client.extend_commands import extend
 from app.client.key_commands import key_app
 from app.client.node_commands import node_app
-from app.client.node_maintenance_commands import add_maintenance_commands
 from app.client.pool_commands import pool_app
 from app.client.quota_commands import quota_app
 from app.client.read_commands import (
@@ -44,11 +43,8 @@ from app.client.reservation_commands import preview, release, request_command, r
 from app.client.usage_commands import usage
 from app.fleet.cli import placement_app
 
-add_maintenance_commands(node_app, service, console)  # node drain|undrain|delete
-
 # the client commands' shared pieces (app/client/common.py) stay importable from here
 __all__ = ["KeyOpt", "LimitOpt", "OutputOpt", "ServerOpt", "app", "emit", "main", "service"]
-_fail = fail
 
 app = typer.Typer(
     help="better-compute: decide where GPU work lands.",
@@ -187,10 +183,10 @@ COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
     ),
     ("release", release, None),
     ("usage", usage, None),
-    ("extend", extend_command(service, console), None),
+    ("extend", extend, None),
     ("openapi", openapi_command, None),
     ("agent", agent_command, "Run the node agent on a GPU host (Hello, heartbeats)."),
-    ("audit", audit_command, None),
+    ("audit", audit, None),
 ]
 GET_COMMANDS: list[tuple[str, Callable[..., None], str | None]] = [
     ("reservations", get_reservations, None),
@@ -208,7 +204,7 @@ GROUPS: list[tuple[str, typer.Typer]] = [
     ("pool", pool_app),
     ("node", node_app),
     ("quota", quota_app),
-    ("key", key_app(service, console)),
+    ("key", key_app),
 ]
 # kubectl takes either number: `get reservation ID`, `describe nodes ID`
 ALIASES: list[tuple[typer.Typer, str, Callable[..., None]]] = [

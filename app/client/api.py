@@ -339,6 +339,14 @@ class ServiceClient:
             raise ServiceError(409, "CONFLICT", f"{len(found)} pools have a node '{ref}': give --pool")
         return str(found[0])
 
+    def named_pool(self, ref: str) -> dict[str, Any]:
+        """The pool ``ref`` names, by id or name (:meth:`pool_id`)."""
+        return self.pool(self.pool_id(ref))
+
+    def named_node(self, ref: str, pool: str | None = None) -> dict[str, Any]:
+        """The whole node ``ref`` names, by id or name (:meth:`node_id`; ``pool`` picks among pools)."""
+        return self.node(self.node_id(ref, pool))
+
 
 def _readable(read: Callable[[], Any]) -> Any:
     """``read()``, or None when the key may not read it (403) or it is gone (404)."""

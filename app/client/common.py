@@ -1,6 +1,7 @@
 """What every client command shares: the options (``--server``, ``--key``, ``-o``, ``--limit``), the
 one-line failure, the :func:`service` context that turns client errors into exit codes (docs/cli.md,
-"Exit codes"), the console and :func:`emit`.
+"Exit codes"), the console, :func:`emit`, and :func:`client_command`, which gives a command those
+options, opens its client and prints what it returns (a :class:`Shown`).
 
 Start-up cost matters here (docs/cli.md, "Start-up"): this module imports typer and the light parts of
 :mod:`app.client` only. The HTTP client is the standard library's (httpx, with the trio it imports,
@@ -10,16 +11,19 @@ costs a third of a second); rich and yaml are imported when something is printed
 
 from __future__ import annotations
 
+import inspect
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import cache
+from dataclasses import dataclass
+from functools import cache, update_wrapper
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from app.client import EXIT_API_ERROR, EXIT_USAGE, Output
-from app.client.api import ServiceClient, ServiceError, Unreachable
+from app.client.api import DEFAULT_SERVER, ServiceClient, ServiceError, Unreachable
 from app.client.flags import UsageError, with_flag
 
 if TYPE_CHECKING:
@@ -90,6 +94,21 @@ def service(server: str, key: str | None, flags: dict[str, str] | None = None) -
         raise fail(error.message, EXIT_USAGE) from None
 
 
+# a duration the CLI turns into a time on this machine's clock (``--since``, ``--expires``); the service's
+# own rule (app.placement.request.parse_duration) would import pydantic for two flags
+DURATION = re.compile(r"([0-9]+)([smhdw]?)")
+UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration_seconds(text: str, *, unit_required: bool = False) -> int | None:
+    """The seconds of ``90m``, ``12h``, ``1d``, ``2w``, ``30s`` or, unless ``unit_required``, a whole
+    number of seconds; None when ``text`` is no such duration (0 is one: the caller refuses it)."""
+    found = DURATION.fullmatch(text.strip())
+    if found is None or (unit_required and not found[2]):
+        return None
+    return int(found[1]) * UNIT_SECONDS.get(found[2], 1)
+
+
 def assignments(items: list[str], flag: str, separator: str = "=") -> dict[str, str]:
     """``["gpu=8", "cpu=64"]`` -> ``{"gpu": "8", "cpu": "64"}``, in the order given (a key given twice:
     the last wins). Raises :class:`UsageError` naming ``flag`` for an item without ``separator`` or
@@ -101,3 +120,65 @@ def assignments(items: list[str], flag: str, separator: str = "=") -> dict[str, 
             raise UsageError(f"{flag} {item!r}: give key{separator}value")
         pairs[name] = value
     return pairs
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What a :func:`client_command` prints: the service's ``answer`` as it came (``-o json|yaml``), or
+    ``view(wide)`` for people (``-o table|wide``). The view runs while the client is still open, so it
+    may look up what only a person needs (node and pool names) and JSON output never pays for that."""
+
+    answer: Any
+    view: Callable[[bool], RenderableType]
+
+
+def listed(
+    rows: list[dict[str, Any]],
+    view: Callable[[list[dict[str, Any]], bool], RenderableType],
+    *,
+    one: bool = False,
+) -> Shown:
+    """What a list prints: ``{"items": rows}`` (every page joined), or the row itself when ``one`` was
+    asked for (``get pools ID``, ``pool create``); ``view(rows, wide)`` for people either way."""
+    return Shown(rows[0] if one else {"items": rows}, lambda wide: view(rows, wide))
+
+
+def _connection_options(
+    output: OutputOpt = Output.table, server: ServerOpt = DEFAULT_SERVER, key: KeyOpt = None
+) -> None:
+    """The options every client command ends with, in this order (:func:`client_command` adds them)."""
+
+
+def options_of(declared: Callable[..., Any]) -> list[inspect.Parameter]:
+    """The parameters of ``declared`` (a function or a class), keyword-only, so a command's signature
+    can take them after its own: typer reads a command's options from its signature."""
+    parameters = inspect.signature(declared, eval_str=True).parameters.values()
+    return [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in parameters]
+
+
+CONNECTION_OPTIONS = options_of(_connection_options)
+
+
+def client_command(
+    flags: dict[str, str] | None = None, *, output: bool = True
+) -> Callable[[Callable[..., Shown | None]], Callable[..., None]]:
+    """Make a client command of ``run(api, ...)``: the command takes ``run``'s own parameters (after the
+    client ``api``) and then ``-o``, ``--server`` and ``--key`` (without ``-o`` when ``output`` is false);
+    it opens the client with :func:`service` (``flags`` name the request's fields in errors), calls
+    ``run`` and prints the :class:`Shown` it returns as ``-o`` says (None: ``run`` printed itself)."""
+    options = CONNECTION_OPTIONS if output else CONNECTION_OPTIONS[1:]
+
+    def decorate(run: Callable[..., Shown | None]) -> Callable[..., None]:
+        def command(**arguments: Any) -> None:
+            chosen = arguments.pop("output", Output.table)
+            with service(arguments.pop("server"), arguments.pop("key"), flags) as api:
+                shown = run(api, **arguments)
+                if shown is not None:
+                    emit(shown.answer, chosen, shown.view)
+
+        update_wrapper(command, run)  # its name and docstring (the help)
+        own = options_of(run)[1:]  # after the client
+        command.__signature__ = inspect.Signature([*own, *options])  # type: ignore[attr-defined]
+        return command
+
+    return decorate

@@ -8,28 +8,22 @@ two. Exits as every client command does (:mod:`app.client`): 0 extended (or alre
 API error printed ``CODE: message`` (409 CONFLICT naming the reservation in the way, 409
 QUOTA_EXCEEDED, 422 at ``end`` shown as ``--to``), 2 a usage error.
 
-:func:`extend_command` builds the command around the CLI's ``service`` context manager and console, so
-``app/cli.py`` registers it with one line.
+``app/cli.py`` registers :func:`extend`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-from app.client import render as out
-from app.client.api import DEFAULT_SERVER, ServiceClient
+from app.client.api import ServiceClient
+from app.client.common import Shown, client_command
 from app.client.flags import UsageError
-from app.client.render import Output
+from app.client.reservation_commands import ReservationArg
 
 EXTEND_FLAGS = {"end": "--to"}
-
-Service = Callable[..., AbstractContextManager[ServiceClient]]
 
 
 def new_end(current: dict[str, Any], to: str | None, by: str | None) -> str:
@@ -52,30 +46,19 @@ def new_end(current: dict[str, Any], to: str | None, by: str | None) -> str:
     return (max(ends) + timedelta(seconds=seconds)).isoformat()
 
 
-def extend_command(service: Service, console: Callable[[], Console]) -> Callable[..., None]:
-    """The ``extend`` command, printing with ``console`` through the CLI's ``service``."""
+@client_command(EXTEND_FLAGS)
+def extend(
+    api: ServiceClient,
+    reservation_id: ReservationArg,
+    to: Annotated[str | None, typer.Option("--to", help="The new end: ISO 8601 with a UTC offset.")] = None,
+    by: Annotated[
+        str | None, typer.Option("--by", help="Add this to the current end: 30m, 2h, 1d, or seconds.")
+    ] = None,
+) -> Shown:
+    """Extend a placed reservation to a later end on the same GPUs (409: something is booked there)."""
+    from app.client import render as out
 
-    def extend(
-        reservation_id: Annotated[str, typer.Argument(metavar="ID", help="Reservation id (res_...).")],
-        to: Annotated[
-            str | None, typer.Option("--to", help="The new end: ISO 8601 with a UTC offset.")
-        ] = None,
-        by: Annotated[
-            str | None, typer.Option("--by", help="Add this to the current end: 30m, 2h, 1d, or seconds.")
-        ] = None,
-        output: Annotated[Output, typer.Option("-o", "--output", help="Output format.")] = Output.table,
-        server: Annotated[
-            str, typer.Option("--server", envvar="BC_SERVER", help="Service URL.", show_default=True)
-        ] = DEFAULT_SERVER,
-        key: Annotated[
-            str | None, typer.Option("--key", envvar="BC_API_KEY", help="API key.", show_default=False)
-        ] = None,
-    ) -> None:
-        """Extend a placed reservation to a later end on the same GPUs (409: something is booked there)."""
-        with service(server, key, EXTEND_FLAGS) as api:
-            current = api.reservation(reservation_id) if by is not None and to is None else {}
-            end = new_end(current, to, by)
-            answer = api.request("POST", f"/v1/reservations/{reservation_id}/extend", body={"end": end})[1]
-            out.emit(console(), answer, output, lambda wide: out.reservation_view(answer, {}, wide))
-
-    return extend
+    current = api.reservation(reservation_id) if by is not None and to is None else {}
+    end = new_end(current, to, by)
+    answer = api.request("POST", f"/v1/reservations/{reservation_id}/extend", body={"end": end})[1]
+    return Shown(answer, lambda wide: out.reservation_view(answer, {}, wide))

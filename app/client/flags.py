@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from app.errors import AppError
 
@@ -49,10 +51,14 @@ LIST_RESERVATION_FLAGS: dict[str, str] = {"tenantId": "--tenant", "status": "--s
 
 
 def flag_for(path: str, flags: dict[str, str]) -> str | None:
-    """The flag behind the API field ``path`` (dotted, e.g. ``devices.0.count``), or None."""
+    """The flag behind the API field ``path`` (dotted, e.g. ``devices.0.count``), or None. An entry
+    ``field.*`` names each key of an object sent from ``KEY=VALUE`` items by its own item: with
+    ``{"labels.*": "*="}``, an error at ``labels.bc.dev/x`` names ``bc.dev/x=`` (a key may hold dots)."""
     parts = path.split(".") if path else []
     for end in range(len(parts), 0, -1):
-        flag = flags.get(".".join(parts[:end]))
+        field, key = ".".join(parts[:end]), ".".join(parts[end:])
+        each_key = flags.get(f"{field}.*") if key else None
+        flag = each_key.replace("*", key) if each_key else flags.get(field)
         if flag:
             return flag
     return None
@@ -74,25 +80,52 @@ def with_flag(message: str, path: str, flags: dict[str, str]) -> str:
 @dataclass(frozen=True)
 class RequestFlags:
     """What reserve and preview were told: ``gpus`` atoms of ``device_class`` (0 = none), ``cpu``
-    cores and ``memory`` MiB (None = none), ``duration`` as typed (``90m``, ``1d``, seconds)."""
+    cores and ``memory`` MiB (None = none), ``duration`` as typed (``90m``, ``1d``, seconds).
 
-    tenant: str
-    pool: str
-    gpus: int
-    duration: str
-    selector: str | None
-    nvlink: bool
-    cpu: float | None
-    memory: float | None
-    idempotency_key: str | None
-    device_class: str
-    spot: bool = False  # --spot: may be preempted by regular work (docs/preemption.md)
-    earliest: bool = False  # --earliest: the first window that fits (docs/lifecycle.md, "Earliest start")
-    if_plan: str | None = None  # reserve --if-plan: a preview's plan token (docs/api.md, "Plan tokens")
-    start: str | None = None  # --start ISO 8601 (with a UTC offset) or "earliest" (= --earliest)
-    gang: int | None = None  # --gang N: N copies of the shape on distinct nodes (docs/api.md, gang)
-    topology_key: str | None = None  # --topology-key K: the gang's nodes share label K's value
-    whole_node: bool = False  # --whole-node: binding "node", the whole-node lease rule
+    Each field's annotation is also its command-line option, and its default the option's: the two
+    commands take these fields as their options, in this order
+    (:func:`app.client.reservation_commands.request_command`)."""
+
+    tenant: Annotated[str, typer.Option("--tenant", help="Tenant id.")]
+    pool: Annotated[str, typer.Option("--pool", help="Pool id (pool_...) or name.")]
+    gpus: Annotated[int, typer.Option("--gpus", help="Number of atoms of --class.")] = 0
+    duration: Annotated[str, typer.Option("--for", help="Duration: 90m, 2h, 1d, or seconds.")] = "1d"
+    selector: Annotated[str | None, typer.Option("--selector", help="Selector shorthand.")] = None
+    nvlink: Annotated[bool, typer.Option("--nvlink", help="Only NVLink-complete sets (nvlink-all).")] = False
+    cpu: Annotated[float | None, typer.Option("--cpu", help="CPU cores.")] = None
+    memory: Annotated[float | None, typer.Option("--memory", help="Memory (MiB).")] = None
+    idempotency_key: Annotated[
+        str | None, typer.Option("--idempotency-key", help="Retry key (default: random).")
+    ] = None
+    device_class: Annotated[str, typer.Option("--class", help="Device class.")] = "gpu"
+    # docs/preemption.md
+    spot: Annotated[bool, typer.Option("--spot", help="Spot work: regular work may preempt it.")] = False
+    # docs/lifecycle.md, "Earliest start"
+    earliest: Annotated[
+        bool, typer.Option("--earliest", help="Start at the first window that fits (= --start earliest).")
+    ] = False
+    start: Annotated[
+        str | None, typer.Option("--start", help="ISO 8601 with a UTC offset, or 'earliest' (default: now).")
+    ] = None
+    # docs/api.md, gang
+    gang: Annotated[
+        int | None, typer.Option("--gang", help="N copies of the shape on distinct nodes, all or nothing.")
+    ] = None
+    topology_key: Annotated[
+        str | None, typer.Option("--topology-key", help="The gang's nodes share this node label's value.")
+    ] = None
+    # binding "node", the whole-node lease rule
+    whole_node: Annotated[bool, typer.Option("--whole-node", help="Lease whole nodes (binding: node).")] = (
+        False
+    )
+    # reserve's only: a preview's plan token (docs/api.md, "Plan tokens")
+    if_plan: Annotated[
+        str | None,
+        typer.Option(
+            "--if-plan",
+            help="Commit exactly this plan token of a preview of the same flags, or fail (PLAN_STALE).",
+        ),
+    ] = None
 
     def request_body(self) -> dict[str, Any]:
         """The ``POST /v1/reservations`` (and preview) body. Raises :class:`UsageError` when an amount

@@ -4,6 +4,10 @@ Registered by ``app/cli.py`` as the ``node`` group (``node_app``); a key needs
 ``compute:inventory:write`` on the node's pool. NODE is a node id (``node_...``) or a node name
 (``--pool`` picks the pool when several pools have a node of that name).
 
+``drain NODE [--reschedule]``, ``undrain NODE`` and ``delete NODE`` are the maintenance verbs (docs/cli.md;
+docs/operating.md, "Maintenance: drain and delete"); their NODE is a node id. A delete of a node that
+still holds work exits 1 with ``CONFLICT: ...``.
+
 ``label`` and ``taint`` read the node and write the whole list back (the routes replace it): a change
 made by someone else between the two is overwritten, as ``PUT`` would.
 """
@@ -16,13 +20,14 @@ from typing import Annotated, Any
 
 import typer
 
-from app.client.api import DEFAULT_SERVER, ServiceClient, ServiceError
-from app.client.common import KeyOpt, Output, OutputOpt, ServerOpt, assignments, emit, service, warn
+from app.client.api import ServiceClient, ServiceError
+from app.client.common import Shown, assignments, client_command, listed, warn
 from app.client.flags import UsageError
 
 node_app = typer.Typer(help="Change nodes: import, label, taint, cordon.", no_args_is_help=True)
 
 NodeArg = Annotated[str, typer.Argument(metavar="NODE", help="Node id (node_...) or name.")]
+NodeIdArg = Annotated[str, typer.Argument(metavar="NODE", help="Node id (node_...).")]
 PoolOpt = Annotated[str | None, typer.Option("--pool", help="The pool (id or name) of a NODE given by name.")]
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 IMPORT_FLAGS = {
@@ -31,6 +36,7 @@ IMPORT_FLAGS = {
     "nvidiaSmiXml": "--nvidia-smi-xml",
     "labels": "--label",
 }
+LABEL_FLAGS = {"labels": "KEY=VALUE", "labels.*": "*="}  # a 422 at labels.<key> names <key>=
 
 
 def _read(path: Path, flag: str) -> str:
@@ -62,7 +68,9 @@ def import_body(file: Path, name: str | None, xml: Path | None, labels: list[str
 
 
 @node_app.command("import")
+@client_command(IMPORT_FLAGS)
 def import_node(
+    api: ServiceClient,
     pool: Annotated[str, typer.Argument(metavar="POOL", help="Pool id (pool_...) or name.")],
     file: Annotated[
         Path, typer.Argument(metavar="FILE", help="nvidia-smi topo -m output, or an import body (JSON).")
@@ -72,28 +80,27 @@ def import_node(
         Path | None, typer.Option("--nvidia-smi-xml", help="nvidia-smi -q -x output of the host.")
     ] = None,
     label: Annotated[list[str] | None, typer.Option("--label", help="key=value; repeat.")] = None,
-    output: OutputOpt = Output.table,
-    server: ServerOpt = DEFAULT_SERVER,
-    key: KeyOpt = None,
-) -> None:
+) -> Shown:
     """Register a node from its nvidia-smi output (POST /v1/pools/{id}/nodes/import)."""
     from app.client import render as out
 
-    with service(server, key, IMPORT_FLAGS) as api:
-        body = import_body(file, name, nvidia_smi_xml, label or [])
-        pool_id = api.pool_id(pool)
-        node = api.import_node(pool_id, body)
-        emit(node, output, lambda wide: out.nodes_view([node], wide, {}))
-        warn(node)
+    body = import_body(file, name, nvidia_smi_xml, label or [])
+    node = api.import_node(api.pool_id(pool), body)
+    warn(node)
+    return listed([node], lambda rows, wide: out.nodes_view(rows, wide, {}), one=True)
 
 
-def _node(api: ServiceClient, ref: str, pool: str | None) -> dict[str, Any]:
-    """The whole node NODE names (by id or name)."""
-    return api.node(api.node_id(ref, pool))
+def changed_node(node: dict[str, Any]) -> Shown:
+    """A node an operator command changed: name, id, status, cordon, labels and taints."""
+    from app.client import operator_views as views
+
+    return Shown(node, lambda wide: views.node_brief_view(node, wide))
 
 
 @node_app.command("label")
+@client_command(LABEL_FLAGS)
 def label_node(
+    api: ServiceClient,
     node: NodeArg,
     labels: Annotated[
         list[str] | None, typer.Argument(metavar="KEY=VALUE...", help="Labels to set (or change).")
@@ -102,27 +109,20 @@ def label_node(
         None
     ),
     pool: PoolOpt = None,
-    output: OutputOpt = Output.table,
-    server: ServerOpt = DEFAULT_SERVER,
-    key: KeyOpt = None,
-) -> None:
+) -> Shown:
     """Set or remove operator labels (system labels, bc.dev/..., are the agent's: 422)."""
     from app.client import operator_views as views
 
-    flags = {"labels": "KEY=VALUE"}
-    with service(server, key, flags) as api:
-        given = assignments(labels or [], "KEY=VALUE")
-        if not given and not remove:
-            raise UsageError("nothing to change: give KEY=VALUE or --remove KEY")
-        flags.update({f"labels.{k}": f"{k}=" for k in given})
-        current = _node(api, node, pool)
-        kept = views.operator_labels(current)
-        missing = [k for k in remove or [] if k not in kept]
-        if missing:
-            raise ServiceError(404, "NOT_FOUND", f"node {current['name']} has no operator label {missing[0]}")
-        wanted = {k: v for k, v in kept.items() if k not in (remove or [])} | given
-        changed = api.set_node_labels(current["id"], wanted)
-        emit(changed, output, lambda wide: views.node_brief_view(changed, wide))
+    given = assignments(labels or [], "KEY=VALUE")
+    if not given and not remove:
+        raise UsageError("nothing to change: give KEY=VALUE or --remove KEY")
+    current = api.named_node(node, pool)
+    kept = views.operator_labels(current)
+    missing = [k for k in remove or [] if k not in kept]
+    if missing:
+        raise ServiceError(404, "NOT_FOUND", f"node {current['name']} has no operator label {missing[0]}")
+    wanted = {k: v for k, v in kept.items() if k not in (remove or [])} | given
+    return changed_node(api.set_node_labels(current["id"], wanted))
 
 
 def parse_taint(text: str) -> dict[str, str]:
@@ -138,78 +138,86 @@ def parse_taint(text: str) -> dict[str, str]:
 
 
 @node_app.command("taint")
+@client_command({"taints": "KEY=VALUE:EFFECT"})
 def taint_node(
+    api: ServiceClient,
     node: NodeArg,
     taint: Annotated[str, typer.Argument(metavar="KEY=VALUE:EFFECT", help="e.g. gpu=repair:NoSchedule.")],
     pool: PoolOpt = None,
-    output: OutputOpt = Output.table,
-    server: ServerOpt = DEFAULT_SERVER,
-    key: KeyOpt = None,
-) -> None:
+) -> Shown:
     """Add a taint, or change the value of the taint of that key and effect."""
-    from app.client import operator_views as views
-
-    with service(server, key, {"taints": "KEY=VALUE:EFFECT"}) as api:
-        new = parse_taint(taint)
-        current = _node(api, node, pool)
-        same = (new["key"], new["effect"])
-        taints = [t for t in current.get("taints") or [] if (t["key"], t["effect"]) != same] + [new]
-        changed = api.set_node_taints(current["id"], taints)
-        emit(changed, output, lambda wide: views.node_brief_view(changed, wide))
+    new = parse_taint(taint)
+    current = api.named_node(node, pool)
+    same = (new["key"], new["effect"])
+    taints = [t for t in current.get("taints") or [] if (t["key"], t["effect"]) != same] + [new]
+    return changed_node(api.set_node_taints(current["id"], taints))
 
 
 @node_app.command("untaint")
+@client_command()
 def untaint_node(
+    api: ServiceClient,
     node: NodeArg,
     taint_key: Annotated[str, typer.Argument(metavar="KEY", help="The taint's key (every effect of it).")],
     pool: PoolOpt = None,
-    output: OutputOpt = Output.table,
-    server: ServerOpt = DEFAULT_SERVER,
-    key: KeyOpt = None,
-) -> None:
+) -> Shown:
     """Remove the node's taints of that key (exit 1 when it has none)."""
-    from app.client import operator_views as views
-
-    with service(server, key) as api:
-        current = _node(api, node, pool)
-        taints = current.get("taints") or []
-        kept = [t for t in taints if t["key"] != taint_key]
-        if len(kept) == len(taints):
-            raise ServiceError(404, "NOT_FOUND", f"node {current['name']} has no taint {taint_key}")
-        changed = api.set_node_taints(current["id"], kept)
-        emit(changed, output, lambda wide: views.node_brief_view(changed, wide))
-
-
-def _cordon(
-    node: str, pool: str | None, cordoned: bool, output: Output, server: str, key: str | None
-) -> None:
-    """Cordon (or uncordon) the node NODE names and print it."""
-    from app.client import operator_views as views
-
-    with service(server, key) as api:
-        changed = api.cordon(api.node_id(node, pool), cordoned)
-        emit(changed, output, lambda wide: views.node_brief_view(changed, wide))
+    current = api.named_node(node, pool)
+    taints = current.get("taints") or []
+    kept = [t for t in taints if t["key"] != taint_key]
+    if len(kept) == len(taints):
+        raise ServiceError(404, "NOT_FOUND", f"node {current['name']} has no taint {taint_key}")
+    return changed_node(api.set_node_taints(current["id"], kept))
 
 
 @node_app.command("cordon")
-def cordon_node(
-    node: NodeArg,
-    pool: PoolOpt = None,
-    output: OutputOpt = Output.table,
-    server: ServerOpt = DEFAULT_SERVER,
-    key: KeyOpt = None,
-) -> None:
+@client_command()
+def cordon_node(api: ServiceClient, node: NodeArg, pool: PoolOpt = None) -> Shown:
     """Cordon a node: it takes no new work (what it holds stays)."""
-    _cordon(node, pool, True, output, server, key)
+    return changed_node(api.cordon(api.node_id(node, pool), True))
 
 
 @node_app.command("uncordon")
-def uncordon_node(
-    node: NodeArg,
-    pool: PoolOpt = None,
-    output: OutputOpt = Output.table,
-    server: ServerOpt = DEFAULT_SERVER,
-    key: KeyOpt = None,
-) -> None:
+@client_command()
+def uncordon_node(api: ServiceClient, node: NodeArg, pool: PoolOpt = None) -> Shown:
     """Uncordon a node: it takes work again (pending work of its pool is planned again)."""
-    _cordon(node, pool, False, output, server, key)
+    return changed_node(api.cordon(api.node_id(node, pool), False))
+
+
+def drained(answer: dict[str, Any]) -> Shown:
+    """A drain's or undrain's answer: the node's drain and the reservations a reschedule moved."""
+    from app.client import operator_views as views
+
+    return Shown(answer, lambda wide: views.drain_view(answer, wide))
+
+
+@node_app.command("drain")
+@client_command()
+def drain_node(
+    api: ServiceClient,
+    node_id: NodeIdArg,
+    reschedule: Annotated[
+        bool,
+        typer.Option("--reschedule", help="Move its future reservations (not started yet) to other nodes."),
+    ] = False,
+) -> Shown:
+    """No new work lands on the node; its current work keeps its window (drain: draining, then
+    drained once nothing current or future is placed there)."""
+    return drained(api.drain_node(node_id, reschedule))
+
+
+@node_app.command("undrain")
+@client_command()
+def undrain_node(api: ServiceClient, node_id: NodeIdArg) -> Shown:
+    """Lift a drain: the node takes new work again."""
+    return drained(api.undrain_node(node_id))
+
+
+@node_app.command("delete")
+@client_command()
+def delete_node(api: ServiceClient, node_id: NodeIdArg) -> Shown:
+    """Delete a node that holds no current or future work (drain it first); its history stays."""
+    from rich.text import Text
+
+    api.delete_node(node_id)
+    return Shown({"id": node_id, "deleted": True}, lambda wide: Text(f"node {node_id} deleted"))

@@ -1,15 +1,19 @@
-"""Table and wide output of the operator commands (``node label|taint|cordon ...``, ``quota get|set``;
-docs/cli.md): rich renderables built from the service's answers, in the manner of
-:mod:`app.client.render` (whose pool and node rows ``pool`` and ``node import`` reuse). Nothing here
-talks to the service.
+"""Table and wide output of the operator commands (``node label|taint|cordon|drain ...``,
+``quota get|set``, ``key create|list``; docs/cli.md): rich renderables built from the service's
+answers, in the manner of :mod:`app.client.render` (whose pool and node rows ``pool`` and ``node import``
+reuse). Nothing here talks to the service; the commands import it when they print a table (rich is
+not imported before: docs/cli.md, "Start-up").
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
-from rich.console import RenderableType
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
 
 from app.client.render import (
     EMPTY_CELL,
@@ -71,3 +75,58 @@ def quota_view(quota: Mapping[str, Any], wide: bool) -> RenderableType:
     if not resources:
         return field_grid([("Quota", f"no limits for tenant {quota.get('tenantId')} (unlimited)")])
     return table
+
+
+def drain_view(node: Mapping[str, Any], wide: bool) -> RenderableType:
+    """The node's name, id, status and drain; then the reservations a reschedule moved, if any."""
+    table = Table(box=None, show_header=True, pad_edge=False)
+    for column in ("name", "id", "status", "drain", *(["pool"] if wide else [])):
+        table.add_column(column.upper())
+    row = [node["name"], node["id"], node_status(node), node.get("drain") or EMPTY_CELL]
+    table.add_row(*row, *([node.get("poolId", EMPTY_CELL)] if wide else []))
+    moved = node.get("rescheduled") or []
+    if not moved:
+        return table
+    rows = Table(box=None, show_header=True, pad_edge=False, title="rescheduled", title_justify="left")
+    for column in ("reservation", "result", "to node"):
+        rows.add_column(column.upper())
+    for m in moved:
+        rows.add_row(m["reservationId"], m["result"], m.get("toNodeId") or EMPTY_CELL)
+    return Group(table, Text(""), rows)
+
+
+def key_status(key: Mapping[str, Any], now: datetime) -> str:
+    """``revoked``, ``expired`` (its ``expiresAt`` passed by this machine's clock) or ``active``."""
+    if key.get("revokedAt"):
+        return "revoked"
+    if key.get("expiresAt") and datetime.fromisoformat(key["expiresAt"]) <= now:
+        return "expired"
+    return "active"
+
+
+def grants_text(grants: list[Mapping[str, str]] | None) -> str:
+    """``action on resource, ...``, or ``-``."""
+    return ", ".join(f"{g['action']} on {g['resource']}" for g in grants or ()) or EMPTY_CELL
+
+
+def keys_view(keys: list[Mapping[str, Any]], wide: bool, now: datetime) -> RenderableType:
+    """One row per key: id, principal, tenant, status, expiry, last use; ``wide`` adds the creation
+    time, the revocation time and the grants."""
+    if not keys:
+        return Text("no keys")
+    extra = ["created", "revoked", "grants"] if wide else []
+    table = new_table("id", "principal", "tenant", "status", "expires", "last used", *extra)
+    for k in keys:
+        row = [k["id"], k["principal"], k.get("tenantId") or EMPTY_CELL, key_status(k, now)]
+        row += [when(k.get("expiresAt")), when(k.get("lastUsedAt"))]
+        if wide:
+            row += [when(k.get("createdAt")), when(k.get("revokedAt")), grants_text(k.get("grants"))]
+        table.add_row(*row)
+    return table
+
+
+def created_key_view(key: Mapping[str, Any], wide: bool) -> RenderableType:
+    """The new key's row, then its secret on a line of its own (shown this once)."""
+    table = new_table("id", "principal", "tenant", "expires")
+    table.add_row(key["id"], key["principal"], key.get("tenantId") or EMPTY_CELL, when(key.get("expiresAt")))
+    return Group(table, Text(f"key (shown once, store it now): {key['key']}"))

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from app.client.api import DEFAULT_SERVER
-from app.client.common import KeyOpt, Output, OutputOpt, ServerOpt, emit, service
+from app.client.api import ServiceClient
+from app.client.common import Shown, client_command, listed
 
 pool_app = typer.Typer(help="Create or archive pools.", no_args_is_help=True)
 
@@ -18,30 +18,24 @@ POOL_FLAGS = {"name": "NAME"}
 
 
 @pool_app.command("create")
+@client_command(POOL_FLAGS)
 def create_pool(
+    api: ServiceClient,
     name: Annotated[str, typer.Argument(metavar="NAME", help="The pool's name (letters, digits, ._-).")],
-    output: OutputOpt = Output.table,
-    server: ServerOpt = DEFAULT_SERVER,
-    key: KeyOpt = None,
-) -> None:
+) -> Shown:
     """Make a pool (exit 1: CONFLICT when the name is taken)."""
     from app.client import render as out
 
-    with service(server, key, POOL_FLAGS) as api:
-        pool = api.create_pool(name)
-        emit(pool, output, lambda wide: out.pools_view([pool], wide))
+    return listed([api.create_pool(name)], out.pools_view, one=True)
 
 
 @pool_app.command("archive")
+@client_command()
 def archive_pool(
+    api: ServiceClient,
     pool: Annotated[str, typer.Argument(metavar="POOL", help="Pool id (pool_...) or name.")],
-    output: OutputOpt = Output.table,
-    server: ServerOpt = DEFAULT_SERVER,
-    key: KeyOpt = None,
-) -> None:
+) -> Shown:
     """Archive a pool: it takes no new nodes and no new work (docs/lifecycle.md); twice is no error."""
     from app.client import render as out
 
-    with service(server, key) as api:
-        archived = api.archive_pool(api.pool_id(pool))
-        emit(archived, output, lambda wide: out.pools_view([archived], wide))
+    return listed([api.archive_pool(api.pool_id(pool))], out.pools_view, one=True)

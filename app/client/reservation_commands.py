@@ -17,42 +17,21 @@ from typing import Annotated, Any
 import typer
 
 from app.client import EXIT_API_ERROR, EXIT_NOT_PLACED, EXIT_USAGE
-from app.client.api import DEFAULT_SERVER, ServiceClient
-from app.client.common import KeyOpt, Output, OutputOpt, ServerOpt, emit, fail, service, warn
+from app.client.api import ServiceClient
+from app.client.common import (
+    CONNECTION_OPTIONS,
+    Output,
+    Shown,
+    client_command,
+    emit,
+    fail,
+    options_of,
+    service,
+    warn,
+)
 from app.client.flags import REQUEST_FLAGS, RequestFlags
 
-TenantOpt = Annotated[str, typer.Option("--tenant", help="Tenant id.")]
-PoolOpt = Annotated[str, typer.Option("--pool", help="Pool id (pool_...) or name.")]
-GpusOpt = Annotated[int, typer.Option("--gpus", help="Number of atoms of --class.")]
-ForOpt = Annotated[str, typer.Option("--for", help="Duration: 90m, 2h, 1d, or seconds.")]
-SelectorOpt = Annotated[str | None, typer.Option("--selector", help="Selector shorthand.")]
-NvlinkOpt = Annotated[bool, typer.Option("--nvlink", help="Only NVLink-complete sets (nvlink-all).")]
-CpuOpt = Annotated[float | None, typer.Option("--cpu", help="CPU cores.")]
-MemOpt = Annotated[float | None, typer.Option("--memory", help="Memory (MiB).")]
-IdemOpt = Annotated[str | None, typer.Option("--idempotency-key", help="Retry key (default: random).")]
-ClassOpt = Annotated[str, typer.Option("--class", help="Device class.")]
-SpotOpt = Annotated[bool, typer.Option("--spot", help="Spot work: regular work may preempt it.")]
-EarliestOpt = Annotated[
-    bool, typer.Option("--earliest", help="Start at the first window that fits (= --start earliest).")
-]
-StartOpt = Annotated[
-    str | None,
-    typer.Option("--start", help="ISO 8601 with a UTC offset, or 'earliest' (default: now)."),
-]
-GangOpt = Annotated[
-    int | None, typer.Option("--gang", help="N copies of the shape on distinct nodes, all or nothing.")
-]
-TopologyKeyOpt = Annotated[
-    str | None, typer.Option("--topology-key", help="The gang's nodes share this node label's value.")
-]
-WholeNodeOpt = Annotated[bool, typer.Option("--whole-node", help="Lease whole nodes (binding: node).")]
-IfPlanOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--if-plan",
-        help="Commit exactly this plan token of a preview of the same flags, or fail (PLAN_STALE).",
-    ),
-]
+ReservationArg = Annotated[str, typer.Argument(metavar="ID", help="Reservation id (res_...).")]
 WaitOpt = Annotated[
     bool, typer.Option("--wait", help="Wait while it is pending: exit 0 once placed, 3 at the timeout.")
 ]
@@ -60,9 +39,14 @@ WaitTimeoutOpt = Annotated[
     str, typer.Option("--wait-timeout", help="How long --wait waits: 90s, 10m, 1h, or seconds.")
 ]
 
-# reserve's own options: typer reads the parameters from the signature, so preview's leaves them out
-RESERVE_ONLY = ("if_plan", "wait", "wait_timeout")
 POLL_FIRST, POLL_MOST = 1.0, 5.0  # seconds between polls of --wait: from the first, growing to the most
+
+
+def _reserve_options(wait: WaitOpt = False, wait_timeout: WaitTimeoutOpt = "5m") -> None:
+    """reserve's own options, after the request's (:func:`request_command` adds them)."""
+
+
+RESERVE_ONLY = ("if_plan", "wait", "wait_timeout")  # preview leaves these out
 
 
 def request_command(
@@ -70,62 +54,23 @@ def request_command(
 ) -> Callable[..., None]:
     """A command that sends the request the flags describe: ``send(api, body, output, wait)`` calls
     the service, prints the answer and says whether it is done (else exit 3); ``wait`` is ``--wait``'s
-    timeout in seconds (None: no wait). Preview and reserve take the same flags, so they share this one
-    definition; ``--if-plan``, ``--wait`` and ``--wait-timeout`` are reserve's only (``reserve``)."""
+    timeout in seconds (None: no wait). Preview and reserve take the same options, the fields of
+    :class:`RequestFlags`, so they share this one definition; ``--if-plan``, ``--wait`` and
+    ``--wait-timeout`` are reserve's only (``reserve``)."""
 
-    def command(
-        tenant: TenantOpt,
-        pool: PoolOpt,
-        gpus: GpusOpt = 0,
-        for_: ForOpt = "1d",
-        selector: SelectorOpt = None,
-        nvlink: NvlinkOpt = False,
-        cpu: CpuOpt = None,
-        memory: MemOpt = None,
-        idempotency_key: IdemOpt = None,
-        device_class: ClassOpt = "gpu",
-        spot: SpotOpt = False,
-        earliest: EarliestOpt = False,
-        start: StartOpt = None,
-        gang: GangOpt = None,
-        topology_key: TopologyKeyOpt = None,
-        whole_node: WholeNodeOpt = False,
-        if_plan: IfPlanOpt = None,
-        wait: WaitOpt = False,
-        wait_timeout: WaitTimeoutOpt = "5m",
-        output: OutputOpt = Output.table,
-        server: ServerOpt = DEFAULT_SERVER,
-        key: KeyOpt = None,
-    ) -> None:
+    def command(**arguments: Any) -> None:
+        output, server, key = arguments.pop("output"), arguments.pop("server"), arguments.pop("key")
+        wait, wait_timeout = arguments.pop("wait", False), arguments.pop("wait_timeout", None)
         timeout = _wait_seconds(wait_timeout) if wait else None
         with service(server, key, REQUEST_FLAGS) as api:
-            flags = RequestFlags(
-                tenant,
-                api.pool_id(pool),
-                gpus,
-                for_,
-                selector,
-                nvlink,
-                cpu,
-                memory,
-                idempotency_key,
-                device_class,
-                spot,
-                earliest,
-                if_plan,
-                start=start,
-                gang=gang,
-                topology_key=topology_key,
-                whole_node=whole_node,
-            )
+            flags = RequestFlags(**{**arguments, "pool": api.pool_id(arguments["pool"])})
             done = send(api, flags.request_body(), output, timeout)
         if not done:
             raise typer.Exit(EXIT_NOT_PLACED)
 
-    if not reserve:
-        signature = inspect.signature(command, eval_str=True)
-        kept = [p for p in signature.parameters.values() if p.name not in RESERVE_ONLY]
-        command.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
+    options = [*options_of(RequestFlags), *options_of(_reserve_options), *CONNECTION_OPTIONS]
+    kept = options if reserve else [o for o in options if o.name not in RESERVE_ONLY]
+    command.__signature__ = inspect.Signature(kept)  # type: ignore[attr-defined]
     return command
 
 
@@ -166,8 +111,7 @@ def reserve(api: ServiceClient, body: dict[str, Any], output: Output, wait: floa
     warn(answer)
     if wait is not None:
         answer = wait_for_placement(api, answer, wait)
-    names = names_of(api, [answer], output)
-    emit(answer, output, lambda wide: out.reservation_view(answer, names, wide))
+    emit(answer, output, lambda wide: out.reservation_view(answer, names_of(api, [answer]), wide))
     return answer.get("status") == "placed"
 
 
@@ -186,24 +130,17 @@ def wait_for_placement(api: ServiceClient, reservation: dict[str, Any], seconds:
     return reservation
 
 
-def names_of(api: ServiceClient, reservations: list[dict[str, Any]], output: Output) -> dict[str, str]:
-    """Node names for the reservations' allocations, looked up only for human output."""
+def names_of(api: ServiceClient, reservations: list[dict[str, Any]]) -> dict[str, str]:
+    """Node names for the reservations' allocations (a view's lookup: human output only)."""
     from app.client import render as out
 
-    if output in (Output.json, Output.yaml):
-        return {}
     return api.node_names(out.reservation_nodes(reservations))
 
 
-def release(
-    reservation_id: Annotated[str, typer.Argument(metavar="ID", help="Reservation id (res_...).")],
-    output: OutputOpt = Output.table,
-    server: ServerOpt = DEFAULT_SERVER,
-    key: KeyOpt = None,
-) -> None:
+@client_command()
+def release(api: ServiceClient, reservation_id: ReservationArg) -> Shown:
     """Release a reservation (its holdings end now)."""
     from app.client import render as out
 
-    with service(server, key) as api:
-        answer = api.release(reservation_id)
-        emit(answer, output, lambda wide: out.reservation_view(answer, {}, wide))
+    answer = api.release(reservation_id)
+    return Shown(answer, lambda wide: out.reservation_view(answer, {}, wide))

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from app.answers.usage_groups import UsageGroup
-from app.client.api import DEFAULT_SERVER
-from app.client.common import KeyOpt, Output, OutputOpt, ServerOpt, emit, service
+from app.client.api import ServiceClient
+from app.client.common import Shown, client_command
 from app.client.flags import UsageError
 
 if TYPE_CHECKING:
@@ -115,7 +115,9 @@ def usage_view(answer: Mapping[str, Any], wide: bool) -> RenderableType:
     return Group(title, table)
 
 
+@client_command(USAGE_FLAGS)
 def usage(
+    api: ServiceClient,
     last: Annotated[
         str | None, typer.Option("--last", help="The period up to now: 90m, 12h, 7d, 30d (at most 366d).")
     ] = None,
@@ -130,13 +132,9 @@ def usage(
     by: Annotated[UsageGroup, typer.Option("--by", help="One row per tenant, pool, node or resource.")] = (
         UsageGroup.tenant
     ),
-    output: OutputOpt = Output.table,
-    server: ServerOpt = DEFAULT_SERVER,
-    key: KeyOpt = None,
-) -> None:
+) -> Shown:
     """GPU-hours and cpu/memory-hours held over a period, regular and spot apart (default: the last 30
     days)."""
-    with service(server, key, USAGE_FLAGS) as api:
-        query = period_query(last, start, end, datetime.now(UTC))
-        answer = api.get("/v1/usage", {**query, "poolId": pool, "tenantId": tenant, "groupBy": by.value})
-        emit(answer, output, lambda wide: usage_view(answer, wide))
+    query = period_query(last, start, end, datetime.now(UTC))
+    answer = api.get("/v1/usage", {**query, "poolId": pool, "tenantId": tenant, "groupBy": by.value})
+    return Shown(answer, lambda wide: usage_view(answer, wide))
