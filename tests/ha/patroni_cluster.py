@@ -62,6 +62,7 @@ class Member:
 
     @property
     def data(self) -> Path:
+        """The member's PostgreSQL data folder."""
         return self.home / "data"
 
     def rest(self, path: str) -> Any:
@@ -106,10 +107,6 @@ class PatroniCluster:
         """``postgresql://postgres@h1:p1,h2:p2/postgres?target_session_attrs=read-write``."""
         hosts = ",".join(f"127.0.0.1:{m.port}" for m in self.members)
         return f"postgresql://postgres@{hosts}/postgres?target_session_attrs=read-write"
-
-    def member_url(self, member: Member) -> str:
-        """A one-host URL of ``member`` (to ask it what it is, whatever its role)."""
-        return f"postgresql://postgres@127.0.0.1:{member.port}/postgres"
 
     def roles(self) -> dict[str, str]:
         """Member name -> role (``leader``, ``sync_standby``, ``replica``) from Patroni's ``/cluster``,
