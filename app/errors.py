@@ -167,7 +167,9 @@ class RateLimited(AppError):
 
 
 class Unavailable(AppError):
-    """The database cannot be reached (HTTP 503): nothing was written; retry after ``Retry-After`` s."""
+    """The database cannot be reached (HTTP 503): nothing was written, unless the connection was lost
+    while the commit was on its way (a failover), which a create's retry with the same idempotency key
+    tells (docs/scaling.md, "High availability with Patroni"); retry after ``Retry-After`` s."""
 
     code = "UNAVAILABLE"
     status = 503

@@ -43,9 +43,13 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as SourceError
 
+from app.database_url import hosts as database_hosts
+from app.database_url import parse as parse_database_url
+
 # what each setting whose check is not self-explanatory accepts (the second half of SettingsError's line)
 ACCEPTED: dict[str, str] = {
-    "DATABASE_URL": "postgresql://user[:password]@host[:port]/database",
+    "DATABASE_URL": "postgresql://user[:password]@host[:port]/database, or several hosts "
+    "host1:port1,host2:port2 with ?target_session_attrs=read-write",
     "BC_SCHEDULER_WEIGHTS": 'a JSON object of scorer id -> weight >= 0, e.g. {"spread": 0.5}',
     "BC_SCHEDULER_PLUGINS": "a JSON list of 'module:attribute' import paths of scheduler plugins",
     "BC_CAPACITY_MAX_LEAD": "seconds (86400) or an ISO 8601 duration (P366D), above 0",
@@ -149,7 +153,9 @@ class Settings(BaseSettings):
         parts = urlsplit(value)
         if parts.scheme.split("+")[0] not in ("postgresql", "postgres"):  # no host: a Unix socket
             raise ValueError("not a PostgreSQL URL")
-        parts.port  # noqa: B018 - ValueError for a port that is not a number in 0..65535
+        # ValueError for a port that is not a number in 0..65535, of one host or of a list of hosts
+        if not database_hosts(parse_database_url(value)):
+            parts.port  # noqa: B018
         return value
 
     @field_validator("scheduler_weights")

@@ -16,9 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.database_url import parse as parse_url
+from app.database_url import to_libpq
 from app.db.engine import create_engine, migrate
 from app.db.tables import metadata
 from app.settings import Settings
@@ -45,10 +46,10 @@ def _admin_exec(server_url: str, statement: str) -> None:
 
     import asyncpg
 
-    dsn = make_url(server_url).set(drivername="postgresql", database="postgres")
+    dsn = to_libpq(parse_url(server_url).set(database="postgres"))
 
     async def run() -> None:
-        conn = await asyncpg.connect(dsn.render_as_string(hide_password=False))
+        conn = await asyncpg.connect(dsn)
         try:
             await conn.execute(statement)
         finally:
@@ -63,7 +64,7 @@ def database_url() -> Iterator[str]:
     server_url = _server_url()
     name = f"bc_test_{os.getpid()}_{secrets.token_hex(4)}"
     _admin_exec(server_url, f'CREATE DATABASE "{name}"')
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    url = to_libpq(parse_url(server_url).set(database=name))
     try:
         migrate(url)
         yield url

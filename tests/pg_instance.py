@@ -19,7 +19,8 @@ from pathlib import Path
 from tests.servers import free_port
 
 
-def _bin_dir() -> Path | None:
+def postgres_bin_dir() -> Path | None:
+    """Where initdb and pg_ctl are: the newest /usr/lib/postgresql/<version>/bin, else pgserver's."""
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
     if found:
         return Path(found[-1]).parent
@@ -68,14 +69,14 @@ class PgInstance:
 
 def create_instance() -> PgInstance | None:
     """Initialise and start a private instance, or None when no PostgreSQL binaries are available."""
-    bin_dir = _bin_dir()
-    if bin_dir is None:
+    found = postgres_bin_dir()
+    if found is None:
         return None
     user = "postgres" if os.geteuid() == 0 else None
     data = Path(tempfile.mkdtemp(prefix="bc-own-pg-"))
     if user:
         shutil.chown(data, user)
-    instance = PgInstance(bin_dir, data, free_port(), user)
+    instance = PgInstance(found, data, free_port(), user)
     instance._run("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "--encoding=UTF8")
     for attempt in range(3):
         try:

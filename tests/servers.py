@@ -144,6 +144,9 @@ def running_servers(
             waiting = [spawn(s.log.with_suffix(f".retry{attempt}.log")) for s in retry]
         yield started
     finally:
+        for server in spawned:  # all at once: each shuts down while the others do
+            if server.process.poll() is None:
+                server.process.terminate()
         for server in spawned:
             stop_server(server)
 

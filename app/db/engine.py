@@ -18,6 +18,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from app.database_url import hosts as listed_hosts
+from app.database_url import parse as parse_url
+from app.database_url import to_libpq
 from app.db.audit import install as install_audit
 
 EMBEDDED_DB_NAME = "better_compute"
@@ -26,9 +29,12 @@ _embedded_servers: list[Any] = []  # keep pgserver handles alive for the process
 
 
 def async_url(url: str) -> str:
-    """``postgresql://...`` -> ``postgresql+asyncpg://...`` (other drivers are replaced too)."""
-    u = make_url(url)
-    return u.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+    """``postgresql://...`` -> ``postgresql+asyncpg://...`` (other drivers are replaced too). libpq's list
+    of hosts (``postgresql://h1:p1,h2:p2/db?target_session_attrs=read-write``) becomes SQLAlchemy's
+    repeated ``host=`` parameters, ``target_session_attrs`` kept: asyncpg tries the hosts in order and
+    connects to the first that matches, so a new connection finds the primary after a failover
+    (:mod:`app.database_url`)."""
+    return parse_url(url).set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
 def default_data_dir() -> Path:
@@ -148,6 +154,8 @@ def is_outage(exc: BaseException) -> bool:
                 asyncpg.exceptions.CannotConnectNowError,  # the database system is starting up
                 asyncpg.exceptions.TooManyConnectionsError,  # 53300: no connection slot free (server or role)
                 asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash shutdown
+                # of several hosts none is the primary (yet): a failover is promoting a standby
+                asyncpg.exceptions.TargetServerAttributeNotMatched,
             ),
         ):
             return True
@@ -167,8 +175,11 @@ async def ping(engine: AsyncEngine) -> None:
 
 
 def where(url: str) -> str:
-    """``url`` without its user and password: ``postgresql://host:port/database`` (for messages)."""
-    u = make_url(url)
+    """``url`` without its user and password: ``postgresql://host:port/database`` (for messages;
+    ``postgresql://h1:p1,h2:p2/database`` for several hosts)."""
+    u = parse_url(url)
+    if listed_hosts(u):
+        return f"postgresql://{','.join(listed_hosts(u))}/{u.database or ''}"
     port = f":{u.port}" if u.port else ""
     socket_dir = u.query.get("host")  # postgresql://user@/db?host=/run/postgresql: a Unix socket
     host = u.host or (f"[{socket_dir}]" if isinstance(socket_dir, str) else "localhost")
@@ -183,13 +194,13 @@ def probe_database(url: str, timeout: float = 10.0) -> str | None:
     import asyncpg
 
     async def attempt() -> None:
-        conn = await asyncpg.connect(
-            make_url(url).set(drivername="postgresql").render_as_string(False), timeout=timeout
-        )
+        conn = await asyncpg.connect(to_libpq(parse_url(url)), timeout=timeout)
         await conn.close()
 
     try:
         asyncio.run(attempt())
+    except asyncpg.exceptions.TargetServerAttributeNotMatched:  # every host answered, none is the primary
+        return "no host matches target_session_attrs (a failover in progress?)"
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
         if isinstance(exc, ConnectionRefusedError) or "Connect call failed" in str(exc):
             return "connection refused"
