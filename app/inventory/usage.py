@@ -69,15 +69,8 @@ async def node_usage(conn: AsyncConnection, node_ids: list[str]) -> dict[str, No
             .order_by(devices.c.node_id, devices.c["class"])
         )
     ).all():
-        usage[r.node_id].device_classes.append(
-            DeviceClassUsage(
-                device_class=r.device_class,
-                total=r.total,
-                allocated=r.allocated,
-                free=r.free,
-                unhealthy=r.unhealthy,
-            )
-        )
+        # the statement labels its counts as the answer's fields
+        usage[r.node_id].device_classes.append(DeviceClassUsage.model_validate(r, from_attributes=True))
     held = await scalars_held_now(conn, "node_id", node_ids)
     for r in (
         await conn.execute(
