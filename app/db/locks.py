@@ -6,9 +6,9 @@ order, so two transactions never wait on each other in a cycle::
     reservations (its own row) -> pool lease -> pools -> nodes -> devices -> node_resources -> quota_usage
         -> pool_capacity_rollup
 
-- ``reservations``: create (the idempotency index entry), release and the wake edge lock the one
-  reservation row first (:mod:`app.capacity.reservations.create`, :mod:`app.capacity.reservations.release`,
-  :mod:`app.capacity.controllers.wake`).
+- ``reservations``: create (the idempotency index entry), release, extend, the wake edge, repair and a
+  drain's move lock the one reservation row first (:mod:`app.capacity.reservations.create`,
+  :mod:`app.capacity.controllers.wake`; the others by id through :func:`lock_reservation`).
 - ``pools``: :func:`lock_pool` (``FOR NO KEY UPDATE`` to change the pool's inventory or archive it,
   ``FOR SHARE`` to place in it or to change one node); a pool's ``inventory_version`` bump takes the
   same row lock. A placement takes its ``FOR SHARE`` only right before its first guarded commit
