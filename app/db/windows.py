@@ -61,6 +61,13 @@ def overlapping(table: sa.Table, start: datetime, end: datetime) -> list[Any]:
     return [table.c.ends_at > start, table.c.starts_at < end]
 
 
+def seconds_within(starts_at: Any, ends_at: Any, start: Any, end: Any) -> Any:
+    """``extract(epoch FROM least(ends_at, :end) - greatest(starts_at, :start))``: the seconds of the
+    window ``[starts_at, ends_at)`` inside ``[start, end)``, for a window that overlaps it (usage
+    accounting's hours, app/capacity/reservations/usage.py)."""
+    return sa.extract("epoch", sa.func.least(ends_at, end) - sa.func.greatest(starts_at, start))
+
+
 def holdings_over(table: sa.Table, start: Any, end: Any, *where: Any, keys: Sequence[Any] = ()) -> Any:
     """``SELECT <keys>, resource, amount, starts_at, ends_at FROM table WHERE <where> AND ends_at > :start
     AND starts_at < :end``: the holdings of ``table`` (``scalar_holdings``, ``quota_holdings``) that
