@@ -83,7 +83,14 @@ def test_the_lock_order_is_written_once_and_documented() -> None:
         tree = ast.parse(path.read_text())
         defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
         if path != DB / "locks.py":
-            helpers = {"lock_pool", "lock_node", "lock_node_in_order", "pool_lease", "wait_for_pool_lease"}
+            helpers = {
+                "lock_pool",
+                "lock_node",
+                "lock_node_in_order",
+                "lock_reservation",
+                "pool_lease",
+                "wait_for_pool_lease",
+            }
             assert not defined & helpers, path
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -47,19 +48,17 @@ def placed_view(
     """The view of a reservation just placed, from what the create wrote (what :func:`row_view` would read
     back: the commit marked the row ``placed``, with no conditions or, after a preemption, the
     preemptor's ``Preempted`` condition). ``spec``: the stored spec (``body.spec()``)."""
-    return Reservation(
+    written = SimpleNamespace(
         id=reservation_id,
-        tenantId=body.tenantId,
-        poolId=body.poolId,
-        status=ReservationStatus.placed,
-        idempotencyKey=body.idempotencyKey,
-        spec=spec_view(spec),
-        allocations=allocs,
-        conditions=conditions or [],
-        plannedStart=None,
-        createdAt=created_at.isoformat(),
-        releasedAt=None,
-    )
+        tenant_id=body.tenantId,
+        pool_id=body.poolId,
+        idempotency_key=body.idempotencyKey,
+        spec=spec,
+        planned_start=None,
+        created_at=created_at,
+        released_at=None,
+    )  # the reservations row as the commit left it
+    return _reservation(written, allocs, ReservationStatus.placed, conditions or [])
 
 
 def committed_view(a: Committed, request: PlacementRequest) -> Allocation:

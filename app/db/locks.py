@@ -6,9 +6,9 @@ order, so two transactions never wait on each other in a cycle::
     reservations (its own row) -> pool lease -> pools -> nodes -> devices -> node_resources -> quota_usage
         -> pool_capacity_rollup
 
-- ``reservations``: create (the idempotency index entry), release and the wake edge lock the one
-  reservation row first (:mod:`app.capacity.reservations.create`, :mod:`app.capacity.reservations.release`,
-  :mod:`app.capacity.controllers.wake`).
+- ``reservations``: create (the idempotency index entry), release, extend, the wake edge, repair and a
+  drain's move lock the one reservation row first (:mod:`app.capacity.reservations.create`,
+  :mod:`app.capacity.controllers.wake`; the others by id through :func:`lock_reservation`).
 - ``pools``: :func:`lock_pool` (``FOR NO KEY UPDATE`` to change the pool's inventory or archive it,
   ``FOR SHARE`` to place in it or to change one node); a pool's ``inventory_version`` bump takes the
   same row lock. A placement takes its ``FOR SHARE`` only right before its first guarded commit
@@ -35,7 +35,9 @@ not get it leaves the pool to the holder); a bulk create waits for it after writ
 rows and before any other lock, so the holder never waits on a row the waiter holds.
 
 A transaction may skip any table of the order, never go back to an earlier one. The functions here raise
-:class:`~app.errors.NotFound` for a row that does not exist (after the lock, nothing is left to check).
+:class:`~app.errors.NotFound` for a row that does not exist (after the lock, nothing is left to check),
+except :func:`lock_reservation`, whose callers decide what an absent row means (a 404 that hides another
+tenant's reservation, or nothing left to do for a controller).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.prepared import Prepared
-from app.db.tables import nodes, pools
+from app.db.tables import nodes, pools, reservations
 from app.errors import NotFound, quote_input
 
 LOCK_ORDER: tuple[str, ...] = (
@@ -106,12 +108,28 @@ _SHARE_POOL = Prepared(
     .where(pools.c.id == sa.bindparam("pool_id", type_=sa.Text))
     .with_for_update(read=True)
 )
-# a deleted node (``deleted_at`` set: history only) is no node to lock: 404 like an unknown id
-_LOCK_NODE = (
-    sa.select(nodes)
-    .where(nodes.c.id == sa.bindparam("node_id", type_=sa.Text), nodes.c.deleted_at.is_(None))
-    .with_for_update()
-)
+# a deleted node (``deleted_at`` set: history only) is no node to read or lock: 404 like an unknown id
+_LIVE_NODE = (nodes.c.id == sa.bindparam("node_id", type_=sa.Text), nodes.c.deleted_at.is_(None))
+_NODE = sa.select(nodes).where(*_LIVE_NODE)
+_LOCK_NODE = _NODE.with_for_update()
+_NODE_POOL = sa.select(nodes.c.pool_id).where(*_LIVE_NODE)
+
+
+async def lock_reservation(
+    conn: AsyncConnection, reservation_id: str, *, placed_only: bool = False, skip_locked: bool = False
+) -> Any | None:
+    """Lock the reservation row ``FOR UPDATE`` and return it, first in the lock order; None when it is
+    absent, not ``placed`` (``placed_only``) or, with ``skip_locked``, held by another transaction (a
+    controller's claim: replica-safe, it never waits)::
+
+        SELECT * FROM reservations WHERE id = :reservation_id [AND status = 'placed']
+           FOR UPDATE [SKIP LOCKED]
+
+    PostgreSQL re-checks ``status`` on a row it waited for, so a row released meanwhile is not returned."""
+    stmt = sa.select(reservations).where(reservations.c.id == reservation_id)
+    if placed_only:
+        stmt = stmt.where(reservations.c.status == "placed")
+    return (await conn.execute(stmt.with_for_update(skip_locked=skip_locked))).first()
 
 
 async def lock_pool(conn: AsyncConnection, pool_id: str, *, for_update: bool = True) -> Any:
@@ -143,17 +161,27 @@ async def lock_node_in_order(conn: AsyncConnection, node_id: str) -> Any:
     """Lock the node's pool row ``FOR SHARE``, then the node row ``FOR UPDATE`` (the lock order), and
     return the node row; NotFound if the node is absent.
 
-    ``SELECT pool_id FROM nodes WHERE id = :node_id`` (no lock: a node never changes pool), then
-    :func:`lock_pool` ``FOR SHARE`` and :func:`lock_node`."""
-    pool_id = (
-        await conn.execute(
-            sa.select(nodes.c.pool_id).where(nodes.c.id == node_id, nodes.c.deleted_at.is_(None))
-        )
-    ).scalar()
+    :func:`pool_of_node` (no lock: a node never changes pool), then :func:`lock_pool` ``FOR SHARE`` and
+    :func:`lock_node`."""
+    await lock_pool(conn, await pool_of_node(conn, node_id), for_update=False)
+    return await lock_node(conn, node_id)
+
+
+async def node_row(conn: AsyncConnection, node_id: str) -> Any:
+    """The node row, no lock (``SELECT * FROM nodes WHERE id = :node_id``); NotFound if absent."""
+    row = (await conn.execute(_NODE, {"node_id": node_id})).first()
+    if row is None:
+        raise node_not_found(node_id)
+    return row
+
+
+async def pool_of_node(conn: AsyncConnection, node_id: str) -> str:
+    """The pool a node belongs to, no lock (``SELECT pool_id FROM nodes WHERE id = :node_id``: a node never
+    changes pool); NotFound if absent."""
+    pool_id = (await conn.execute(_NODE_POOL, {"node_id": node_id})).scalar()
     if pool_id is None:
         raise node_not_found(node_id)
-    await lock_pool(conn, pool_id, for_update=False)
-    return await lock_node(conn, node_id)
+    return str(pool_id)
 
 
 class PoolShare:

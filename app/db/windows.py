@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -58,6 +59,13 @@ def windows_apart(keys: Iterable[tuple[Any, ...]]) -> bool:
 def overlapping(table: sa.Table, start: datetime, end: datetime) -> list[Any]:
     """The rows of ``table`` whose window overlaps ``[start, end)``."""
     return [table.c.ends_at > start, table.c.starts_at < end]
+
+
+def seconds_within(starts_at: Any, ends_at: Any, start: Any, end: Any) -> Any:
+    """``extract(epoch FROM least(ends_at, :end) - greatest(starts_at, :start))``: the seconds of the
+    window ``[starts_at, ends_at)`` inside ``[start, end)``, for a window that overlaps it (usage
+    accounting's hours, app/capacity/reservations/usage.py)."""
+    return sa.extract("epoch", sa.func.least(ends_at, end) - sa.func.greatest(starts_at, start))
 
 
 def holdings_over(table: sa.Table, start: Any, end: Any, *where: Any, keys: Sequence[Any] = ()) -> Any:
@@ -171,14 +179,21 @@ async def peak_instant(
     return row.at, row.held
 
 
-def held_at(table: sa.Table, where: Sequence[Any], instant: Any, keys: Sequence[Any]) -> Any:
-    """``SELECT keys..., sum(amount) AS held FROM table WHERE <where> AND starts_at <= :t AND ends_at > :t
-    GROUP BY keys``: what is held at one instant."""
-    return (
+async def held_at(
+    conn: AsyncConnection, table: sa.Table, where: Sequence[Any], instant: Any, keys: Sequence[Any]
+) -> dict[tuple[Any, ...], Decimal]:
+    """What the rows of ``table`` matching ``where`` hold at one instant, by the values of ``keys`` (a
+    tuple, one value per key; keys holding nothing are absent)::
+
+        SELECT keys..., sum(amount) AS held FROM table WHERE <where> AND starts_at <= :t AND ends_at > :t
+         GROUP BY keys
+    """
+    statement = (
         sa.select(*keys, sa.func.sum(table.c.amount).label("held"))
         .where(*where, table.c.starts_at <= instant, table.c.ends_at > instant)
         .group_by(*keys)
     )
+    return {tuple(r[: len(keys)]): r.held for r in (await conn.execute(statement)).all()}
 
 
 def holding_params(table: sa.Table) -> dict[str, Any]:

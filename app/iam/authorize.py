@@ -112,29 +112,27 @@ def granted_pools(principal: Principal, action: str) -> frozenset[str] | None:
     """The pool ids on which ``action`` is granted (``pool:<id>`` grants), or ``None`` when a grant covers
     every pool (resource ``*`` or ``pool:*``). Lets a hot path guard its statement by pool instead of
     reading the row's pool first; :func:`authorize` stays the rule."""
-    pools: set[str] = set()
-    for g in principal.grants:
-        if not _covers(g.action, action):
-            continue
-        if g.resource in ("*", "pool:*"):
-            return None
-        if g.resource.startswith("pool:"):
-            pools.add(g.resource[len("pool:") :])
-    return frozenset(pools)
+    return _granted_ids(principal, action, "pool:")
 
 
 def granted_tenants(principal: Principal, action: str) -> frozenset[str] | None:
     """The tenant ids on which ``action`` is granted (``tenant:<id>`` grants), or ``None`` when a grant
     covers every tenant (resource ``*`` or ``tenant:*``); :func:`granted_pools`' twin for tenants."""
-    tenants: set[str] = set()
+    return _granted_ids(principal, action, "tenant:")
+
+
+def _granted_ids(principal: Principal, action: str, kind: str) -> frozenset[str] | None:
+    """The ids of the ``<kind><id>`` resources on which ``action`` is granted, or ``None`` when a grant
+    covers every one of them (resource ``*`` or ``<kind>*``)."""
+    ids: set[str] = set()
     for g in principal.grants:
         if not _covers(g.action, action):
             continue
-        if g.resource in ("*", "tenant:*"):
+        if g.resource in ("*", f"{kind}*"):
             return None
-        if g.resource.startswith("tenant:"):
-            tenants.add(g.resource[len("tenant:") :])
-    return frozenset(tenants)
+        if g.resource.startswith(kind):
+            ids.add(g.resource[len(kind) :])
+    return frozenset(ids)
 
 
 def refusal(principal: Principal, action: str, resource: str, tenant_scope: bool = False) -> Forbidden:

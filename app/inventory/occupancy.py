@@ -36,7 +36,7 @@ from app.db.tables import (
     scalar_holdings,
 )
 from app.db.tx import Db, reads
-from app.db.windows import overlapping
+from app.db.windows import holdings_over
 from app.errors import InvalidInput
 from app.jsonnum import num
 from app.placement.scalar_capacity import scalar_capacity
@@ -179,15 +179,10 @@ async def _scalars(
      WHERE pool_id = :pool AND ends_at > :from AND starts_at < :to
     """
     holdings: dict[tuple[str, str], list[tuple[Decimal, datetime, datetime]]] = defaultdict(list)
+    in_pool = scalar_holdings.c.pool_id == pool_id
     for h in (
         await conn.execute(
-            sa.select(
-                scalar_holdings.c.node_id,
-                scalar_holdings.c.resource,
-                scalar_holdings.c.amount,
-                scalar_holdings.c.starts_at,
-                scalar_holdings.c.ends_at,
-            ).where(scalar_holdings.c.pool_id == pool_id, *overlapping(scalar_holdings, start, end))
+            holdings_over(scalar_holdings, start, end, in_pool, keys=[scalar_holdings.c.node_id])
         )
     ).all():
         holdings[(h.node_id, h.resource)].append((h.amount, h.starts_at, h.ends_at))

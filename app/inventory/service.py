@@ -22,7 +22,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.answers.inventory import ImportedNode, Node, NodeSummary, Pool
 from app.capacity.edges import notify_node, notify_repair
-from app.db.locks import lock_node, lock_node_in_order, lock_pool, node_not_found, pool_not_found
+from app.db.locks import (
+    lock_node,
+    lock_node_in_order,
+    lock_pool,
+    node_row,
+    pool_not_found,
+    pool_of_node,
+)
 from app.db.tables import (
     devices,
     node_labels,
@@ -244,37 +251,22 @@ async def get_pool_row(conn: AsyncConnection, pool_id: str) -> Any:
     return row
 
 
-async def _node_row(conn: AsyncConnection, node_id: str) -> Any:
-    row = (
-        await conn.execute(sa.select(nodes).where(nodes.c.id == node_id, nodes.c.deleted_at.is_(None)))
-    ).first()
-    if row is None:
-        raise node_not_found(node_id)
-    return row
-
-
 @reads
 async def node_pool_id(conn: AsyncConnection, node_id: str) -> str:
-    """The pool a node belongs to (for authorization); NotFound if absent."""
-    pool_id = (
-        await conn.execute(
-            sa.select(nodes.c.pool_id).where(nodes.c.id == node_id, nodes.c.deleted_at.is_(None))
-        )
-    ).scalar()
-    if pool_id is None:
-        raise node_not_found(node_id)
-    return pool_id
+    """The pool a node belongs to, for authorization (:func:`app.db.locks.pool_of_node`); NotFound if
+    absent."""
+    return await pool_of_node(conn, node_id)
 
 
 @reads
 async def get_node(conn: AsyncConnection, node_id: str) -> Node:
     """The node view (:func:`app.inventory.views.node_view`); NotFound if absent."""
-    return await node_view(conn, await _node_row(conn, node_id))
+    return await node_view(conn, await node_row(conn, node_id))
 
 
 async def refresh_reasons(conn: AsyncConnection, node_id: str) -> None:
     """Recompute ``no_schedule_reasons`` from the node's locked row and taints (same transaction)."""
-    node = await _node_row(conn, node_id)
+    node = await node_row(conn, node_id)
     taints = (
         await conn.execute(
             sa.select(node_taints.c.key, node_taints.c.value, node_taints.c.effect).where(

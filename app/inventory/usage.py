@@ -6,7 +6,6 @@ the caller's transaction."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -70,27 +69,9 @@ async def node_usage(conn: AsyncConnection, node_ids: list[str]) -> dict[str, No
             .order_by(devices.c.node_id, devices.c["class"])
         )
     ).all():
-        usage[r.node_id].device_classes.append(
-            DeviceClassUsage(
-                device_class=r.device_class,
-                total=r.total,
-                allocated=r.allocated,
-                free=r.free,
-                unhealthy=r.unhealthy,
-            )
-        )
-    held: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
-    for r in (
-        await conn.execute(
-            held_at(
-                scalar_holdings,
-                [scalar_holdings.c.node_id.in_(node_ids)],
-                sa.func.now(),
-                [scalar_holdings.c.node_id, scalar_holdings.c.resource],
-            )
-        )
-    ).all():
-        held[(r.node_id, r.resource)] += r.held
+        # the statement labels its counts as the answer's fields
+        usage[r.node_id].device_classes.append(DeviceClassUsage.model_validate(r, from_attributes=True))
+    held = await scalars_held_now(conn, "node_id", node_ids)
     for r in (
         await conn.execute(
             sa.select(node_resources)
@@ -109,6 +90,21 @@ async def node_usage(conn: AsyncConnection, node_ids: list[str]) -> dict[str, No
             )
         )
     return usage
+
+
+async def scalars_held_now(
+    conn: AsyncConnection, holder: str, holder_ids: list[str]
+) -> dict[tuple[str, str], Decimal]:
+    """``(holder id, resource)`` -> the scalar amounts held at the database's now, ``holder`` being
+    ``node_id`` (by node) or ``pool_id`` (by pool)::
+
+        SELECT <holder>, resource, sum(amount) FROM scalar_holdings
+         WHERE <holder> = ANY(:ids) AND starts_at <= now() AND ends_at > now() GROUP BY 1, 2
+    """
+    column = scalar_holdings.c[holder]
+    return await held_at(
+        conn, scalar_holdings, [column.in_(holder_ids)], sa.func.now(), [column, scalar_holdings.c.resource]
+    )
 
 
 # a node's ``drain`` (docs/operating.md, "Maintenance: drain and delete")

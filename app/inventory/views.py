@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.answers.inventory import (
     CapacityRollup,
     Device,
+    DrainState,
     Link,
     Node,
     NodeAgent,
@@ -31,10 +32,8 @@ from app.db.tables import (
     node_taints,
     nodes,
     pool_capacity_rollup,
-    scalar_holdings,
 )
-from app.db.windows import held_at
-from app.inventory.usage import drain_states, node_usage
+from app.inventory.usage import drain_states, node_usage, scalars_held_now
 from app.jsonnum import num
 
 
@@ -57,17 +56,8 @@ async def held_now(conn: AsyncConnection, pool_ids: list[str]) -> dict[tuple[str
         )
     ).all():
         held[(r[0], r[1])] = Decimal(r[2])
-    for r in (
-        await conn.execute(
-            held_at(
-                scalar_holdings,
-                [scalar_holdings.c.pool_id.in_(pool_ids)],
-                sa.func.now(),
-                [scalar_holdings.c.pool_id, scalar_holdings.c.resource],
-            )
-        )
-    ).all():
-        held[(r.pool_id, r.resource)] = held.get((r.pool_id, r.resource), Decimal(0)) + r.held
+    for (pool_id, resource), amount in (await scalars_held_now(conn, "pool_id", pool_ids)).items():
+        held[(pool_id, resource)] = held.get((pool_id, resource), Decimal(0)) + amount
     return held
 
 
@@ -111,6 +101,18 @@ async def pool_views(conn: AsyncConnection, rows: list[Any]) -> list[Pool]:
     ]
 
 
+def node_state(node: Any, drain: DrainState) -> dict[str, Any]:
+    """A nodes row's state as :class:`~app.answers.inventory.Node` and
+    :class:`~app.answers.inventory.NodeSummary` both answer it, with its ``drain``."""
+    return {
+        "cordoned": node.cordoned,
+        "ready": node.ready,
+        "heartbeatLost": node.heartbeat_lost,
+        "noScheduleReasons": list(node.no_schedule_reasons),
+        "drain": drain,
+    }
+
+
 async def node_view(conn: AsyncConnection, node: Any) -> Node:
     """The view of ``node`` (a nodes row) with its labels, taints, scalar resources (``allocated``: held
     now), devices and links: the shape of ``GET /v1/nodes/{nodeId}`` (docs/api.md)."""
@@ -132,25 +134,13 @@ async def node_view(conn: AsyncConnection, node: Any) -> Node:
             .order_by(node_resources.c.resource)
         )
     ).all()
-    held = {
-        r.resource: r.held
-        for r in (
-            await conn.execute(
-                held_at(
-                    scalar_holdings,
-                    [scalar_holdings.c.node_id == node_id],
-                    sa.func.now(),
-                    [scalar_holdings.c.resource],
-                )
-            )
-        ).all()
-    }
     device_rows = (
         await conn.execute(
             sa.select(devices).where(devices.c.node_id == node_id).order_by(devices.c.ordinal, devices.c.id)
         )
     ).all()
     usage = (await node_usage(conn, [node_id]))[node_id]
+    allocated = {u.resource: u.allocated for u in usage.scalars}  # held now
     drain = (await drain_states(conn, [node]))[node_id]
     links = (
         await conn.execute(
@@ -166,12 +156,8 @@ async def node_view(conn: AsyncConnection, node: Any) -> Node:
         labels={r.key: r.value for r in labels},
         labelSources={r.key: r.source for r in labels},
         taints=[Taint(key=t.key, value=t.value, effect=t.effect) for t in taints],
-        cordoned=node.cordoned,
-        ready=node.ready,
-        heartbeatLost=node.heartbeat_lost,
+        **node_state(node, drain),
         leasable=node.leasable,
-        noScheduleReasons=list(node.no_schedule_reasons),
-        drain=drain,
         # the node's agent (None for a node registered by an operator): see app/inventory/hello.py
         agent=None
         if node.agent_interval_seconds is None
@@ -184,7 +170,7 @@ async def node_view(conn: AsyncConnection, node: Any) -> Node:
             r.resource: NodeResource(
                 allocatable=num(r.allocatable),
                 ratio=num(r.ratio),
-                allocated=num(held.get(r.resource, Decimal(0))),  # held now
+                allocated=allocated.get(r.resource, 0),
             )
             for r in resources
         },
@@ -223,12 +209,8 @@ async def node_summaries(conn: AsyncConnection, rows: list[Any]) -> list[NodeSum
         NodeSummary(
             id=r.id,
             name=r.name,
-            cordoned=r.cordoned,
-            ready=r.ready,
-            heartbeatLost=r.heartbeat_lost,
+            **node_state(r, drains[r.id]),
             lastHeartbeat=r.last_heartbeat_at.isoformat() if r.last_heartbeat_at else None,
-            noScheduleReasons=list(r.no_schedule_reasons),
-            drain=drains[r.id],
             labels=dict(sorted(labels[r.id].items())),
             devices={u.device_class: u.total for u in usage[r.id].device_classes},
             deviceClasses=usage[r.id].device_classes,

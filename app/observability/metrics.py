@@ -244,44 +244,31 @@ for _result in PLACEMENT_RESULTS:
     PLACEMENT_ATTEMPT_DURATION.labels(_result)
     for _placer in PLACERS:
         PLACEMENT_ATTEMPTS.labels(_result, _placer)
-for _path in PLAN_PATHS:
-    PLANS.labels(_path)
-for _kind in LOST_RACE_KINDS:
-    LOST_RACES.labels(_kind)
 HTTP_REQUEST_DURATION.labels(UNMATCHED_ROUTE)
-for _source in BATCH_SOURCES:
-    PLACEMENT_BATCH_SIZE.labels(_source)
-for _result in ("placed", "pending"):
-    QUEUED_DECIDED.labels(_result)
-for _code in GUARD_CODES:
-    GUARD_REFUSALS.labels(_code)
-for _outcome in ("created", "changed", "unchanged"):
-    HELLOS.labels(_outcome)
-for _outcome in ("2xx", "3xx", "4xx", "5xx"):
-    AUDIT_EVENTS.labels(_outcome)
-for _outcome in ("changed", "unchanged"):
-    HEARTBEATS.labels(_outcome)
-for _edge in ("atoms_unavailable", "node_may_fit"):
-    AGENT_EDGES.labels(_edge)
-for _result in WAKE_RESULTS:
-    WAKES.labels(_result)
-for _result in REPAIR_RESULTS:
-    REPAIRS.labels(_result)
-for _reason in ENDED_REASONS:
-    RESERVATIONS_ENDED.labels(_reason)
-for _result in DRAIN_MOVE_RESULTS:
-    DRAIN_MOVES.labels(_result)
-for _action in NODE_MAINTENANCE_ACTIONS:
-    NODE_MAINTENANCE.labels(_action)
-for _source in WAKE_SOURCES:
-    WAKE_EDGES_HEARD.labels(_source)
-for _result in PREEMPTION_RESULTS:
-    PREEMPTION_ATTEMPTS.labels(_result)
-for _result in PLAN_TOKEN_RESULTS:
-    PLAN_TOKEN_CREATES.labels(_result)
-for _result in EXTEND_RESULTS:
-    RESERVATION_EXTENDS.labels(_result)
-
+# the one-label metrics and every value of their label, created at zero (the module docstring)
+_LABEL_VALUES: dict[Counter | Histogram, Iterable[str]] = {
+    PLANS: PLAN_PATHS,
+    LOST_RACES: LOST_RACE_KINDS,
+    PLACEMENT_BATCH_SIZE: BATCH_SOURCES,
+    QUEUED_DECIDED: ("placed", "pending"),
+    GUARD_REFUSALS: GUARD_CODES,
+    HELLOS: ("created", "changed", "unchanged"),
+    AUDIT_EVENTS: ("2xx", "3xx", "4xx", "5xx"),
+    HEARTBEATS: ("changed", "unchanged"),
+    AGENT_EDGES: ("atoms_unavailable", "node_may_fit"),
+    WAKES: WAKE_RESULTS,
+    REPAIRS: REPAIR_RESULTS,
+    RESERVATIONS_ENDED: ENDED_REASONS,
+    DRAIN_MOVES: DRAIN_MOVE_RESULTS,
+    NODE_MAINTENANCE: NODE_MAINTENANCE_ACTIONS,
+    WAKE_EDGES_HEARD: WAKE_SOURCES,
+    PREEMPTION_ATTEMPTS: PREEMPTION_RESULTS,
+    PLAN_TOKEN_CREATES: PLAN_TOKEN_RESULTS,
+    RESERVATION_EXTENDS: EXTEND_RESULTS,
+}
+for _metric, _values in _LABEL_VALUES.items():
+    for _value in _values:
+        _metric.labels(_value)
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -63,15 +63,10 @@ async def get_quota(
             .order_by(quota_usage.c.resource)
         )
     ).all()
-    used = {
-        r.resource: r.held
-        for r in (
-            await conn.execute(
-                held_at(quota_holdings, tenant_holdings(tenant_id, pool_id), at, [quota_holdings.c.resource])
-            )
-        ).all()
-    }
-    return {r.resource: {"limit": r.limit, "used": used.get(r.resource, Decimal(0))} for r in rows}
+    used = await held_at(
+        conn, quota_holdings, tenant_holdings(tenant_id, pool_id), at, [quota_holdings.c.resource]
+    )
+    return {r.resource: {"limit": r.limit, "used": used.get((r.resource,), Decimal(0))} for r in rows}
 
 
 @reads

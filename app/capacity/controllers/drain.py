@@ -21,9 +21,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.answers.inventory import RescheduledReservation
 from app.capacity.config import CapacityConfig
-from app.capacity.controllers.repair import NODE_DRAINING_REASON, move_allocation, unplan
+from app.capacity.controllers.repair import NODE_DRAINING_REASON, drop_plans_where, move_allocation
 from app.capacity.placing.inline import db_now
 from app.capacity.planning.snapshot import PoolCache
+from app.db.locks import lock_reservation
 from app.db.tables import allocations, reservations
 from app.observability.metrics import DRAIN_MOVES
 
@@ -32,33 +33,15 @@ KEPT = "kept"
 
 async def drop_plans_on_node(engine: AsyncEngine, node_id: str) -> list[str]:
     """Drop the planned windows booked on ``node_id`` (one transaction, the pending reservations' rows
-    ``FOR UPDATE``); returns the reservations' ids::
+    ``FOR UPDATE``: :func:`app.capacity.controllers.repair.drop_plans_where`); returns the reservations'
+    ids. The planner plans them again, elsewhere::
 
-        SELECT r.id, r.conditions FROM reservations r
-         WHERE r.status = 'pending' AND r.planned_start IS NOT NULL
-           AND EXISTS (SELECT 1 FROM allocations a
-                        WHERE a.reservation_id = r.id AND a.planned AND a.node_id = :node)
+        ... AND EXISTS (SELECT 1 FROM allocations a
+                         WHERE a.reservation_id = r.id AND a.planned AND a.node_id = :node)
          ORDER BY r.created_at FOR UPDATE OF r
     """
-    on_node = sa.select(sa.literal(1)).where(
-        allocations.c.reservation_id == reservations.c.id,
-        allocations.c.planned.is_(True),
-        allocations.c.node_id == node_id,
-    )
     async with engine.begin() as conn:
-        rows = (
-            await conn.execute(
-                sa.select(reservations.c.id, reservations.c.conditions)
-                .where(
-                    reservations.c.status == "pending",
-                    reservations.c.planned_start.is_not(None),
-                    on_node.exists(),
-                )
-                .order_by(reservations.c.created_at)
-                .with_for_update(of=reservations)
-            )
-        ).all()
-        return await unplan(conn, rows)  # the planner plans them again, elsewhere
+        return await drop_plans_where(conn, allocations.c.node_id == node_id)
 
 
 def _future_on_node(node_id: str, now: sa.ColumnElement[object]) -> list[sa.ColumnElement[bool]]:
@@ -110,13 +93,7 @@ async def _move_one(
     pool_id = ""
     try:
         async with engine.begin() as conn:
-            row = (
-                await conn.execute(
-                    sa.select(reservations)
-                    .where(reservations.c.id == reservation_id, reservations.c.status == "placed")
-                    .with_for_update()
-                )
-            ).first()
+            row = await lock_reservation(conn, reservation_id, placed_only=True)
             if row is None:
                 return None
             pool_id = row.pool_id

@@ -31,15 +31,14 @@ from app.capacity.conditions import (
     DEADLINE_PASSED,
     WINDOW_ENDED,
     WINDOW_PASSED,
-    appended,
     deadline_passed_condition,
     ended_condition,
     window_passed_condition,
-    without_planned,
 )
 from app.capacity.config import END_BATCH
 from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import db_now
+from app.capacity.reservations.release import close_reservation
 from app.db.tables import TS, reservations
 from app.observability.metrics import RESERVATIONS_ENDED
 from app.placement.request import EARLIEST
@@ -163,16 +162,7 @@ async def _mark_ended(
 ) -> None:
     """Set each claimed ``(id, conditions, ended condition)`` reservation ``ended``, the condition added."""
     for reservation_id, conditions, ended in rows:
-        await conn.execute(
-            sa.update(reservations)
-            .where(reservations.c.id == reservation_id)
-            .values(
-                status="ended",
-                planned_start=None,
-                conditions=appended(without_planned(conditions), ended),
-                updated_at=sa.func.now(),
-            )
-        )
+        await close_reservation(conn, reservation_id, "ended", conditions, ended)
 
 
 log = logging.getLogger("better_compute.lifecycle")

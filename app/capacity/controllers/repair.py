@@ -54,6 +54,7 @@ from app.capacity.placing.registry import INLINE, PlacementContext, placer
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.requests import placement_request
 from app.capacity.reservations.release import free_allocations
+from app.db.locks import lock_reservation
 from app.db.tables import allocations, device_bookings, devices, nodes, reservations
 from app.observability.metrics import REPAIRS
 from app.placement.request import ReservationRequest
@@ -142,40 +143,52 @@ async def drop_broken_plans(engine: AsyncEngine) -> list[str]:
     unbookable atom, in one transaction, the pending reservations claimed ``FOR UPDATE SKIP LOCKED``
     (replica-safe); each pool that lost one gets a wake edge, and the planner's next pass plans the
     reservation again around the broken atom. Returns the reservations' ids."""
+    # ... AND EXISTS (SELECT 1 FROM allocations a JOIN device_bookings b ON b.allocation_id = a.id
+    #                   JOIN devices d ON d.pk = b.device_pk
+    #                  WHERE a.reservation_id = r.id AND a.planned AND NOT (d.healthy AND d.bookable))
+    #  ORDER BY r.created_at LIMIT :limit FOR UPDATE OF r SKIP LOCKED
+    booked_atoms = allocations.join(device_bookings, device_bookings.c.allocation_id == allocations.c.id)
+    joined = booked_atoms.join(devices, devices.c.pk == device_bookings.c.device_pk)
+    broken = sa.not_(sa.and_(devices.c.healthy, devices.c.bookable))
     async with engine.begin() as conn:
-        # SELECT r.id, r.conditions FROM reservations r
-        #  WHERE r.status = 'pending' AND r.planned_start IS NOT NULL
-        #    AND EXISTS (SELECT 1 FROM allocations a JOIN device_bookings b ON b.allocation_id = a.id
-        #                  JOIN devices d ON d.pk = b.device_pk
-        #                 WHERE a.reservation_id = r.id AND a.planned AND NOT (d.healthy AND d.bookable))
-        #  ORDER BY r.created_at LIMIT :limit FOR UPDATE OF r SKIP LOCKED
-        broken_atom = (
-            sa.select(sa.literal(1))
-            .select_from(
-                allocations.join(device_bookings, device_bookings.c.allocation_id == allocations.c.id).join(
-                    devices, devices.c.pk == device_bookings.c.device_pk
-                )
-            )
-            .where(
-                allocations.c.reservation_id == reservations.c.id,
-                allocations.c.planned.is_(True),
-                sa.not_(sa.and_(devices.c.healthy, devices.c.bookable)),
-            )
+        return await drop_plans_where(conn, broken, joined=joined, limit=REPAIR_BATCH, skip_locked=True)
+
+
+async def drop_plans_where(
+    conn: AsyncConnection,
+    *booked: sa.ColumnElement[bool],
+    joined: sa.FromClause = allocations,
+    limit: int | None = None,
+    skip_locked: bool = False,
+) -> list[str]:
+    """Claim the pending reservations with a planned allocation matching ``booked`` (over ``joined``:
+    ``allocations``, or allocations joined to the tables ``booked`` names), oldest first, and
+    :func:`unplan` them; returns their ids. ``skip_locked``: a controller's replica-safe claim that never
+    waits::
+
+        SELECT r.id, r.conditions FROM reservations r
+         WHERE r.status = 'pending' AND r.planned_start IS NOT NULL
+           AND EXISTS (SELECT 1 FROM <joined> WHERE a.reservation_id = r.id AND a.planned AND <booked>)
+         ORDER BY r.created_at [LIMIT :limit] FOR UPDATE OF r [SKIP LOCKED]
+    """
+    planned_there = (
+        sa.select(sa.literal(1))
+        .select_from(joined)
+        .where(allocations.c.reservation_id == reservations.c.id, allocations.c.planned.is_(True), *booked)
+    )
+    claim = (
+        sa.select(reservations.c.id, reservations.c.conditions)
+        .where(
+            reservations.c.status == "pending",
+            reservations.c.planned_start.is_not(None),
+            planned_there.exists(),
         )
-        rows = (
-            await conn.execute(
-                sa.select(reservations.c.id, reservations.c.conditions)
-                .where(
-                    reservations.c.status == "pending",
-                    reservations.c.planned_start.is_not(None),
-                    broken_atom.exists(),
-                )
-                .order_by(reservations.c.created_at)
-                .limit(REPAIR_BATCH)
-                .with_for_update(of=reservations, skip_locked=True)
-            )
-        ).all()
-        return await unplan(conn, rows)
+        .order_by(reservations.c.created_at)
+    )
+    if limit is not None:
+        claim = claim.limit(limit)
+    rows = (await conn.execute(claim.with_for_update(of=reservations, skip_locked=skip_locked))).all()
+    return await unplan(conn, rows)
 
 
 async def unplan(conn: AsyncConnection, rows: Sequence[Any]) -> list[str]:
@@ -214,13 +227,7 @@ async def repair_reservation(
     pool_id = ""
     try:
         async with engine.begin() as conn:
-            row = (
-                await conn.execute(
-                    sa.select(reservations)
-                    .where(reservations.c.id == reservation_id, reservations.c.status == "placed")
-                    .with_for_update(skip_locked=True)
-                )
-            ).first()
+            row = await lock_reservation(conn, reservation_id, placed_only=True, skip_locked=True)
             if row is None or row.spec.get("gang"):
                 return []
             pool_id = row.pool_id

@@ -38,6 +38,7 @@ label changes and archives do not wait for plans; a pool archived between the pl
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
@@ -203,34 +204,63 @@ async def _place_inline(
         placements = plan.placements  # the chosen candidate, or a gang's members
         # the node held since the last lost race stays held only if the commit locks nothing below it
         await hold.keep_for(conn, (c.node_id for c in placements))
-        tokens = [
-            cache.assume(request.pool_id, c.node_id, c.booked_atoms, request.start, request.end)
-            for c in placements
-        ]
-        try:
-            if before_commit is not None:
-                await before_commit(attempt, plan.chosen)
-            # SELECT * FROM pools WHERE id = :pool FOR SHARE  -- once: an archive waits for our commit
-            if not await pool_share.take(conn):
-                for token in tokens:
-                    cache.forget(request.pool_id, token)
-                return await _pending(conn, hold, ARCHIVED_POOL)
-            outcome = await commit_placements(
-                conn, request, placements, reservation_id, attempt, request.start, request.end, extras
-            )
-        except BaseException:
-            for token in tokens:
-                cache.forget(request.pool_id, token)
-            raise
-        if not isinstance(outcome, LostRace):
-            return Placed(outcome, tuple(tokens))
-        for token in tokens:
-            cache.forget(request.pool_id, token)
+        before = None if before_commit is None else functools.partial(before_commit, attempt, plan.chosen)
+        outcome = await commit_assumed(
+            conn, cache, request, placements, reservation_id, attempt, extras, pool_share, before
+        )
+        if outcome is None:
+            return await _pending(conn, hold, ARCHIVED_POOL)
+        if isinstance(outcome, Placed):
+            return outcome
         LOST_RACES.labels(outcome.kind).inc()
         lost.append(outcome)
         if outcome.kind not in EXCLUDING_KINDS and attempt < max_attempts:
             await hold.take(conn, outcome.node_id)
     return await _pending(conn, hold, unschedulable_after([r.reason for r in lost]))
+
+
+async def commit_assumed(
+    conn: AsyncConnection,
+    cache: PoolCache,
+    request: PlacementRequest,
+    placements: tuple[Candidate, ...],
+    reservation_id: str,
+    attempt: int,
+    extras: CommitExtras,
+    pool_share: PoolShare,
+    before_commit: Callable[[], Awaitable[None]] | None = None,
+) -> Placed | LostRace | None:
+    """Commit ``placements`` (a plan's chosen candidate, a gang's members, a plan token's nodes) for
+    ``request`` through the guarded commit (``SAVEPOINT capacity_place_<attempt>``), their atoms assumed
+    in ``cache`` from before the pool lock on, so that this process's other plans do not reach for them.
+
+    ``before_commit()`` runs first (tests lose races there), then the pool's ``FOR SHARE`` is taken
+    (``pool_share``: ``SELECT archived_at FROM pools WHERE id = :pool FOR SHARE``, once per transaction:
+    an archive waits for this commit). Returns :class:`Placed`, whose assumptions the caller forgets once
+    its transaction ends; a :class:`LostRace`, or None when the pool was archived, with the assumptions
+    forgotten already (and on an exception too)."""
+    assert request.start is not None and request.end is not None
+    tokens = [
+        cache.assume(request.pool_id, c.node_id, c.booked_atoms, request.start, request.end)
+        for c in placements
+    ]
+    outcome: tuple[Committed, ...] | LostRace | None = None
+    try:
+        if before_commit is not None:
+            await before_commit()
+        if await pool_share.take(conn):
+            outcome = await commit_placements(
+                conn, request, placements, reservation_id, attempt, request.start, request.end, extras
+            )
+    except BaseException:
+        for token in tokens:
+            cache.forget(request.pool_id, token)
+        raise
+    if outcome is not None and not isinstance(outcome, LostRace):
+        return Placed(outcome, tuple(tokens))
+    for token in tokens:
+        cache.forget(request.pool_id, token)
+    return outcome
 
 
 async def _pending(conn: AsyncConnection, hold: NodeHold, reason: str, why: WhyNot | None = None) -> Pending:

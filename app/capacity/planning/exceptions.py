@@ -20,9 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.capacity.planning.snapshot import (
-    scalar_peaks,
-)
+from app.capacity.planning.snapshot import scalar_peaks, scalar_rows_sql
 from app.capacity.predicates import schedulable_sql_within, tolerated_reasons
 from app.db.prepared import Prepared
 from app.db.tables import TS, device_bookings, devices, node_resources, nodes, pools, scalar_holdings
@@ -106,33 +104,16 @@ SCALAR_EXCEPTIONS = sa.union_all(
     ),
 )
 _INSIDE = sa.bindparam("inside", type_=pg.ARRAY(sa.Text))
-_INSIDE_PEAKS = scalar_peaks(
-    [scalar_holdings.c.node_id == sa.any_(_INSIDE), scalar_holdings.c.resource == sa.any_(_NAMES)], *_WINDOW
-)
 # the shortlisted nodes' rows of the requested resources with their peaks, built once:
 #   SELECT r.node_id, r.resource, r.allocatable, r.ratio, coalesce(p.peak, 0) AS held
 #     FROM node_resources r
 #     LEFT JOIN (<peak per node and resource over the window, holdings of the :inside nodes only>) p
 #       USING (node_id, resource)
 #    WHERE r.node_id = ANY(:inside) AND r.resource = ANY(:names)
-INSIDE_SCALARS = (
-    sa.select(
-        node_resources.c.node_id,
-        node_resources.c.resource,
-        node_resources.c.allocatable,
-        node_resources.c.ratio,
-        sa.func.coalesce(_INSIDE_PEAKS.c.peak, 0).label("held"),
-    )
-    .select_from(
-        node_resources.outerjoin(
-            _INSIDE_PEAKS,
-            sa.and_(
-                _INSIDE_PEAKS.c.node_id == node_resources.c.node_id,
-                _INSIDE_PEAKS.c.resource == node_resources.c.resource,
-            ),
-        )
-    )
-    .where(node_resources.c.node_id == sa.any_(_INSIDE), node_resources.c.resource == sa.any_(_NAMES))
+INSIDE_SCALARS = scalar_rows_sql(
+    [node_resources.c.node_id == sa.any_(_INSIDE), node_resources.c.resource == sa.any_(_NAMES)],
+    [scalar_holdings.c.node_id == sa.any_(_INSIDE), scalar_holdings.c.resource == sa.any_(_NAMES)],
+    *_WINDOW,
 )
 INSIDE_SCALARS_READ = Prepared(INSIDE_SCALARS)
 

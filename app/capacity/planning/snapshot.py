@@ -376,6 +376,42 @@ def scalar_peaks(holders: list[Any], start: datetime, end: datetime) -> Any:
     )
 
 
+def scalar_rows_sql(
+    where: list[Any], holders: list[Any], start: Any, end: Any, *, join_nodes: bool = False
+) -> sa.Select[Any]:
+    """The ``node_resources`` rows matching ``where`` (joined to ``nodes`` when the condition names node
+    columns), each with ``held``: the peak held over ``[start, end)`` by the holdings matching
+    ``holders`` (:func:`scalar_peaks`), so the pipeline's room is the room over the window::
+
+        SELECT nr.node_id, nr.resource, nr.allocatable, nr.ratio, coalesce(p.peak, 0) AS held
+          FROM node_resources nr [JOIN nodes n ON n.id = nr.node_id]
+          LEFT JOIN (<peaks per node and resource over the window>) p
+            ON p.node_id = nr.node_id AND p.resource = nr.resource
+         WHERE <where>
+
+    ``start``, ``end`` and the conditions may be bind parameters: a statement built once at import
+    (app.capacity.planning.exceptions, ``INSIDE_SCALARS``)."""
+    peaks = scalar_peaks(holders, start, end)
+    source: Any = node_resources
+    if join_nodes:
+        source = source.join(nodes, nodes.c.id == node_resources.c.node_id)
+    source = source.outerjoin(
+        peaks,
+        sa.and_(peaks.c.node_id == node_resources.c.node_id, peaks.c.resource == node_resources.c.resource),
+    )
+    return (
+        sa.select(
+            node_resources.c.node_id,
+            node_resources.c.resource,
+            node_resources.c.allocatable,
+            node_resources.c.ratio,
+            sa.func.coalesce(peaks.c.peak, 0).label("held"),
+        )
+        .select_from(source)
+        .where(*where)
+    )
+
+
 async def read_scalar_rows(
     conn: AsyncConnection,
     where: list[Any],
@@ -385,34 +421,11 @@ async def read_scalar_rows(
     *,
     join_nodes: bool,
 ) -> dict[str, dict[str, ScalarResource]]:
-    """node id -> resource -> :class:`ScalarResource` for the ``node_resources`` rows matching ``where``
-    (joined to ``nodes`` when the condition names node columns); its ``allocated`` is the peak held over
-    ``[start, end)`` by the holdings matching ``holders``, so the pipeline's room is the room over the
-    window::
-
-        SELECT nr.node_id, nr.resource, nr.allocatable, nr.ratio, coalesce(p.peak, 0)
-          FROM node_resources nr [JOIN nodes n ON n.id = nr.node_id]
-          LEFT JOIN (<peaks per node and resource over the window>) p
-            ON p.node_id = nr.node_id AND p.resource = nr.resource
-         WHERE <where>
-    """
-    peaks = scalar_peaks(holders, start, end)
-    source: Any = node_resources
-    if join_nodes:
-        source = source.join(nodes, nodes.c.id == node_resources.c.node_id)
-    source = source.outerjoin(
-        peaks,
-        sa.and_(peaks.c.node_id == node_resources.c.node_id, peaks.c.resource == node_resources.c.resource),
-    )
-    stmt = sa.select(
-        node_resources.c.node_id,
-        node_resources.c.resource,
-        node_resources.c.allocatable,
-        node_resources.c.ratio,
-        sa.func.coalesce(peaks.c.peak, 0).label("held"),
-    ).select_from(source)
+    """node id -> resource -> :class:`ScalarResource` of the rows :func:`scalar_rows_sql` reads, its
+    ``allocated`` the peak held over the window."""
+    stmt = scalar_rows_sql(where, holders, start, end, join_nodes=join_nodes)
     resources: dict[str, dict[str, ScalarResource]] = defaultdict(dict)
-    for r in (await conn.execute(stmt.where(*where))).all():
+    for r in (await conn.execute(stmt)).all():
         resources[r.node_id][r.resource] = ScalarResource(r.allocatable, r.ratio, r.held)
     return resources
 

@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.locks import lock_reservation
 from app.db.tables import reservations
 from app.db.tx import reads
 from app.errors import NotFound, quote_input
@@ -36,6 +37,16 @@ def reservation_not_found(reservation_id: str) -> NotFound:
 def visible(row: Any, tenant_id: str | None) -> bool:
     """Whether the reservation ``row`` (None: absent) exists for a caller acting for ``tenant_id``."""
     return row is not None and exists_for(tenant_id, row.tenant_id)
+
+
+async def lock_visible(conn: AsyncConnection, reservation_id: str, tenant_id: str | None) -> Any:
+    """The reservation's row locked ``FOR UPDATE`` (:func:`app.db.locks.lock_reservation`, first in the
+    lock order) for a caller acting for ``tenant_id``; NotFound when it does not exist for that caller
+    (:func:`visible`). The write paths on one reservation (release, extend) start here."""
+    row = await lock_reservation(conn, reservation_id)
+    if not visible(row, tenant_id):
+        raise reservation_not_found(reservation_id)
+    return row
 
 
 @reads

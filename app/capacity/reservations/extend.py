@@ -46,7 +46,7 @@ from app.capacity.commit.lost_races import atom_booked
 from app.capacity.conditions import appended, extended_condition
 from app.capacity.config import MAX_LEAD
 from app.capacity.placing.inline import statement_now
-from app.capacity.reservations.access import reservation_named, reservation_not_found, visible
+from app.capacity.reservations.access import lock_visible, reservation_named
 from app.capacity.views import reservation_view
 from app.db.locks import lock_pool
 from app.db.tables import allocations, device_bookings, nodes, reservations
@@ -95,14 +95,7 @@ async def _extend(
     max_lead: timedelta,
 ) -> tuple[Reservation, bool]:
     async with engine.begin() as conn:
-        # SELECT * FROM reservations WHERE id = :reservation_id FOR UPDATE
-        row = (
-            await conn.execute(
-                sa.select(reservations).where(reservations.c.id == reservation_id).with_for_update()
-            )
-        ).first()
-        if not visible(row, tenant_id):
-            raise reservation_not_found(reservation_id)
+        row = await lock_visible(conn, reservation_id, tenant_id)  # FOR UPDATE, first in the lock order
         named = reservation_named(reservation_id)
         if row.status != "placed":
             raise Conflict(

@@ -20,8 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.capacity.commit.lost_races import LostRace
 from app.capacity.commit.shapes import CommitExtras
-from app.capacity.commit.single import commit_placements
-from app.capacity.placing.inline import NodeHold, Placed
+from app.capacity.placing.inline import NodeHold, Placed, commit_assumed
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.reservations.plan_tokens import PlanClaim, PlannedNode
 from app.db.locks import PoolShare
@@ -46,31 +45,19 @@ async def commit_plan(
     """Commit ``claim``'s plan for ``request`` (its window the claim's) in the caller's transaction,
     taking the pool's ``FOR SHARE`` first (``pool_share``). Returns :class:`Placed`; raises PlanStale
     (a lost race, or the pool archived) and QuotaExceeded (``extras.charge`` refused)."""
-    assert request.start is not None and request.end is not None
     placements = tuple(n.candidate() for n in claim.nodes)
-    tokens = [
-        cache.assume(request.pool_id, c.node_id, c.booked_atoms, request.start, request.end)
-        for c in placements
-    ]
-    try:
-        if not await pool_share.take(conn):
-            archived = f"pool {request.pool_id} was archived"
-            raise stale(archived, claim.nodes[0], [archived])
-        outcome = await commit_placements(
-            conn, request, placements, reservation_id, ATTEMPT, request.start, request.end, extras
-        )
-    except BaseException:
-        for token in tokens:
-            cache.forget(request.pool_id, token)
-        raise
+    outcome = await commit_assumed(
+        conn, cache, request, placements, reservation_id, ATTEMPT, extras, pool_share
+    )
+    if outcome is None:
+        archived = f"pool {request.pool_id} was archived"
+        raise stale(archived, claim.nodes[0], [archived])
     if isinstance(outcome, LostRace):
-        for token in tokens:
-            cache.forget(request.pool_id, token)
         planned = claim.node(outcome.node_id) or claim.nodes[0]
         changes = await what_changed(conn, request, planned, outcome)
         raise stale("; ".join(changes), planned, changes)
     PLAN_TOKEN_CREATES.labels("placed").inc()
-    return Placed(outcome, tuple(tokens))
+    return outcome
 
 
 def stale(message: str, planned: PlannedNode, changes: Sequence[str]) -> PlanStale:

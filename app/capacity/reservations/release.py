@@ -16,13 +16,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.answers.reservations import Reservation
+from app.answers.reservations import Condition, Reservation
 from app.capacity.commit.cuts import cut_allocations
 from app.capacity.commit.plans import drop_plans
 from app.capacity.conditions import appended, released_condition, without_planned
 from app.capacity.edges import notify_pool
 from app.capacity.placing.inline import statement_now
-from app.capacity.reservations.access import reservation_not_found, visible
+from app.capacity.reservations.access import lock_visible
 from app.capacity.views import reservation_view
 from app.db.locks import lock_pool
 from app.db.tables import allocations, reservations
@@ -41,14 +41,7 @@ async def release_reservation(
     twice, or releasing an ended or preempted reservation, is a no-op that answers the reservation.
     Another tenant's reservation is NotFound."""
     async with engine.begin() as conn:
-        # SELECT * FROM reservations WHERE id = :reservation_id FOR UPDATE
-        row = (
-            await conn.execute(
-                sa.select(reservations).where(reservations.c.id == reservation_id).with_for_update()
-            )
-        ).first()
-        if not visible(row, tenant_id):
-            raise reservation_not_found(reservation_id)
+        row = await lock_visible(conn, reservation_id, tenant_id)  # FOR UPDATE, first in the lock order
         if row.status in ("released", "preempted", "ended"):
             return await reservation_view(conn, row)
         # the instant after the row lock: a repair or wake that held the row first wrote later instants
@@ -59,21 +52,40 @@ async def release_reservation(
             await notify_pool(conn, row.pool_id)  # wake edge: a release
         elif row.status == "pending" and await drop_plans(conn, [row.id]):
             await notify_pool(conn, row.pool_id)  # wake edge: its planned window is free again
-        # UPDATE reservations SET status = 'released', released_at = :at, updated_at = now(),
-        #   conditions = :conditions WHERE id = :reservation_id
-        await conn.execute(
-            sa.update(reservations)
-            .where(reservations.c.id == reservation_id)
-            .values(
-                status="released",
-                released_at=at,
-                planned_start=None,
-                updated_at=sa.func.now(),
-                conditions=appended(without_planned(row.conditions), released_condition(at, row.status)),
-            )
+        await close_reservation(
+            conn, reservation_id, "released", row.conditions, released_condition(at, row.status), at
         )
         row = (await conn.execute(sa.select(reservations).where(reservations.c.id == reservation_id))).one()
         return await reservation_view(conn, row)
+
+
+async def close_reservation(
+    conn: AsyncConnection,
+    reservation_id: str,
+    status: str,
+    conditions: list[dict[str, Any]] | None,
+    closing: Condition,
+    released_at: datetime | None = None,
+) -> None:
+    """The last status of a reservation whose row the caller holds: ``released`` (a release, at
+    ``released_at``) or ``ended`` (the lifecycle's sweeps), its stored ``conditions`` without the
+    ``Planned`` one and with ``closing`` added, its planned start cleared::
+
+        UPDATE reservations SET status = :status, [released_at = :at,] planned_start = NULL,
+               conditions = :conditions, updated_at = now() WHERE id = :reservation_id
+    """
+    values: dict[str, Any] = {"released_at": released_at} if released_at is not None else {}
+    await conn.execute(
+        sa.update(reservations)
+        .where(reservations.c.id == reservation_id)
+        .values(
+            status=status,
+            planned_start=None,
+            conditions=appended(without_planned(conditions), closing),
+            updated_at=sa.func.now(),
+            **values,
+        )
+    )
 
 
 async def _live_allocations(conn: AsyncConnection, reservation_id: str) -> list[Any]:

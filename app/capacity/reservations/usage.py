@@ -36,6 +36,7 @@ from app.db.tables import (
     scalar_holdings,
 )
 from app.db.tx import reads
+from app.db.windows import seconds_within
 from app.errors import InvalidInput
 from app.jsonnum import num
 
@@ -134,9 +135,7 @@ def device_hours(asked: UsageQuery, start: datetime, end: datetime) -> Any:
     """
     during = device_bookings.c.during
     lo, hi = sa.literal(start, TS), sa.literal(end, TS)
-    seconds = sa.extract(
-        "epoch", sa.func.least(sa.func.upper(during), hi) - sa.func.greatest(sa.func.lower(during), lo)
-    )
+    seconds = seconds_within(sa.func.lower(during), sa.func.upper(during), lo, hi)
     source = (
         device_bookings.join(allocations, allocations.c.id == device_bookings.c.allocation_id)
         .join(reservations, reservations.c.id == allocations.c.reservation_id)
@@ -163,9 +162,7 @@ def scalar_hours(asked: UsageQuery, start: datetime, end: datetime) -> Any:
     """
     s = scalar_holdings
     lo, hi = sa.literal(start, TS), sa.literal(end, TS)
-    seconds = s.c.amount * sa.extract(
-        "epoch", sa.func.least(s.c.ends_at, hi) - sa.func.greatest(s.c.starts_at, lo)
-    )
+    seconds = s.c.amount * seconds_within(s.c.starts_at, s.c.ends_at, lo, hi)
     source = s.join(allocations, allocations.c.id == s.c.allocation_id).join(
         reservations, reservations.c.id == allocations.c.reservation_id
     )
