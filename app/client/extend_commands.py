@@ -21,7 +21,7 @@ import typer
 from app.client.api import ServiceClient
 from app.client.common import Shown, client_command
 from app.client.flags import UsageError
-from app.client.reservation_commands import ReservationArg
+from app.client.reservation_commands import ReservationArg, names_of
 
 EXTEND_FLAGS = {"end": "--to"}
 
@@ -61,4 +61,4 @@ def extend(
     current = api.reservation(reservation_id) if by is not None and to is None else {}
     end = new_end(current, to, by)
     answer = api.request("POST", f"/v1/reservations/{reservation_id}/extend", body={"end": end})[1]
-    return Shown(answer, lambda wide: out.reservation_view(answer, {}, wide))
+    return Shown(answer, lambda wide: out.reservation_view(answer, names_of(api, [answer], True), wide))
