@@ -20,7 +20,7 @@ import typer
 
 from app.client.api import ServiceClient
 from app.client.common import Shown, client_command
-from app.client.flags import UsageError
+from app.client.flags import UsageError, iso_time
 from app.client.reservation_commands import ReservationArg, names_of
 
 EXTEND_FLAGS = {"end": "--to"}
@@ -28,12 +28,12 @@ EXTEND_FLAGS = {"end": "--to"}
 
 def new_end(current: dict[str, Any], to: str | None, by: str | None) -> str:
     """The ``end`` to send: ``to`` as given, or the reservation's end (its latest allocation's) plus
-    ``by``. Raises :class:`UsageError` for both or neither flag, an unreadable ``--by``, or ``--by`` on
-    a reservation without allocations (not placed)."""
+    ``by``. Raises :class:`UsageError` for both or neither flag, a ``--to`` that is no ISO 8601 time,
+    an unreadable ``--by``, or ``--by`` on a reservation without allocations (not placed)."""
     if (to is None) == (by is None):
         raise UsageError("give the new end with --to ISO or --by DURATION (one of them)")
     if to is not None:
-        return to
+        return iso_time(to, "--to")
     from app.placement.request import parse_duration  # pydantic and placement: only when needed
 
     try:
