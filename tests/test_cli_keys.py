@@ -67,7 +67,8 @@ def test_key_create_errors_name_the_flag(server: Server) -> None:
     assert huge.exit_code == 2 and huge.stderr == "--expires '99999999999d': too far ahead (past year 9999)\n"
     for text in ("yesterday", "-5m"):
         unread = cli(server, "key", "create", "--expires", text)
-        assert unread.exit_code == 2 and unread.stderr.startswith(f"--expires {text!r}: give a duration"), text
+        assert unread.exit_code == 2, unread.output
+        assert unread.stderr.startswith(f"--expires {text!r}: give a duration"), unread.stderr
         assert "30d" in unread.stderr and "2026-12-01T12:00:00Z" in unread.stderr
     role = cli(server, "key", "create", "--role", "god")
     assert role.exit_code == 2 and "'god' is not one of 'admin', 'user', 'reader'" in role.output

@@ -54,9 +54,7 @@ def test_usage_table_and_json(server: Server) -> None:  # noqa: F811
     result = cli(server, "usage", *period, "--pool", pool.id, "--by", "node")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert (
-        lines[0].startswith("usage from ") and f"pool {pool.name}" in lines[0] and lines[0].endswith("by node")
-    )
+    assert lines[0].startswith("usage from ") and lines[0].endswith(f"pool {pool.name}, by node"), lines[0]
     assert lines[1].split() == ["NODE", "RESOURCE", "REGULAR", "SPOT", "TOTAL", "UNIT"]
     gpu = hours_text(Decimal(2 * held) / 3600)
     assert lines[2].split() == [name, "gpu", gpu, "0", gpu, "GPU-hours"]

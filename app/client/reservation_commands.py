@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from app.client import EXIT_API_ERROR, EXIT_NOT_PLACED, EXIT_USAGE
+from app.client.allocations import held_windows, reservation_nodes
 from app.client.api import ServiceClient
 from app.client.common import (
     CONNECTION_OPTIONS,
@@ -139,13 +140,11 @@ def names_of(api: ServiceClient, reservations: list[dict[str, Any]], current: bo
     lookup for people only. A node that answers no name (deleted, or a key without inventory reads) is
     looked up in the usage by node of the periods it held their work, which names deleted nodes too;
     one that held nothing keeps its id."""
-    from app.client import render as out
-
-    wanted = out.reservation_nodes(reservations, current)
+    wanted = reservation_nodes(reservations, current)
     names = api.node_names(wanted)
     unnamed = set().union(*wanted.values()) - names.keys() if wanted else set()
     if unnamed:
-        for (tenant, pool), (start, end) in out.held_windows(reservations, unnamed, current).items():
+        for (tenant, pool), (start, end) in held_windows(reservations, unnamed, current).items():
             end = min(end, start + USAGE_SPAN)
             found = api.held_node_names(tenant, pool, start.isoformat(), end.isoformat())
             names.update({node_id: name for node_id, name in found.items() if node_id in unnamed})
