@@ -2,8 +2,9 @@
 
 Local commands: ``serve``, ``migrate``, ``openapi``, ``placement explain|fleet|compare`` (docs/explain.md).
 Client commands of a running service (docs/cli.md): ``reserve``, ``preview``, ``release``, ``extend``,
-``get reservations|pools|nodes [ID]``, ``describe reservation|node ID``, ``pool create|archive``,
-``node import|label|taint|untaint|cordon|uncordon``, ``quota get|set``; each takes ``--server``
+``get reservations|pools|nodes [ID]``, ``describe reservation|node ID``, ``usage``, ``pool create|archive``,
+``node import|label|taint|untaint|cordon|uncordon|drain|undrain|delete``, ``quota get|set``,
+``key create|list|revoke``, ``audit``; each takes ``--server``
 (``BC_SERVER``), ``--key`` (``BC_API_KEY``) and ``-o table|wide|json|yaml``, and exits 0 (done, placed),
 3 (pending, would not fit), 1 (an API error, printed ``CODE: message``, or an unreachable service) or
 2 (usage). The commands live in :mod:`app.client` (``*_commands`` modules); this module registers them.

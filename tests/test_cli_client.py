@@ -328,9 +328,10 @@ def test_get_and_describe_reservations(server: Server) -> None:
     assert released.exit_code == 0 and yaml.safe_load(released.stdout)["status"] == "released"
 
 
-def test_a_key_that_cannot_read_nodes_still_lists_its_reservations_by_node_id(server: Server) -> None:
+def test_a_key_that_cannot_read_nodes_still_lists_its_reservations_by_node_name(server: Server) -> None:
+    """Its node reads are 403; the names come from its tenant's usage by node (docs/cli.md, "Output")."""
     pool = make_pool(server, {"k1": 1})
-    node_id, tenant = next(iter(pool.nodes.values())), f"t-{secrets.token_hex(3)}"
+    (name, node_id), tenant = next(iter(pool.nodes.items())), f"t-{secrets.token_hex(3)}"
     placed = api_reserve(server, tenant, pool, 1)
     minted = httpx.post(
         f"{server.url}/v1/api-keys",
@@ -343,7 +344,8 @@ def test_a_key_that_cannot_read_nodes_still_lists_its_reservations_by_node_id(se
     )
     assert minted.status_code == 201, minted.text
     listed = cli(server, "get", "reservations", key=minted.json()["key"])
-    assert listed.exit_code == 0 and placed["id"] in listed.stdout and node_id in listed.stdout
+    assert listed.exit_code == 0, listed.output
+    assert placed["id"] in listed.stdout and name in listed.stdout and node_id not in listed.stdout
 
 
 def test_api_errors_print_code_and_message_naming_the_flag(server: Server) -> None:

@@ -72,7 +72,8 @@ def test_extend_by_and_to_with_its_exit_codes(server: Server) -> None:
 
     same = cli(server, "extend", placed["id"], "--to", (first_end + timedelta(hours=1)).isoformat())
     assert same.exit_code == 0, same.stderr
-    assert placed["id"] in same.stdout  # the table of the reservation
+    assert placed["id"] in same.stdout and f"x-{suffix}" in same.stdout  # its table, the node by name
+    assert "node_" not in same.stdout
 
     later = reserve(start=(first_end + timedelta(hours=2)).isoformat())
     blocked = cli(server, "extend", placed["id"], "--by", "2h")
@@ -86,6 +87,7 @@ def test_extend_by_and_to_with_its_exit_codes(server: Server) -> None:
         ((), "--to ISO or --by DURATION"),
         (("--to", "2030-01-01T00:00:00Z", "--by", "1h"), "--to ISO or --by DURATION"),
         (("--by", "3x"), "--by '3x'"),
+        (("--to", "tomorrow"), "--to 'tomorrow': give an ISO 8601 time with its offset, e.g. "),
     ):
         usage = cli(server, "extend", placed["id"], *args)
         assert usage.exit_code == 2 and says in usage.stderr, (args, usage.stderr)

@@ -213,7 +213,11 @@ def test_reserve_start_gang_topology_key_and_whole_node(server: Server) -> None:
     code, _, err = finished(
         cli_process(server.url, "reserve", *common, "--gpus", "1", "--start", "yesterday")
     )
-    assert code == 1 and err.startswith("INVALID_INPUT: --start: "), err
+    assert code == 2 and err.startswith("--start 'yesterday': give 'earliest' or an ISO 8601 time"), err
+    code, _, err = finished(
+        cli_process(server.url, "reserve", *common, "--gpus", "1", "--start", "2026-12-01T08:00:00")
+    )
+    assert code == 1 and err.startswith("INVALID_INPUT: --start: start needs a timezone"), err
 
 
 def test_reserve_wait_until_placed_or_timeout(server: Server) -> None:

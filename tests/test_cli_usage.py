@@ -54,15 +54,22 @@ def test_usage_table_and_json(server: Server) -> None:  # noqa: F811
     result = cli(server, "usage", *period, "--pool", pool.id, "--by", "node")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert (
-        lines[0].startswith("usage from ") and f"pool {pool.id}" in lines[0] and lines[0].endswith("by node")
-    )
+    assert lines[0].startswith("usage from ") and lines[0].endswith(f"pool {pool.name}, by node"), lines[0]
     assert lines[1].split() == ["NODE", "RESOURCE", "REGULAR", "SPOT", "TOTAL", "UNIT"]
     gpu = hours_text(Decimal(2 * held) / 3600)
     assert lines[2].split() == [name, "gpu", gpu, "0", gpu, "GPU-hours"]
     assert lines[3].split()[:2] == [name, "cpu"] and lines[3].split()[-1] == "core-hours"
     wide = cli(server, "usage", *period, "--pool", pool.id, "--by", "node", "-o", "wide")
     assert wide.exit_code == 0 and node_id in wide.output and "NODE ID" in wide.output, wide.output
+    by_name = cli(server, "usage", *period, "--pool", pool.name, "--by", "node")  # the pool by its name
+    assert by_name.output == result.output, by_name.output
+    for unknown in ("no-such-pool", "pool_00000000000000000000000000"):
+        missing = cli(server, "usage", "--pool", unknown)
+        assert missing.exit_code == 1 and missing.stderr.startswith(f"NOT_FOUND: pool '{unknown}' not found")
+
+    by_resource = cli(server, "usage", *period, "--tenant", tenant, "--by", "resource")
+    assert by_resource.exit_code == 0, by_resource.output
+    assert [line.split()[0] for line in by_resource.output.splitlines()[1:]] == ["RESOURCE", "cpu", "gpu"]
 
     result = cli(server, "usage", "--last", "1d", "--tenant", tenant, "--by", "resource", "-o", "yaml")
     assert result.exit_code == 0 and "groupBy: resource" in result.output, result.output

@@ -277,6 +277,16 @@ class ServiceClient:
                         names[node_id] = node["name"]
         return names
 
+    def held_node_names(self, tenant_id: str, pool_id: str, start: str, end: str) -> dict[str, str]:
+        """``{node id: name}`` of the nodes that held work of the tenant in the pool over ``[start,
+        end)`` (``GET /v1/usage?groupBy=node``): deleted nodes too, which every node route answers 404
+        for (docs/operating.md, "Maintenance: drain and delete"); ``{}`` when the key may not read it."""
+        params = {"tenantId": tenant_id, "poolId": pool_id, "from": start, "to": end, "groupBy": "node"}
+        answer = _readable(lambda: self.get("/v1/usage", params))
+        return {
+            row["nodeId"]: row["nodeName"] for row in (answer or {}).get("rows", []) if row.get("nodeName")
+        }
+
     # -- operators: pools, nodes, quotas (docs/api.md, "Inventory"; docs/quota.md) ----------------------
 
     def create_pool(self, name: str) -> dict[str, Any]:

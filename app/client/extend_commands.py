@@ -20,20 +20,20 @@ import typer
 
 from app.client.api import ServiceClient
 from app.client.common import Shown, client_command
-from app.client.flags import UsageError
-from app.client.reservation_commands import ReservationArg
+from app.client.flags import UsageError, iso_time
+from app.client.reservation_commands import ReservationArg, names_of
 
 EXTEND_FLAGS = {"end": "--to"}
 
 
 def new_end(current: dict[str, Any], to: str | None, by: str | None) -> str:
     """The ``end`` to send: ``to`` as given, or the reservation's end (its latest allocation's) plus
-    ``by``. Raises :class:`UsageError` for both or neither flag, an unreadable ``--by``, or ``--by`` on
-    a reservation without allocations (not placed)."""
+    ``by``. Raises :class:`UsageError` for both or neither flag, a ``--to`` that is no ISO 8601 time,
+    an unreadable ``--by``, or ``--by`` on a reservation without allocations (not placed)."""
     if (to is None) == (by is None):
         raise UsageError("give the new end with --to ISO or --by DURATION (one of them)")
     if to is not None:
-        return to
+        return iso_time(to, "--to")
     from app.placement.request import parse_duration  # pydantic and placement: only when needed
 
     try:
@@ -61,4 +61,4 @@ def extend(
     current = api.reservation(reservation_id) if by is not None and to is None else {}
     end = new_end(current, to, by)
     answer = api.request("POST", f"/v1/reservations/{reservation_id}/extend", body={"end": end})[1]
-    return Shown(answer, lambda wide: out.reservation_view(answer, {}, wide))
+    return Shown(answer, lambda wide: out.reservation_view(answer, names_of(api, [answer], True), wide))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated, Any
 
 import typer
@@ -22,6 +23,23 @@ class UsageError(AppError):
     """The command line is wrong (exit 2); ``message`` names the flag, e.g. ``--for '3x': ...``."""
 
     code = "USAGE"
+
+
+ISO_EXAMPLE = "2026-12-01T12:00:00Z"
+
+
+def iso_time(value: str, flag: str, other_forms: str = "") -> str:
+    """``value`` when it reads as an ISO 8601 time (the service judges the rest: its offset, its years,
+    naming the flag); else :class:`UsageError` naming ``flag`` and the forms it takes: ``other_forms``
+    (``"a duration from now (30d) or "``), then an ISO 8601 time. Checked here, because the service's
+    own text for a date it cannot read is its parser's (``input is too short``)."""
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        raise UsageError(
+            f"{flag} {value!r}: give {other_forms}an ISO 8601 time with its offset, e.g. {ISO_EXAMPLE}"
+        ) from None
+    return value
 
 
 # The JSON path the service reports -> the flag that set it. The longest matching prefix wins, so
@@ -151,6 +169,8 @@ class RequestFlags:
             raise UsageError(f"--for {self.duration!r}: {error}") from None
         if self.earliest and self.start not in (None, "earliest"):
             raise UsageError(f"--earliest and --start {self.start!r}: give one")
+        if self.start not in (None, "earliest"):
+            iso_time(self.start, "--start", "'earliest' or ")
         if self.gang is not None and self.gang < 1:
             raise UsageError(f"--gang must be 1 or more, not {self.gang}")
         if self.topology_key and self.gang is None:

@@ -16,7 +16,7 @@ import typer
 
 from app.client.api import ServiceClient
 from app.client.common import LimitOpt, Shown, client_command, console, duration_seconds, listed
-from app.client.flags import UsageError
+from app.client.flags import UsageError, iso_time
 
 # API field path -> the flag that set it (errors name the flag)
 KEY_FLAGS = {"principal": "--name", "tenantId": "--tenant", "grants": "--role", "expiresAt": "--expires"}
@@ -54,14 +54,18 @@ def role_grants(role: Role, tenant: str | None) -> list[dict[str, str]]:
 
 def expires_at(value: str, now: datetime) -> str:
     """``--expires``: a duration from ``now`` (``90m``, ``12h``, ``30d``, ``2w``, ``3600s``) as an ISO 8601
-    time in UTC, or the text itself (the service checks an ISO 8601 time and names ``--expires``).
-    Raises :class:`UsageError` for a zero duration."""
+    time in UTC, or an ISO 8601 time as typed (the service checks its offset and that it is in the
+    future, naming ``--expires``). Raises :class:`UsageError` for a zero duration, one past year 9999,
+    or neither form."""
     seconds = duration_seconds(value, unit_required=True)
     if seconds is None:
-        return value
+        return iso_time(value, "--expires", "a duration from now (90m, 12h, 30d, 2w) or ")
     if seconds <= 0:
         raise UsageError(f"--expires {value!r}: a duration must be more than 0")
-    return (now + timedelta(seconds=seconds)).isoformat()
+    try:
+        return (now + timedelta(seconds=seconds)).isoformat()
+    except OverflowError:
+        raise UsageError(f"--expires {value!r}: too far ahead (past year 9999)") from None
 
 
 @key_app.command("create")

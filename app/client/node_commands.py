@@ -1,12 +1,12 @@
-"""``better-compute node import|label|taint|untaint|cordon|uncordon`` (docs/cli.md, "Operator
-commands"): the operator's changes to nodes through the inventory routes (docs/api.md, "Inventory").
-Registered by ``app/cli.py`` as the ``node`` group (``node_app``); a key needs
+"""``better-compute node import|label|taint|untaint|cordon|uncordon|drain|undrain|delete`` (docs/cli.md,
+"Operator commands"): the operator's changes to nodes through the inventory routes (docs/api.md,
+"Inventory"). Registered by ``app/cli.py`` as the ``node`` group (``node_app``); a key needs
 ``compute:inventory:write`` on the node's pool. NODE is a node id (``node_...``) or a node name
 (``--pool`` picks the pool when several pools have a node of that name).
 
 ``drain NODE [--reschedule]``, ``undrain NODE`` and ``delete NODE`` are the maintenance verbs (docs/cli.md;
-docs/operating.md, "Maintenance: drain and delete"); their NODE is a node id. A delete of a node that
-still holds work exits 1 with ``CONFLICT: ...``.
+docs/operating.md, "Maintenance: drain and delete"). A delete of a node that still holds work exits 1
+with ``CONFLICT: ...``.
 
 ``label`` and ``taint`` read the node and write the whole list back (the routes replace it): a change
 made by someone else between the two is overwritten, as ``PUT`` would.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -24,10 +24,14 @@ from app.client.api import ServiceClient, ServiceError
 from app.client.common import Shown, assignments, client_command, listed, warn
 from app.client.flags import UsageError
 
-node_app = typer.Typer(help="Change nodes: import, label, taint, cordon.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+node_app = typer.Typer(
+    help="Change nodes: import, label, taint, cordon, drain, delete.", no_args_is_help=True
+)
 
 NodeArg = Annotated[str, typer.Argument(metavar="NODE", help="Node id (node_...) or name.")]
-NodeIdArg = Annotated[str, typer.Argument(metavar="NODE", help="Node id (node_...).")]
 PoolOpt = Annotated[str | None, typer.Option("--pool", help="The pool (id or name) of a NODE given by name.")]
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 IMPORT_FLAGS = {
@@ -184,40 +188,49 @@ def uncordon_node(api: ServiceClient, node: NodeArg, pool: PoolOpt = None) -> Sh
     return changed_node(api.cordon(api.node_id(node, pool), False))
 
 
-def drained(answer: dict[str, Any]) -> Shown:
-    """A drain's or undrain's answer: the node's drain and the reservations a reschedule moved."""
+def drained(api: ServiceClient, answer: dict[str, Any]) -> Shown:
+    """A drain's or undrain's answer: the node's drain and the reservations a reschedule moved, their
+    nodes by name (looked up for people only)."""
     from app.client import operator_views as views
 
-    return Shown(answer, lambda wide: views.drain_view(answer, wide))
+    def view(wide: bool) -> RenderableType:
+        moved = {m["toNodeId"] for m in answer.get("rescheduled") or () if m.get("toNodeId")}
+        names = api.node_names({answer["poolId"]: moved}) if moved else {}
+        return views.drain_view(answer, names, wide)
+
+    return Shown(answer, view)
 
 
 @node_app.command("drain")
 @client_command()
 def drain_node(
     api: ServiceClient,
-    node_id: NodeIdArg,
+    node: NodeArg,
     reschedule: Annotated[
         bool,
         typer.Option("--reschedule", help="Move its future reservations (not started yet) to other nodes."),
     ] = False,
+    pool: PoolOpt = None,
 ) -> Shown:
     """No new work lands on the node; its current work keeps its window (drain: draining, then
     drained once nothing current or future is placed there)."""
-    return drained(api.drain_node(node_id, reschedule))
+    return drained(api, api.drain_node(api.node_id(node, pool), reschedule))
 
 
 @node_app.command("undrain")
 @client_command()
-def undrain_node(api: ServiceClient, node_id: NodeIdArg) -> Shown:
+def undrain_node(api: ServiceClient, node: NodeArg, pool: PoolOpt = None) -> Shown:
     """Lift a drain: the node takes new work again."""
-    return drained(api.undrain_node(node_id))
+    return drained(api, api.undrain_node(api.node_id(node, pool)))
 
 
 @node_app.command("delete")
 @client_command()
-def delete_node(api: ServiceClient, node_id: NodeIdArg) -> Shown:
+def delete_node(api: ServiceClient, node: NodeArg, pool: PoolOpt = None) -> Shown:
     """Delete a node that holds no current or future work (drain it first); its history stays."""
     from rich.text import Text
 
+    node_id = api.node_id(node, pool)
     api.delete_node(node_id)
-    return Shown({"id": node_id, "deleted": True}, lambda wide: Text(f"node {node_id} deleted"))
+    said = node_id if node == node_id else f"{node} ({node_id})"
+    return Shown({"id": node_id, "deleted": True}, lambda wide: Text(f"node {said} deleted"))

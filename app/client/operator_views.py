@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from app.client.render import (
@@ -21,7 +20,9 @@ from app.client.render import (
     field_grid,
     labels_text,
     new_table,
+    node_name,
     node_status,
+    section,
     taints_text,
     when,
 )
@@ -77,22 +78,21 @@ def quota_view(quota: Mapping[str, Any], wide: bool) -> RenderableType:
     return table
 
 
-def drain_view(node: Mapping[str, Any], wide: bool) -> RenderableType:
-    """The node's name, id, status and drain; then the reservations a reschedule moved, if any."""
-    table = Table(box=None, show_header=True, pad_edge=False)
-    for column in ("name", "id", "status", "drain", *(["pool"] if wide else [])):
-        table.add_column(column.upper())
+def drain_view(node: Mapping[str, Any], names: Mapping[str, str], wide: bool) -> RenderableType:
+    """The node's name, id, status and drain; then ``Rescheduled:``, the reservations a reschedule
+    moved and the node each went to (by name: ``names`` maps node id -> name), if any."""
+    table = new_table("name", "id", "status", "drain", *(["pool"] if wide else []))
     row = [node["name"], node["id"], node_status(node), node.get("drain") or EMPTY_CELL]
     table.add_row(*row, *([node.get("poolId", EMPTY_CELL)] if wide else []))
     moved = node.get("rescheduled") or []
     if not moved:
         return table
-    rows = Table(box=None, show_header=True, pad_edge=False, title="rescheduled", title_justify="left")
-    for column in ("reservation", "result", "to node"):
-        rows.add_column(column.upper())
+    rows = new_table("reservation", "result", "to node", *(["to node id"] if wide else []))
     for m in moved:
-        rows.add_row(m["reservationId"], m["result"], m.get("toNodeId") or EMPTY_CELL)
-    return Group(table, Text(""), rows)
+        to = m.get("toNodeId")
+        cells = [m["reservationId"], m["result"], node_name(names, to) if to else EMPTY_CELL]
+        rows.add_row(*cells, *([to or EMPTY_CELL] if wide else []))
+    return Group(table, section("Rescheduled", rows))
 
 
 def key_status(key: Mapping[str, Any], now: datetime) -> str:

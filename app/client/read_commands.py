@@ -35,7 +35,7 @@ def get_reservations(
     rows = [api.reservation(reservation_id)] if reservation_id else api.reservations(tenant, status, limit)
     return listed(
         rows,
-        lambda rows, wide: out.reservations_view(rows, names_of(api, rows), wide),
+        lambda rows, wide: out.reservations_view(rows, names_of(api, rows, current=True), wide),
         one=bool(reservation_id),
     )
 

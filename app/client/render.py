@@ -26,11 +26,13 @@ from rich.table import Table
 from rich.text import Text
 
 from app.client import Output as Output  # the -o choices, imported from here too
+from app.client.allocations import current_allocations
 from app.errors import AppError
 
 NONE = "<none>"
 _TRAILING_BLANKS = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$")  # spaces before the line's closing style codes
 EMPTY_CELL = "-"
+DRAINING = "draining"  # a drained node's NoSchedule reason (its ``drain`` says whether it is drained yet)
 
 
 def document_text(data: Any, output: Output) -> str:
@@ -119,7 +121,7 @@ def field_grid(rows: Iterable[tuple[str, RenderableType]]) -> Table:
     return grid
 
 
-def _section(title: str, body: RenderableType | str) -> Group:
+def section(title: str, body: RenderableType | str) -> Group:
     """``Title:`` and its body indented by two columns."""
     return Group(
         Text(f"{title}:", style="bold"), Padding(Text(body) if isinstance(body, str) else body, (0, 0, 0, 2))
@@ -138,7 +140,7 @@ def why_not_sections(holder: Mapping[str, Any]) -> list[RenderableType]:
         table = new_table("filter", "reason", "nodes", "examples")
         for r in rows:
             table.add_row(str(r["filter"]), str(r["reason"]), str(r["count"]), joined(r.get("nodes", [])))
-        sections.append(_section("Rejections", table))
+        sections.append(section("Rejections", table))
     misses = holder.get("nearestMisses") or []
     if misses:
         table = new_table("node", "filter", "shortfall", "missing atoms")
@@ -149,7 +151,7 @@ def why_not_sections(holder: Mapping[str, Any]) -> list[RenderableType]:
                 str(m["shortfall"]),
                 str(m["missingAtoms"]),
             )
-        sections.append(_section("Nearest misses", table))
+        sections.append(section("Nearest misses", table))
     return sections
 
 
@@ -190,15 +192,6 @@ def preview_view(answer: Mapping[str, Any], wide: bool) -> RenderableType:
 # -- reservations ---------------------------------------------------------------------------------
 
 
-def reservation_nodes(reservations: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
-    """``{pool id: node ids}`` the reservations' allocations use (the names to look up)."""
-    wanted: dict[str, set[str]] = {}
-    for r in reservations:
-        for a in r.get("allocations", []):
-            wanted.setdefault(r["poolId"], set()).add(a["nodeId"])
-    return wanted
-
-
 def _waiting_reason(reservation: Mapping[str, Any]) -> str:
     """The message of the latest Unschedulable condition (why a pending reservation waits), or ``-``."""
     for condition in reversed(reservation.get("conditions", [])):
@@ -211,13 +204,14 @@ def reservations_view(
     reservations: list[Mapping[str, Any]], names: Mapping[str, str], wide: bool
 ) -> RenderableType:
     """One row per reservation: id, tenant, status, atoms, node names, created, why it waits;
-    ``wide`` adds the pool, scalar resources, window and idempotency key."""
+    ``wide`` adds the pool, scalar resources, window and idempotency key. Atoms, nodes, resources and
+    window are those of its :func:`current_allocations` (not of one a repair or a drain moved away)."""
     if not reservations:
         return Text("no reservations")
     extra = ["pool", "resources", "start", "end", "idempotency key"] if wide else []
     table = new_table("id", "tenant", "status", "atoms", "nodes", "created", *extra, "reason")
     for r in reservations:
-        allocations = r.get("allocations", [])
+        allocations = current_allocations(r)
         atoms = sum(len(a.get("atoms", [])) for a in allocations)
         row = [
             r["id"],
@@ -261,14 +255,16 @@ def allocations_view(allocations: list[Mapping[str, Any]], names: Mapping[str, s
 
 
 def reservation_view(reservation: Mapping[str, Any], names: Mapping[str, str], wide: bool) -> RenderableType:
-    """What reserve and release print: ``<id> <status>``, then the allocations or why it waits."""
+    """What reserve, extend and release print: ``<id> <status>``, then its current allocations
+    (:func:`current_allocations`) or why it waits."""
     status = reservation["status"]
     colour = {"placed": "green", "pending": "yellow", "queued": "yellow"}.get(status, "bold")
     parts: list[RenderableType] = [
         Text.from_markup(f"{escape(reservation['id'])} [{colour}]{escape(status)}[/{colour}]")
     ]
-    if reservation.get("allocations") and status == "placed":
-        parts.append(allocations_view(reservation["allocations"], names, wide))
+    held = current_allocations(reservation)
+    if held and status == "placed":
+        parts.append(allocations_view(held, names, wide))
     reason = _waiting_reason(reservation)
     if reason != EMPTY_CELL:
         parts.append(Text(f"  {reason}"))
@@ -337,8 +333,8 @@ def describe_reservation_view(
     waiting = [c for c in conditions if c.get("type") == "Unschedulable" and c.get("status") == "True"]
     return Group(
         head,
-        _section("Allocations", allocations_view(allocations, names, wide) if allocations else NONE),
-        _section("Conditions", condition_table if conditions else NONE),
+        section("Allocations", allocations_view(allocations, names, wide) if allocations else NONE),
+        section("Conditions", condition_table if conditions else NONE),
         *(why_not_sections(waiting[-1]) if waiting else ()),
     )
 
@@ -367,8 +363,14 @@ def pools_view(pools: list[Mapping[str, Any]], wide: bool) -> RenderableType:
 
 
 def node_status(node: Mapping[str, Any]) -> str:
-    """``schedulable``, or the node's NoSchedule reasons (``cordoned, heartbeat lost``)."""
-    return joined(node.get("noScheduleReasons") or [], "schedulable")
+    """``schedulable``, or the node's NoSchedule reasons (``cordoned, heartbeat lost``). A drained
+    node's reason ``draining`` reads as its ``drain``: ``draining`` while it still holds current or future
+    work, ``drained`` once it holds none (docs/api.md, "Drain and delete")."""
+    drain = node.get("drain")
+    reasons = [
+        drain if drain and reason == DRAINING else reason for reason in node.get("noScheduleReasons") or []
+    ]
+    return joined(reasons, "schedulable")
 
 
 def device_counts(node: Mapping[str, Any]) -> dict[str, int]:
@@ -454,7 +456,7 @@ def describe_node_view(node: Mapping[str, Any], pool_name: str | None, wide: boo
         link_body = _link_summary(links)
     return Group(
         head,
-        _section("Resources", resource_table if resources else NONE),
-        _section("Devices", device_table if devices else NONE),
-        _section("Links", link_body),
+        section("Resources", resource_table if resources else NONE),
+        section("Devices", device_table if devices else NONE),
+        section("Links", link_body),
     )

@@ -12,11 +12,13 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Annotated, Any
 
 import typer
 
 from app.client import EXIT_API_ERROR, EXIT_NOT_PLACED, EXIT_USAGE
+from app.client.allocations import held_windows, reservation_nodes
 from app.client.api import ServiceClient
 from app.client.common import (
     CONNECTION_OPTIONS,
@@ -111,7 +113,7 @@ def reserve(api: ServiceClient, body: dict[str, Any], output: Output, wait: floa
     warn(answer)
     if wait is not None:
         answer = wait_for_placement(api, answer, wait)
-    emit(answer, output, lambda wide: out.reservation_view(answer, names_of(api, [answer]), wide))
+    emit(answer, output, lambda wide: out.reservation_view(answer, names_of(api, [answer], True), wide))
     return answer.get("status") == "placed"
 
 
@@ -130,11 +132,23 @@ def wait_for_placement(api: ServiceClient, reservation: dict[str, Any], seconds:
     return reservation
 
 
-def names_of(api: ServiceClient, reservations: list[dict[str, Any]]) -> dict[str, str]:
-    """Node names for the reservations' allocations (a view's lookup: human output only)."""
-    from app.client import render as out
+USAGE_SPAN = timedelta(days=366)  # the longest period GET /v1/usage answers
 
-    return api.node_names(out.reservation_nodes(reservations))
+
+def names_of(api: ServiceClient, reservations: list[dict[str, Any]], current: bool = False) -> dict[str, str]:
+    """Node names for the reservations' allocations (``current``: only their current ones), a view's
+    lookup for people only. A node that answers no name (deleted, or a key without inventory reads) is
+    looked up in the usage by node of the periods it held their work, which names deleted nodes too;
+    one that held nothing keeps its id."""
+    wanted = reservation_nodes(reservations, current)
+    names = api.node_names(wanted)
+    unnamed = set().union(*wanted.values()) - names.keys() if wanted else set()
+    if unnamed:
+        for (tenant, pool), (start, end) in held_windows(reservations, unnamed, current).items():
+            end = min(end, start + USAGE_SPAN)
+            found = api.held_node_names(tenant, pool, start.isoformat(), end.isoformat())
+            names.update({node_id: name for node_id, name in found.items() if node_id in unnamed})
+    return names
 
 
 @client_command()

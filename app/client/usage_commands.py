@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from app.answers.usage_groups import UsageGroup
-from app.client.api import ServiceClient
+from app.client.api import ServiceClient, ServiceError
 from app.client.common import Shown, client_command
 from app.client.flags import UsageError
 
@@ -76,9 +76,10 @@ def _lines(hours: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
         yield from hours.get(kind, {}).items()
 
 
-def usage_view(answer: Mapping[str, Any], wide: bool) -> RenderableType:
-    """The period, then one line per group and resource (``REGULAR  SPOT  TOTAL  UNIT``) and the
-    totals as ``(all)`` lines when there is more than one group (rich is imported here: docs/cli.md,
+def usage_view(answer: Mapping[str, Any], wide: bool, pool_name: str | None = None) -> RenderableType:
+    """The period (and the pool asked for, by ``pool_name`` when known), then one line per group and
+    resource (``REGULAR  SPOT  TOTAL  UNIT``) and the totals as ``(all)`` lines when there is more than
+    one group (none by resource: each row is one resource's total); rich is imported here (docs/cli.md,
     "Start-up")."""
     from rich.console import Group
     from rich.table import Table
@@ -94,7 +95,7 @@ def usage_view(answer: Mapping[str, Any], wide: bool) -> RenderableType:
             name.upper(), overflow="fold", justify="right" if name in ("regular", "spot", "total") else "left"
         )
     rows = [(row, [str(row.get(field) or "-") for _, field in keys]) for row in answer.get("rows", [])]
-    if len(rows) != 1:
+    if len(rows) != 1 and keys:  # by resource, each row is that resource's total already
         rows.append((answer.get("total", {}), [ALL for _ in keys]))
     for hours, cells in rows:
         for resource, split in _lines(hours):
@@ -108,7 +109,7 @@ def usage_view(answer: Mapping[str, Any], wide: bool) -> RenderableType:
                 unit(resource),
             )
     scope = [f"tenant {answer['tenantId']}" if answer.get("tenantId") else "every tenant"]
-    scope.append(f"pool {answer['poolId']}" if answer.get("poolId") else "every pool")
+    scope.append(f"pool {pool_name or answer['poolId']}" if answer.get("poolId") else "every pool")
     title = Text(f"usage from {when(answer['from'])} to {when(answer['to'])}, {', '.join(scope)}, by {group}")
     if not answer.get("rows"):
         return Group(title, Text("nothing was held in the period"))
@@ -127,7 +128,7 @@ def usage(
     end: Annotated[
         str | None, typer.Option("--to", help="Period end (exclusive), ISO 8601 with an offset.")
     ] = None,
-    pool: Annotated[str | None, typer.Option("--pool", help="Only this pool's usage.")] = None,
+    pool: Annotated[str | None, typer.Option("--pool", help="Only this pool's usage (id or name).")] = None,
     tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's usage.")] = None,
     by: Annotated[UsageGroup, typer.Option("--by", help="One row per tenant, pool, node or resource.")] = (
         UsageGroup.tenant
@@ -136,5 +137,21 @@ def usage(
     """GPU-hours and cpu/memory-hours held over a period, regular and spot apart (default: the last 30
     days)."""
     query = period_query(last, start, end, datetime.now(UTC))
-    answer = api.get("/v1/usage", {**query, "poolId": pool, "tenantId": tenant, "groupBy": by.value})
-    return Shown(answer, lambda wide: usage_view(answer, wide))
+    pool_id, pool_name = usage_pool(api, pool) if pool is not None else (None, None)
+    answer = api.get("/v1/usage", {**query, "poolId": pool_id, "tenantId": tenant, "groupBy": by.value})
+    return Shown(answer, lambda wide: usage_view(answer, wide, pool_name))
+
+
+def usage_pool(api: ServiceClient, ref: str) -> tuple[str, str | None]:
+    """``(id, name)`` of the ``--pool`` given by id or name. The usage route answers no rows for a pool
+    that does not exist (docs/api.md, "Usage"), so the pool is read first: one that no visible pool is,
+    or an id that names none, is ``NOT_FOUND`` (exit 1) instead of a silent zero. An id the key may
+    not read as a pool (403) is sent as it is (its name unknown): the route judges it."""
+    if not ref.startswith("pool_"):
+        return api.pool_id(ref), ref
+    try:
+        return ref, str(api.pool(ref)["name"])
+    except ServiceError as error:
+        if error.status != 403:
+            raise
+        return ref, None
