@@ -45,7 +45,9 @@ from app.iam.audit_log import AUDIT_PRUNE_SECONDS, PRUNE_AUDIT
 from app.iam.key_cache import PrincipalCache
 from app.inventory.liveness_task import HEARTBEAT_LIVENESS, sweep_once
 from app.observability.logs import configure_logging
+from app.observability.metrics import scrape_from
 from app.observability.middleware import AccessLogMiddleware
+from app.observability.multiprocess import process_exited
 from app.placement.options import SchedulerOptions
 from app.placement.plugins import SchedulerPlugin, load_plugins
 from app.placement.scorers import SCORER_NAMES
@@ -147,6 +149,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     settings = settings or get_settings()
     config = capacity_config(settings)
     configure_logging(settings.log_format)
+    scrape_from(settings.metrics_multiprocess_dir)  # with several workers: every worker's metrics
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -187,6 +190,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
                     await demo
             await lifecycle.stop()
             await engine.dispose()
+            process_exited(settings.metrics_multiprocess_dir)
 
     app = FastAPI(
         dependencies=[Depends(check_json_body)],

@@ -184,6 +184,9 @@ class Settings(BaseSettings):
     node_liveness_sweep_seconds: float = Field(default=5.0, gt=0, le=3600)
     # set by `serve --demo`: the service heartbeats the demo pool's nodes in process
     demo_agents: bool = False
+    # set by `serve --workers N` (N > 1): prometheus_client's folder where every worker keeps its counters,
+    # so that one scrape sums them all (app/observability/multiprocess.py; docs/metrics.md)
+    metrics_multiprocess_dir: Path | None = Field(default=None, validation_alias="PROMETHEUS_MULTIPROC_DIR")
     # /metrics asks for an API key holding compute:capacity:read on * (off: open, as before; docs/metrics.md)
     metrics_require_key: bool = False
     # plan tokens (docs/api.md, "Plan tokens"): the HMAC key they are signed with, the same on every
