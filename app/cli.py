@@ -107,6 +107,10 @@ def serve(
     )
     console().print(f"better-compute serving on http://{host}:{port} (database: {where}); Ctrl-C stops it")
     console().print(f"dashboard: http://{host}:{port}/ui  API docs: http://{host}:{port}/docs")
+    if workers > 1:  # one scrape of /metrics sums every worker (docs/metrics.md, "Workers")
+        from app.observability.multiprocess import prepare_folder
+
+        prepare_folder()
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler that was in place:
     # make that an ordinary exit, so exit handlers run and stop the embedded PostgreSQL
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -38,19 +38,24 @@ from app.capacity.controllers.repair_first import BOOKING_REPAIR, REPAIR_LISTENE
 from app.capacity.controllers.wake import LISTENER_RETRY, WAKE_LISTENER, WAKE_PENDING, WakeController
 from app.capacity.planning.snapshot import PoolCache
 from app.capacity.queue.worker import QUEUE_LISTENER, QUEUE_WORKER, QueueWorker
+from app.db import rate_counters
 from app.db.engine import create_engine, migrate_async, resolve_database_url
 from app.iam import audit_log
 from app.iam.audit_log import AUDIT_PRUNE_SECONDS, PRUNE_AUDIT
 from app.iam.key_cache import PrincipalCache
 from app.inventory.liveness_task import HEARTBEAT_LIVENESS, sweep_once
 from app.observability.logs import configure_logging
+from app.observability.metrics import scrape_from
 from app.observability.middleware import AccessLogMiddleware
+from app.observability.multiprocess import process_exited
 from app.placement.options import SchedulerOptions
 from app.placement.plugins import SchedulerPlugin, load_plugins
 from app.placement.scorers import SCORER_NAMES
 from app.settings import Settings, SettingsError, get_settings
 
 API_VERSION = "0.1.0"
+PRUNE_RATE_WINDOWS = "prune-rate-windows"  # the lifecycle task, and how often it runs (seconds)
+PRUNE_RATE_WINDOWS_SECONDS = 60.0
 
 
 def scheduler_plugins(settings: Settings) -> tuple[SchedulerPlugin, ...]:
@@ -102,9 +107,9 @@ def lifecycle_tasks(
     repair: RepairController | None = None,
 ) -> list[LifecycleTask]:
     """The lifecycle controller's tasks (docs/lifecycle.md): the built-in ones, the liveness sweep of
-    agents' nodes, the audit log's prune (docs/operating.md, "Audit log") and, when given, the wake-edge
-    controller's listener and wake task, the pool-lease worker's, and BookingRepair's listener and task
-    (repair first), each safe with several replicas."""
+    agents' nodes, the audit log's prune (docs/operating.md, "Audit log"), the prune of ended rate-limit
+    windows and, when given, the wake-edge controller's listener and wake task, the pool-lease worker's,
+    and BookingRepair's listener and task (repair first), each safe with several replicas."""
     liveness = LifecycleTask(
         HEARTBEAT_LIVENESS,
         settings.node_liveness_sweep_seconds,
@@ -113,7 +118,9 @@ def lifecycle_tasks(
     prune = LifecycleTask(
         PRUNE_AUDIT, AUDIT_PRUNE_SECONDS, partial(audit_log.prune, retention=settings.audit_retention)
     )
-    tasks = [*default_tasks(settings.lifecycle_interval), liveness, prune]
+    # the deployment's rate-limit windows that ended (docs/operating.md, "Rate limits")
+    prune_rates = LifecycleTask(PRUNE_RATE_WINDOWS, PRUNE_RATE_WINDOWS_SECONDS, rate_counters.prune)
+    tasks = [*default_tasks(settings.lifecycle_interval), liveness, prune, prune_rates]
     if wake is not None:
         tasks += [
             LifecycleTask(WAKE_PENDING, wake.sweep_seconds, wake.run),
@@ -142,6 +149,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     settings = settings or get_settings()
     config = capacity_config(settings)
     configure_logging(settings.log_format)
+    scrape_from(settings.metrics_multiprocess_dir)  # with several workers: every worker's metrics
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -182,6 +190,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
                     await demo
             await lifecycle.stop()
             await engine.dispose()
+            process_exited(settings.metrics_multiprocess_dir)
 
     app = FastAPI(
         dependencies=[Depends(check_json_body)],

@@ -8,8 +8,9 @@ browser origins allowed to call the API), ``BC_LOG_FORMAT`` (``text`` or ``json`
 ``BC_METRICS_GAUGE_TTL_SECONDS`` (how long the gauges read from PostgreSQL at a scrape are reused);
 request bounds ``BC_MAX_BODY_BYTES``, ``BC_MAX_IMPORT_BODY_BYTES``, ``BC_MAX_PLACEMENT_BODY_BYTES``,
 ``BC_MAX_JSON_DEPTH``; rate limits ``BC_RATE_LIMIT`` and ``BC_AUTH_FAILURE_RATE_LIMIT`` (``limits``
-notation: ``100/second``, ``5/minute``); serving ``BC_LIMIT_CONCURRENCY`` and ``BC_KEEP_ALIVE_SECONDS``
-(docs/operating.md); agents ``BC_CAPACITY_ENFORCE_DEVICE_LIMITS``, ``BC_NODE_HEARTBEAT_GRACE`` (seconds),
+notation: ``100/second``, ``5/minute``) and where they count, ``BC_RATE_LIMIT_STORAGE``; serving
+``BC_LIMIT_CONCURRENCY`` and ``BC_KEEP_ALIVE_SECONDS`` (docs/operating.md); agents
+``BC_CAPACITY_ENFORCE_DEVICE_LIMITS``, ``BC_NODE_HEARTBEAT_GRACE`` (seconds),
 ``BC_NODE_LIVENESS_SWEEP_SECONDS`` (docs/agent.md).
 ``BC_CAPACITY_PREEMPTION`` (default on: regular work may preempt spot work, docs/preemption.md),
 ``BC_CAPACITY_MAX_LEAD`` (how far ahead a window may start: seconds or an ISO 8601 duration such as
@@ -131,6 +132,9 @@ class Settings(BaseSettings):
     # per agent key (one whose grants are all compute:nodes:hello): a pool's agents share one key, and
     # 10,000 of them heartbeating every 10 s send 1,000 requests a second (docs/agent.md)
     agent_rate_limit: str = "5000/second"
+    # where the rate limits count: postgresql (the whole deployment's windows, app/api/rate_limits.py) or
+    # memory (each process on its own: N processes allow N times a limit)
+    rate_limit_storage: Literal["postgresql", "memory"] = "postgresql"
     # seconds a key's principal stays cached in a process after a lookup (app/iam/key_cache.py); 0: off
     key_cache_seconds: float = Field(default=2.0, ge=0, le=60)
     # uvicorn: open connections + tasks beyond which it answers 503; idle keep-alive seconds
@@ -186,6 +190,9 @@ class Settings(BaseSettings):
     node_liveness_sweep_seconds: float = Field(default=5.0, gt=0, le=3600)
     # set by `serve --demo`: the service heartbeats the demo pool's nodes in process
     demo_agents: bool = False
+    # set by `serve --workers N` (N > 1): prometheus_client's folder where every worker keeps its counters,
+    # so that one scrape sums them all (app/observability/multiprocess.py; docs/metrics.md)
+    metrics_multiprocess_dir: Path | None = Field(default=None, validation_alias="PROMETHEUS_MULTIPROC_DIR")
     # /metrics asks for an API key holding compute:capacity:read on * (off: open, as before; docs/metrics.md)
     metrics_require_key: bool = False
     # plan tokens (docs/api.md, "Plan tokens"): the HMAC key they are signed with, the same on every

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from reserve import DEFAULT_URL, admin_exec, dsn, load_pool  # noqa: E402
 
-from app.capacity import census  # noqa: E402
+from app.capacity.controllers import census  # noqa: E402
 from app.db.engine import create_engine, migrate  # noqa: E402
 from app.main import create_app  # noqa: E402
 from app.observability.logs import LOGGER  # noqa: E402
@@ -85,6 +85,25 @@ async def median_ms(run: Callable[[], Awaitable[Any]], repeat: int) -> float:
     return statistics.median(times)
 
 
+def get_scope(path: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> dict[str, Any]:
+    """A fresh ASGI scope of ``GET path`` from 127.0.0.1, with ``headers`` besides ``host``."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"bench"), *headers],
+        "client": ("127.0.0.1", 1),
+        "server": ("bench", 80),
+        "state": {},
+    }
+
+
 async def cpu_us_per_request(app: Any, requests: int, path: str = "/healthz") -> float:
     """CPU time (µs, this process) per ``GET path`` through ``app`` called as ASGI, no client or network:
     process time, so the other processes on the machine weigh less on the figure."""
@@ -95,28 +114,11 @@ async def cpu_us_per_request(app: Any, requests: int, path: str = "/healthz") ->
     async def send(message: dict[str, Any]) -> None:
         return None
 
-    def scope() -> dict[str, Any]:
-        return {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "GET",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "root_path": "",
-            "query_string": b"",
-            "headers": [(b"host", b"bench")],
-            "client": ("127.0.0.1", 1),
-            "server": ("bench", 80),
-            "state": {},
-        }
-
     for _ in range(100):
-        await app(scope(), receive, send)
+        await app(get_scope(path), receive, send)
     started = time.process_time()
     for _ in range(requests):
-        await app(scope(), receive, send)
+        await app(get_scope(path), receive, send)
     return (time.process_time() - started) / requests * 1e6
 
 

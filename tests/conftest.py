@@ -25,8 +25,13 @@ from app.db.tables import metadata
 from app.settings import Settings
 
 ADMIN_KEY = "test-admin-key-" + "0" * 32
-# tests hammer the service from one address with one key: rate limits are off unless a test sets them
-UNLIMITED_RATES = {"BC_RATE_LIMIT": "1000000/second", "BC_AUTH_FAILURE_RATE_LIMIT": "1000000/second"}
+# tests hammer the service from one address with one key: rate limits are off unless a test sets them,
+# and counted in each process's memory (no statement of the deployment's windows among those tests count)
+UNLIMITED_RATES = {
+    "BC_RATE_LIMIT": "1000000/second",
+    "BC_AUTH_FAILURE_RATE_LIMIT": "1000000/second",
+    "BC_RATE_LIMIT_STORAGE": "memory",
+}
 DATA = Path(__file__).parent / "data"
 
 
@@ -100,6 +105,7 @@ def settings_for(database_url: str, **overrides: Any) -> Settings:
     """Settings for a test app on ``database_url`` with the test admin key."""
     rates = {"rate_limit": UNLIMITED_RATES["BC_RATE_LIMIT"]}
     rates["auth_failure_rate_limit"] = UNLIMITED_RATES["BC_AUTH_FAILURE_RATE_LIMIT"]
+    rates["rate_limit_storage"] = UNLIMITED_RATES["BC_RATE_LIMIT_STORAGE"]
     return Settings(database_url=database_url, bootstrap_admin_key=ADMIN_KEY, **{**rates, **overrides})
 
 

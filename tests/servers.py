@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,10 +49,14 @@ def free_port() -> int:
 
 
 def spawn_server(
-    database_url: str, log: Path, extra_env: dict[str, str] | None = None, port: int | None = None
+    database_url: str,
+    log: Path,
+    extra_env: dict[str, str] | None = None,
+    port: int | None = None,
+    args: Sequence[str] = (),
 ) -> Server:
     """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key (rate limits off
-    unless ``extra_env`` sets them), on ``port`` or a free one."""
+    unless ``extra_env`` sets them), on ``port`` or a free one; ``args`` adds options (``--workers``)."""
     env = dict(os.environ)
     env.update({"DATABASE_URL": database_url, "BC_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "PYTHONUNBUFFERED": "1"})
     env.update(UNLIMITED_RATES)
@@ -61,7 +65,7 @@ def spawn_server(
     log.parent.mkdir(parents=True, exist_ok=True)
     handle = log.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
         cwd=REPO,
         env=env,
         stdout=handle,
@@ -99,12 +103,16 @@ def stop_server(server: Server) -> None:
 
 @contextmanager
 def running_server(
-    database_url: str, log_dir: Path, attempts: int = 3, extra_env: dict[str, str] | None = None
+    database_url: str,
+    log_dir: Path,
+    attempts: int = 3,
+    extra_env: dict[str, str] | None = None,
+    args: Sequence[str] = (),
 ) -> Iterator[Server]:
     """One service process on the test database, healthy, stopped on exit (a port taken meanwhile is
-    retried on another); ``extra_env`` adds settings (``BC_...``) for it."""
+    retried on another); ``extra_env`` adds settings (``BC_...``) for it, ``args`` options of ``serve``."""
     for attempt in range(attempts):
-        started = spawn_server(database_url, log_dir / f"server-{attempt}.log", extra_env)
+        started = spawn_server(database_url, log_dir / f"server-{attempt}.log", extra_env, args=args)
         try:
             if wait_healthy(started, time.monotonic() + 60):
                 yield started

@@ -18,8 +18,10 @@ For every ``/v1/...`` request, in this order (docs/api.md):
    lookup answers 503 ``UNAVAILABLE`` with ``Retry-After``.
 2. **Rate limit the key** (``BC_RATE_LIMIT``, default 100/second; ``BC_AGENT_RATE_LIMIT``, default
    5000/second, for an agent key, whose grants are all ``compute:nodes:hello``: a pool's agents share it):
-   429 ``RATE_LIMITED`` with ``Retry-After``. Counters live in this process (``limits``' memory
-   storage), so with N worker processes a key may make up to N times the limit.
+   429 ``RATE_LIMITED`` with ``Retry-After``. The limit holds for the whole deployment: this process's
+   moving window, then the deployment's window in PostgreSQL, taken in leases
+   (:mod:`app.api.rate_limits`, which states how exact that is; ``BC_RATE_LIMIT_STORAGE=memory``: this
+   process's count only, so N processes allow up to N times the limit).
 3. **Refuse unstorable path and query text.** A NUL in the path names nothing: 404 ``NOT_FOUND``. A NUL
    (or a lone surrogate) in a query parameter is 422 ``INVALID_INPUT`` naming the parameter.
 4. **Refuse a key without the route's grant, before the body.** A route that takes a body declares the
@@ -39,7 +41,6 @@ For every ``/v1/...`` request, in this order (docs/api.md):
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -47,12 +48,10 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from cachetools import TTLCache
-from limits import parse as parse_rate
-from limits.storage import MemoryStorage
-from limits.strategies import MovingWindowRateLimiter
 from starlette.responses import JSONResponse
 from starlette.routing import compile_path
 
+from app.api.rate_limits import RateLimits
 from app.api.route_grants import ROUTE_GRANTS, RouteGrant
 from app.api.text_guard import find_unstorable
 from app.db.engine import is_outage
@@ -61,7 +60,6 @@ from app.errors import (
     InvalidInput,
     NotFound,
     PayloadTooLarge,
-    RateLimited,
     Unauthenticated,
     Unavailable,
     clip_input,
@@ -134,42 +132,6 @@ def nesting_exceeds(body: bytes, limit: int) -> bool:
     return False
 
 
-class RateLimits:
-    """Per-key and per-address (failed authentication) moving windows, in this process's memory."""
-
-    def __init__(self, per_key: str, auth_failures: str, per_agent_key: str | None = None) -> None:
-        self._limiter = MovingWindowRateLimiter(MemoryStorage())
-        self._per_key = parse_rate(per_key)
-        self._per_agent_key = parse_rate(per_agent_key or per_key)
-        self._auth_failures = parse_rate(auth_failures)
-
-    def _refusal(self, item: Any, what: str, *identity: str) -> RateLimited:
-        reset_at, _ = self._limiter.get_window_stats(item, *identity)
-        return RateLimited(f"more than {item} {what}", max(1, math.ceil(reset_at - time.time())))
-
-    def spend_key(self, key_id: str, agent: bool = False) -> None:
-        """Count one request of ``key_id`` (``agent``: an agent key, with its own limit); raises
-        :class:`~app.errors.RateLimited` over the limit."""
-        limit = self._per_agent_key if agent else self._per_key
-        if not self._limiter.hit(limit, "key", key_id):
-            raise self._refusal(limit, "requests with this key", "key", key_id)
-
-    def check_address(self, address: str) -> None:
-        """Raise :class:`~app.errors.RateLimited` when ``address`` has used up its failed attempts."""
-        if not self._limiter.test(self._auth_failures, "auth", address):
-            raise self._refusal(
-                self._auth_failures, "failed authentications from this address", "auth", address
-            )
-
-    def failed(self, address: str, error: Unauthenticated) -> AppError:
-        """Count one failed authentication of ``address``: ``error``, or 429 when that was one too many."""
-        if not self._limiter.hit(self._auth_failures, "auth", address):
-            return self._refusal(
-                self._auth_failures, "failed authentications from this address", "auth", address
-            )
-        return error
-
-
 RECENT_KEY_SECONDS = 300.0  # how long a key that authenticated stays exempt from its address's limit
 RECENT_KEYS = 10_000  # keys remembered per process (the least recently authenticated are dropped first)
 
@@ -235,7 +197,10 @@ class RequestGuard:
         self.app = app
         self.settings = settings
         self.rates = RateLimits(
-            settings.rate_limit, settings.auth_failure_rate_limit, settings.agent_rate_limit
+            settings.rate_limit,
+            settings.auth_failure_rate_limit,
+            settings.agent_rate_limit,
+            shared=settings.rate_limit_storage == "postgresql",
         )
         self.recent = RecentKeys()
 
@@ -274,15 +239,17 @@ class RequestGuard:
     async def _authenticate(self, scope: Scope) -> None:
         client = scope.get("client")
         address = client[0] if client else "unknown"
+        services = scope["app"].state.services
         key = _bearer_key(scope)
         if key is None:
-            raise self.rates.failed(
-                address, Unauthenticated("an API key is required: Authorization: Bearer <key>")
+            raise await self.rates.failed(
+                services.engine,
+                address,
+                Unauthenticated("an API key is required: Authorization: Bearer <key>"),
             )
         key_hash = hash_key(key)
         if key_hash not in self.recent:  # key guessing: no lookup once the address is over its limit
             self.rates.check_address(address)
-        services = scope["app"].state.services
         principal = services.keys.get(key_hash)
         if principal is None:
             found = await self._look_up(services, key, key_hash, address)
@@ -292,7 +259,9 @@ class RequestGuard:
         state = scope.setdefault("state", {})
         state["principal"] = principal
         state["api_key_id"] = principal.key_id
-        self.rates.spend_key(principal.key_id or principal.id, agent=is_agent_key(principal))
+        await self.rates.spend_key(
+            services.engine, principal.key_id or principal.id, agent=is_agent_key(principal)
+        )
 
     async def _look_up(self, services: Any, key: str, key_hash: str, address: str) -> KeyLookup:
         """The principal of ``key`` from the database (one statement, which also notes the key's use at
@@ -305,7 +274,7 @@ class RequestGuard:
                 return await principal_for_key(conn, key, self.settings.bootstrap_admin_key)
         except Unauthenticated as unknown:
             self.recent.forget(key_hash)
-            raise self.rates.failed(address, unknown) from None
+            raise await self.rates.failed(services.engine, address, unknown) from None
         except Exception as exc:
             if is_outage(exc):
                 raise Unavailable() from exc

@@ -399,3 +399,17 @@ audit_events = sa.Table(
     sa.Index("ix_audit_events_key_id", "key_id", "at"),
     sa.Index("ix_audit_events_resources", "resources", postgresql_using="gin"),
 )
+
+# the deployment's rate-limit windows (docs/operating.md, "Rate limits"): one row per limited name (an API
+# key, or a client address's failed authentications), the hits that processes have taken of its current
+# window. UNLOGGED: no WAL, so a counter's commit never waits for a disk flush; a crash or a failover
+# empties it, and every name then starts a fresh window (a lost count, never a lost reservation)
+rate_limit_counters = sa.Table(
+    "rate_limit_counters",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),  # key:<key id> | auth:<client address>
+    sa.Column("window_end", TS, nullable=False),  # the database clock
+    sa.Column("taken", sa.Integer, nullable=False),  # hits handed out in this window, at most the limit
+    sa.Column("granted", sa.Integer, nullable=False),  # what the last statement handed out (0: refused)
+    prefixes=["UNLOGGED"],
+)

@@ -11,6 +11,10 @@ metric exists.
 ``bc_reservations`` and ``bc_atoms`` describe the fleet now, not this process: they are counted in
 PostgreSQL (:mod:`app.capacity.controllers.census`) when ``/metrics`` is served, at most once per
 ``BC_METRICS_GAUGE_TTL_SECONDS``, and every replica reports the same values.
+
+With ``serve --workers N`` one scrape reports every worker: counters and histograms summed, gauges merged
+as their ``multiprocess_mode`` says (every ``Gauge`` here names one), the build info and the fleet gauges
+once (:mod:`app.observability.multiprocess`).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import prometheus_client
-from prometheus_client import REGISTRY, Counter, Histogram, Info
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -33,6 +38,7 @@ from app.capacity.commit.lost_races import LOST_RACE_KINDS
 from app.capacity.conditions import DEADLINE_PASSED, WINDOW_ENDED, WINDOW_PASSED
 from app.capacity.controllers import census
 from app.errors import AppError
+from app.observability.multiprocess import merged_registry
 
 prometheus_client.disable_created_metrics()  # before the first metric: no ``*_created`` series at all
 
@@ -384,10 +390,19 @@ class FleetGauges(Collector):
 
 FLEET_GAUGES = FleetGauges()
 REGISTRY.register(FLEET_GAUGES)
+_scraped: CollectorRegistry = REGISTRY  # what /metrics renders (scrape_from)
+
+
+def scrape_from(folder: Path | None) -> None:
+    """Serve this process's registry (``folder`` None: one process), or every worker's counters,
+    histograms and gauges merged from ``folder`` with the build info and the fleet gauges added once
+    (``serve --workers N``, :mod:`app.observability.multiprocess`)."""
+    global _scraped
+    _scraped = REGISTRY if folder is None else merged_registry(folder, BUILD, FLEET_GAUGES)
 
 
 async def exposition(engine: AsyncEngine, gauge_ttl: float) -> bytes:
     """The text exposition of every metric, after refreshing the fleet gauges (at most every
     ``gauge_ttl`` seconds)."""
     await FLEET_GAUGES.refresh(engine, gauge_ttl)
-    return prometheus_client.generate_latest(REGISTRY)
+    return prometheus_client.generate_latest(_scraped)

@@ -16,21 +16,31 @@ from tests.conftest import ADMIN_KEY, settings_for
 
 
 @asynccontextmanager
-async def _app(database_url: str, per_key: str) -> AsyncIterator[Any]:
-    """The real app with ``per_key`` requests per key and 3 failed authentications a minute per address."""
+async def _app(database_url: str, per_key: str, storage: str) -> AsyncIterator[Any]:
+    """The real app with ``per_key`` requests per key and 3 failed authentications a minute per address,
+    counted in ``storage`` (``BC_RATE_LIMIT_STORAGE``)."""
     from app.main import create_app
 
-    application = create_app(
-        settings_for(database_url, rate_limit=per_key, auth_failure_rate_limit="3/minute"),
-        run_migrations=False,
+    settings = settings_for(
+        database_url, rate_limit=per_key, auth_failure_rate_limit="3/minute", rate_limit_storage=storage
     )
+    application = create_app(settings, run_migrations=False)
     async with application.router.lifespan_context(application):
         yield application
 
 
+# the deployment's windows (the default) and each process's own count: the same answers in one process
+STORAGES = pytest.mark.parametrize("storage", ["postgresql", "memory"], indirect=True)
+
+
 @pytest.fixture
-async def limited_app(database_url: str, clean_db: AsyncEngine) -> AsyncIterator[Any]:
-    async with _app(database_url, "5/minute") as application:
+def storage(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def limited_app(database_url: str, clean_db: AsyncEngine, storage: str) -> AsyncIterator[Any]:
+    async with _app(database_url, "5/minute", storage) as application:
         yield application
 
 
@@ -46,6 +56,7 @@ def _assert_limited(response: httpx.Response) -> None:
     assert 1 <= int(response.headers["Retry-After"]) <= 60
 
 
+@STORAGES
 async def test_a_key_over_its_rate_is_429_and_other_keys_are_not(limited_app: Any) -> None:
     async with _client(limited_app, ADMIN_KEY) as admin:
         statuses = [(await admin.get("/v1/pools")).status_code for _ in range(5)]
@@ -57,6 +68,7 @@ async def test_a_key_over_its_rate_is_429_and_other_keys_are_not(limited_app: An
         _assert_limited(await elsewhere.get("/v1/pools"))
 
 
+@STORAGES
 async def test_failed_authentication_is_limited_per_address(limited_app: Any) -> None:
     async with _client(limited_app, "bck_guessed") as guesser:
         statuses = [(await guesser.get("/v1/pools")).status_code for _ in range(3)]
@@ -74,12 +86,13 @@ async def test_failed_authentication_is_limited_per_address(limited_app: Any) ->
 
 
 @pytest.fixture
-async def guessed_app(database_url: str, clean_db: AsyncEngine) -> AsyncIterator[Any]:
+async def guessed_app(database_url: str, clean_db: AsyncEngine, storage: str) -> AsyncIterator[Any]:
     """Failed authentications limited to 3 a minute per address; keys themselves barely limited."""
-    async with _app(database_url, "1000/minute") as application:
+    async with _app(database_url, "1000/minute", storage) as application:
         yield application
 
 
+@STORAGES
 async def test_an_address_over_its_failure_limit_still_serves_keys_that_authenticated(
     guessed_app: Any,
 ) -> None:
