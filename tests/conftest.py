@@ -1,8 +1,14 @@
 """Shared fixtures: a real PostgreSQL database per test run, migrated with Alembic, and the real app.
 
 ``DATABASE_URL`` (CI, or the machine's PostgreSQL) names the server; without it an embedded PostgreSQL
-(pgserver) is started in a temporary folder. Each run creates its own uniquely named database and drops
-it at the end, so two runs never collide. Tests that commit get clean tables (TRUNCATE) before they run.
+(pgserver) is started in a temporary folder. Each run, and each pytest-xdist worker of a run, creates its
+own uniquely named database and drops it at the end, so two runs or two workers never collide. Tests that
+commit get clean tables (TRUNCATE) before they run.
+
+``pytest`` runs on all cores (``-n auto --dist loadfile`` in pyproject.toml; a module's tests stay on one
+worker, so a module-scoped service sees only its own module). The workers share the server's
+``max_connections``, so every connection pool a test opens is bounded (:data:`POOL_SIZE`,
+:data:`CONNECTIONS_PER_WORKER`) and ``-n auto`` starts no more workers than the server has connections for.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import secrets
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -24,6 +30,9 @@ from app.db.engine import create_engine, migrate
 from app.db.tables import metadata
 from app.settings import Settings
 
+if TYPE_CHECKING:
+    from tests.servers import Server
+
 ADMIN_KEY = "test-admin-key-" + "0" * 32
 # tests hammer the service from one address with one key: rate limits are off unless a test sets them,
 # and counted in each process's memory (no statement of the deployment's windows among those tests count)
@@ -33,6 +42,14 @@ UNLIMITED_RATES = {
     "BC_RATE_LIMIT_STORAGE": "memory",
 }
 DATA = Path(__file__).parent / "data"
+# the connection pool of a test's app or service process: 12 kept, 3 more under load, 3 of them held by
+# the LISTEN controllers (the service's default of 24 would let two workers' two-process races exhaust a
+# server's 100 connections)
+POOL_SIZE = 12
+# the most one worker holds at once, measured (connections per test database in pg_stat_activity): two
+# service processes (2 x 15) and the test's own engine, which keeps 5 between tests (its pool); a worker
+# of the serial run peaked at 47 with the service's default pool, before these bounds
+CONNECTIONS_PER_WORKER = 45
 
 
 def _server_url() -> str:
@@ -43,6 +60,44 @@ def _server_url() -> str:
 
     folder = Path(tempfile.gettempdir()) / "bc-test-pgdata"
     return start_embedded_postgres(folder, database="postgres")
+
+
+def _max_connections() -> int:
+    """The ``max_connections`` of the server ``DATABASE_URL`` names (100, PostgreSQL's default, when it
+    is unset, as for the embedded server, or does not answer)."""
+    import asyncio
+
+    import asyncpg
+
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        return 100
+
+    async def ask() -> int:
+        conn = await asyncpg.connect(to_libpq(parse_url(url)), timeout=10)
+        try:
+            return int(await conn.fetchval("SHOW max_connections"))
+        finally:
+            await conn.close()
+
+    try:
+        return asyncio.run(ask())
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError):
+        return 100
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per core, but no more than the server's ``max_connections`` leave room for
+    (:data:`CONNECTIONS_PER_WORKER` each, 10 kept for others), and none (the run stays in this process)
+    when the command names test files of one module only. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still wins."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    named = {str(arg).split("::", 1)[0] for arg in config.args}
+    if len(named) == 1 and Path(next(iter(named))).is_file():
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, (_max_connections() - 10) // CONNECTIONS_PER_WORKER))
 
 
 def _admin_exec(server_url: str, statement: str) -> None:
@@ -85,7 +140,7 @@ def database_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     """An asyncpg engine on the test database."""
-    eng = create_engine(database_url, pool_size=20)
+    eng = create_engine(database_url, pool_size=5, max_overflow=20)  # 25 at once, 5 kept between tests
     yield eng
     await eng.dispose()
 
@@ -93,20 +148,47 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 TABLES = ", ".join(t.name for t in reversed(metadata.sorted_tables))
 
 
+async def truncate_all(engine: AsyncEngine) -> None:
+    """Empty every table of the test database."""
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
+
+
 @pytest.fixture
 async def clean_db(engine: AsyncEngine) -> AsyncEngine:
     """Empty every table before the test (tests that commit, such as races, need real commits)."""
-    async with engine.begin() as conn:
-        await conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
+    await truncate_all(engine)
     return engine
+
+
+@pytest.fixture(scope="module")
+async def fresh_tables(engine: AsyncEngine) -> None:
+    """Empty every table once for the module (its tests share one service and make their own data)."""
+    await truncate_all(engine)
+
+
+@pytest.fixture(scope="module")
+def server(
+    database_url: str,
+    fresh_tables: None,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Server]:
+    """One real ``better-compute serve`` process per module on the test database, on fresh tables
+    (tests/servers.py). A module that needs other settings defines its own ``server``."""
+    from tests.servers import running_server  # tests/servers.py imports this module
+
+    logs = tmp_path_factory.mktemp(f"server-{request.module.__name__.rsplit('.', 1)[-1]}")
+    with running_server(database_url, logs) as started:
+        yield started
 
 
 def settings_for(database_url: str, **overrides: Any) -> Settings:
     """Settings for a test app on ``database_url`` with the test admin key."""
-    rates = {"rate_limit": UNLIMITED_RATES["BC_RATE_LIMIT"]}
-    rates["auth_failure_rate_limit"] = UNLIMITED_RATES["BC_AUTH_FAILURE_RATE_LIMIT"]
-    rates["rate_limit_storage"] = UNLIMITED_RATES["BC_RATE_LIMIT_STORAGE"]
-    return Settings(database_url=database_url, bootstrap_admin_key=ADMIN_KEY, **{**rates, **overrides})
+    defaults: dict[str, Any] = {"rate_limit": UNLIMITED_RATES["BC_RATE_LIMIT"], "db_pool_size": POOL_SIZE}
+    defaults["auth_failure_rate_limit"] = UNLIMITED_RATES["BC_AUTH_FAILURE_RATE_LIMIT"]
+    defaults["rate_limit_storage"] = UNLIMITED_RATES["BC_RATE_LIMIT_STORAGE"]
+    return Settings(database_url=database_url, bootstrap_admin_key=ADMIN_KEY, **{**defaults, **overrides})
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import ADMIN_KEY, UNLIMITED_RATES
+from tests.conftest import ADMIN_KEY, POOL_SIZE, UNLIMITED_RATES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,10 +55,12 @@ def spawn_server(
     port: int | None = None,
     args: Sequence[str] = (),
 ) -> Server:
-    """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key (rate limits off
-    unless ``extra_env`` sets them), on ``port`` or a free one; ``args`` adds options (``--workers``)."""
+    """Start ``python -m app.cli serve`` on ``database_url`` with the test admin key (rate limits off and
+    the tests' connection pool, :data:`tests.conftest.POOL_SIZE`, unless ``extra_env`` sets them), on
+    ``port`` or a free one; ``args`` adds options (``--workers``)."""
     env = dict(os.environ)
     env.update({"DATABASE_URL": database_url, "BC_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "PYTHONUNBUFFERED": "1"})
+    env["BC_DB_POOL_SIZE"] = str(POOL_SIZE)
     env.update(UNLIMITED_RATES)
     env.update(extra_env or {})
     port = port or free_port()

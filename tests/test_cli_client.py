@@ -20,33 +20,17 @@ import httpx
 import pytest
 import typer
 import yaml
-from sqlalchemy.ext.asyncio import AsyncEngine
 from typer.testing import CliRunner, Result
 
 from app.cli import app
 from app.client.api import ServiceClient
 from app.client.flags import REQUEST_FLAGS, RequestFlags, UsageError, with_flag
 from app.client.render import when
-from tests.conftest import ADMIN_KEY, TABLES
+from tests.conftest import ADMIN_KEY
 from tests.factories import gpu_node
 from tests.servers import REPO, Server, free_port, running_server
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-
-
-@pytest.fixture(scope="module")
-async def fresh_tables(engine: AsyncEngine) -> None:
-    """Empty tables once for this module (its tests share one service and make their own pools)."""
-    async with engine.begin() as conn:
-        await conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
-
-
-@pytest.fixture(scope="module")
-def server(
-    database_url: str, fresh_tables: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    with running_server(database_url, tmp_path_factory.mktemp("cli-server")) as started:
-        yield started
 
 
 @dataclass

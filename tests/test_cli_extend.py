@@ -6,26 +6,18 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-import pytest
 from typer.testing import CliRunner, Result
 
 from app.cli import app
 from tests.conftest import ADMIN_KEY
 from tests.factories import gpu_node
-from tests.servers import Server, running_server
+from tests.servers import Server
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-
-
-@pytest.fixture(scope="module")
-def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with running_server(database_url, tmp_path_factory.mktemp("cli-extend")) as started:
-        yield started
 
 
 def cli(server: Server, *args: str) -> Result:

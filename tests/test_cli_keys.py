@@ -1,6 +1,6 @@
 """``better-compute key create|list|revoke`` against one real running service (docs/cli.md, "Keys"),
-through typer's runner as in tests/test_cli_client.py (its ``server`` fixture: a ``better-compute serve``
-process on the test database)."""
+through typer's runner as in tests/test_cli_client.py (the ``server`` fixture of tests/conftest.py: a
+``better-compute serve`` process on the test database)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ import yaml
 
 from app.client.key_commands import Role, expires_at, role_grants
 from tests.servers import Server
-from tests.test_cli_client import cli, fresh_tables, server
-
-__all__ = ["fresh_tables", "server"]  # the fixtures this module shares with tests/test_cli_client.py
+from tests.test_cli_client import cli
 
 
 def test_key_create_list_and_revoke(server: Server) -> None:

@@ -13,17 +13,7 @@ import httpx
 
 from tests.factories import gpu_node
 from tests.servers import Server
-from tests.test_cli_client import (  # noqa: F401 (fixtures)
-    ADMIN,
-    api_get,
-    api_reserve,
-    cli,
-    cli_process,
-    finished,
-    fresh_tables,
-    make_pool,
-    server,
-)
+from tests.test_cli_client import ADMIN, api_get, api_reserve, cli, cli_process, finished, make_pool
 
 
 def row_of(output: str, first: str) -> list[str]:
@@ -31,7 +21,7 @@ def row_of(output: str, first: str) -> list[str]:
     return next(line.split() for line in output.splitlines() if line.lstrip().startswith(first))
 
 
-def test_node_drain_reschedule_undrain_and_delete(server: Server) -> None:  # noqa: F811 (the fixture)
+def test_node_drain_reschedule_undrain_and_delete(server: Server) -> None:
     pool = make_pool(server, {"m1": 4})
     (name, node_id) = next(iter(pool.nodes.items()))
     tenant = "t-maint"

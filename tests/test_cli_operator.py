@@ -15,34 +15,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
-import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import TABLES
-from tests.servers import REPO, Server, running_server
+from tests.servers import REPO, Server
 from tests.test_cli_client import ADMIN, api_get, api_reserve, cli, cli_process, finished, make_pool
 
 TOPO = REPO / "tests" / "data" / "topo" / "05-4x-a100-nv4-mangled-header.txt"
-
-
-@pytest.fixture(scope="module")
-async def fresh_tables(engine: AsyncEngine) -> None:
-    """Empty tables once for this module (its tests share one service and make their own pools)."""
-    async with engine.begin() as conn:
-        await conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
-
-
-@pytest.fixture(scope="module")
-def server(
-    database_url: str, fresh_tables: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    with running_server(database_url, tmp_path_factory.mktemp("cli-operator")) as started:
-        yield started
 
 
 def test_import_app_cli_imports_no_server_module() -> None:

@@ -15,10 +15,10 @@ import pytest
 from app.client.flags import UsageError
 from app.client.usage_commands import hours_text, period_query
 from tests.servers import Server
-from tests.test_cli_client import ADMIN, api_get, cli, fresh_tables, make_pool, server  # noqa: F401
+from tests.test_cli_client import ADMIN, api_get, cli, make_pool
 
 
-def test_usage_table_and_json(server: Server) -> None:  # noqa: F811
+def test_usage_table_and_json(server: Server) -> None:
     pool = make_pool(server, {"u1": 4})
     (name, node_id), tenant = next(iter(pool.nodes.items())), f"t-{secrets.token_hex(3)}"
     body = {
@@ -77,7 +77,7 @@ def test_usage_table_and_json(server: Server) -> None:  # noqa: F811
     assert nothing.exit_code == 0 and "nothing was held in the period" in nothing.output, nothing.output
 
 
-def test_usage_flag_errors(server: Server) -> None:  # noqa: F811
+def test_usage_flag_errors(server: Server) -> None:
     both = cli(server, "usage", "--last", "7d", "--from", "2026-01-01T00:00:00Z")
     assert both.exit_code == 2 and "--last is the period up to now" in both.output, both.output
     bad = cli(server, "usage", "--last", "7x")

@@ -71,10 +71,11 @@ def resolve_database_url(database_url: str | None, data_dir: Path | None = None)
     return database_url or start_embedded_postgres(data_dir)
 
 
-def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
+def create_engine(url: str, pool_size: int = 10, max_overflow: int | None = None) -> AsyncEngine:
     """An asyncpg-backed SQLAlchemy engine for ``url`` (READ COMMITTED, the PostgreSQL default) that keeps
-    ``pool_size`` connections open and opens up to a quarter more (at least 2) under load, closing those
-    when they are returned: a request that finds all of them in use waits for one.
+    ``pool_size`` connections open and opens up to ``max_overflow`` more (by default a quarter more, at
+    least 2) under load, closing those when they are returned: a request that finds all of them in use
+    waits for one.
 
     A pooled connection the server closed meanwhile (PostgreSQL restarted, the backend was terminated)
     is replaced when it is checked out (:func:`replace_closed_connection`), so the first request after a
@@ -84,7 +85,7 @@ def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
     engine = create_async_engine(
         async_url(url),
         pool_size=pool_size,
-        max_overflow=max(2, pool_size // 4),
+        max_overflow=max(2, pool_size // 4) if max_overflow is None else max_overflow,
         connect_args={"server_settings": {"application_name": "better-compute"}},
     )
     event.listen(engine.sync_engine.pool, "checkout", replace_closed_connection)

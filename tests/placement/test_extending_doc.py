@@ -94,9 +94,10 @@ def run_checks(copy: Path, checks: tuple[str, ...] = CHECKS) -> subprocess.Compl
     """Print the registries of the copy, then run ``checks`` there (by default the registry, bounds,
     declared-reads and scoring tests)."""
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    # -n 0: this run is one test of a worker already; its checks run in this one process
     command = (
         f"{sys.executable} -c {_quote(REGISTERED)} && "
-        f"{sys.executable} -m pytest -q -x -p no:cacheprovider {' '.join(checks)}"
+        f"{sys.executable} -m pytest -q -x -n 0 -p no:cacheprovider {' '.join(checks)}"
     )
     return subprocess.run(
         ["bash", "-c", command], cwd=copy, env=env, capture_output=True, text=True, timeout=600, check=False

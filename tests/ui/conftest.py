@@ -9,32 +9,13 @@ page error the browser saw.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from playwright.async_api import Browser, Page, async_playwright
-from sqlalchemy.ext.asyncio import AsyncEngine
-
-from tests.conftest import TABLES
-from tests.servers import Server, running_server
 
 CHROMIUM = os.environ.get("BC_TEST_CHROMIUM", "/usr/bin/chromium")
-
-
-@pytest.fixture(scope="module")
-async def fresh_tables(engine: AsyncEngine) -> None:
-    """Empty tables once for the module (its tests share one service and its data)."""
-    async with engine.begin() as conn:
-        await conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
-
-
-@pytest.fixture(scope="module")
-def server(
-    database_url: str, fresh_tables: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    with running_server(database_url, tmp_path_factory.mktemp("ui-server")) as started:
-        yield started
 
 
 @pytest.fixture(scope="module")
