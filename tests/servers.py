@@ -4,6 +4,7 @@ service (the stress test, the CLI clients)."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +19,9 @@ import httpx
 from tests.conftest import ADMIN_KEY, POOL_SIZE, UNLIMITED_RATES
 
 REPO = Path(__file__).resolve().parents[1]
+# a service outlives a killed test run (it has a session of its own) and would hold the connections its
+# pool opened; started through util-linux's setpriv, it gets SIGTERM when the worker that started it dies
+DIES_WITH_PARENT = ["setpriv", "--pdeathsig", "TERM"] if shutil.which("setpriv") else []
 
 
 @dataclass
@@ -66,8 +70,9 @@ def spawn_server(
     port = port or free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     handle = log.open("wb")
+    serve = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+        [*DIES_WITH_PARENT, *serve],
         cwd=REPO,
         env=env,
         stdout=handle,
