@@ -100,6 +100,13 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return max(1, min(cores, (_max_connections() - 10) // CONNECTIONS_PER_WORKER))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules marked ``slow`` (``pytestmark``) first, the others in their order: each worker takes the
+    next module when it finishes one (``--dist loadfile``), so the longest start early and the run does
+    not end with one worker on a long module while the others wait."""
+    items.sort(key=lambda item: item.getparent(pytest.Module).get_closest_marker("slow") is None)
+
+
 def _admin_exec(server_url: str, statement: str) -> None:
     """Run one statement on the server's ``postgres`` database (CREATE / DROP DATABASE)."""
     import asyncio

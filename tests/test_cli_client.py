@@ -30,6 +30,8 @@ from tests.conftest import ADMIN_KEY
 from tests.factories import gpu_node
 from tests.servers import REPO, Server, free_port, running_server
 
+pytestmark = pytest.mark.slow  # a long module: it starts early in a parallel run (tests/conftest.py)
+
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 

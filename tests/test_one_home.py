@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a long module: it starts early in a parallel run (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app"
 SEPARATE_PROGRAMS = ("client", "agent")

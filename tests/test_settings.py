@@ -16,6 +16,8 @@ import pytest
 from app.settings import Settings, SettingsError, load_settings, setting_name
 from tests.servers import REPO, free_port, running_server
 
+pytestmark = pytest.mark.slow  # a long module: it starts early in a parallel run (tests/conftest.py)
+
 
 def _serve(env_overrides: dict[str, str], database_url: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BC_")}

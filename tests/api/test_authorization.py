@@ -27,6 +27,8 @@ from app.db.tables import principals
 from tests.conftest import ADMIN_KEY
 from tests.factories import add_node, gpu_node, make_pool, reservation
 
+pytestmark = pytest.mark.slow  # a long module: it starts early in a parallel run (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 WHO = ("anonymous", "no_grant", "tenant_b", "tenant_a", "admin")  # the order requests are sent in

@@ -19,6 +19,8 @@ from tests.conftest import ADMIN_KEY
 from tests.factories import gpu_node, reservation
 from tests.servers import REPO, Server, running_server
 
+pytestmark = pytest.mark.slow  # a long module: it starts early in a parallel run (tests/conftest.py)
+
 
 @pytest.fixture
 def server(database_url: str, clean_db: AsyncEngine, tmp_path: Path) -> Iterator[Server]:

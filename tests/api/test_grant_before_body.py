@@ -17,6 +17,8 @@ from app.api.route_grants import NOT_DECLARED, ROUTE_GRANTS
 from app.iam.authorize import ACTIONS
 from tests.api.test_authorization import TABLE, World, build_world
 
+pytestmark = pytest.mark.slow  # a long module: it starts early in a parallel run (tests/conftest.py)
+
 CHUNK = 64 * 1024
 CHUNKS = 12  # 768 KiB: under every route's body limit
 

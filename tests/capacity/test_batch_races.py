@@ -36,6 +36,8 @@ from tests.capacity.invariants import violations as _violations
 from tests.factories import add_node, gpu_node, make_pool
 from tests.servers import Server, admin_clients, running_server, running_servers
 
+pytestmark = pytest.mark.slow  # a long module: it starts early in a parallel run (tests/conftest.py)
+
 # small connection pools: the machine's PostgreSQL (100 connections) is shared with other test runs
 LEASE_ENV = {
     "BC_CAPACITY_PLACER": "pool-lease",

@@ -31,6 +31,8 @@ from app.placement.shortlist import shortlist_applies, shortlist_rows
 from tests.capacity.helpers import book, db_time, make_pool_with_nodes
 from tests.factories import node_body
 
+pytestmark = pytest.mark.slow  # a long module: it starts early in a parallel run (tests/conftest.py)
+
 LINKS = ["NV12", "NV4", "PIX", "PXB", "SYS"]
 
 

@@ -45,6 +45,8 @@ from tests.capacity.invariants import counts, violations
 from tests.factories import add_node, gpu_node, make_pool
 from tests.servers import Server, admin_clients, running_servers
 
+pytestmark = pytest.mark.slow  # a long module: it starts early in a parallel run (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = 2
 WORKERS = 32
