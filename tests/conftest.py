@@ -17,6 +17,7 @@ import os
 import secrets
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -199,13 +200,21 @@ def settings_for(database_url: str, **overrides: Any) -> Settings:
     return Settings(database_url=database_url, bootstrap_admin_key=ADMIN_KEY, **{**defaults, **overrides})
 
 
+@asynccontextmanager
+async def running_app(database_url: str, **settings: Any) -> AsyncIterator[Any]:
+    """The real FastAPI app on ``database_url`` with :func:`settings_for` and ``settings``, its lifespan
+    running while the block runs."""
+    from app.main import create_app
+
+    application = create_app(settings_for(database_url, **settings), run_migrations=False)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
 @pytest.fixture
 async def app(database_url: str, clean_db: AsyncEngine) -> AsyncIterator[Any]:
     """The real FastAPI app on the test database, with its lifespan running (clean tables)."""
-    from app.main import create_app
-
-    application = create_app(settings_for(database_url), run_migrations=False)
-    async with application.router.lifespan_context(application):
+    async with running_app(database_url) as application:
         yield application
 
 

@@ -20,20 +20,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db.tables import api_keys
 from app.iam.authorize import Principal
 from app.iam.key_cache import PrincipalCache
-from tests.conftest import ADMIN_KEY, settings_for
+from tests.conftest import ADMIN_KEY, running_app
 
 A, B = "tenant-a", "tenant-b"
 READ_A = {"action": "compute:reservations:read", "resource": f"tenant:{A}"}
 ADMIN_OF_A = {"action": "compute:iam:admin", "resource": f"tenant:{A}"}
-
-
-@asynccontextmanager
-async def _app(database_url: str, **settings: Any) -> AsyncIterator[Any]:
-    from app.main import create_app
-
-    application = create_app(settings_for(database_url, **settings), run_migrations=False)
-    async with application.router.lifespan_context(application):
-        yield application
 
 
 def _client(application: Any, key: str) -> httpx.AsyncClient:
@@ -125,7 +116,7 @@ async def test_a_key_with_expires_at_works_until_then_and_is_401_key_expired_eve
     database_url: str, clean_db: AsyncEngine
 ) -> None:
     # a 60 s cache of principals: a cache that ignored expiry would keep serving the key
-    async with _app(database_url, key_cache_seconds=60) as application:
+    async with running_app(database_url, key_cache_seconds=60) as application:
         async with _client(application, ADMIN_KEY) as admin:
             expires = await _db_now(clean_db) + timedelta(seconds=4)  # room for a loaded machine
             made = await _create(admin, A, READ_A, expiresAt=expires.isoformat())
@@ -230,7 +221,7 @@ async def test_last_used_at_is_set_on_use_and_written_at_most_once_a_minute(
     database_url: str, clean_db: AsyncEngine
 ) -> None:
     # no cache of principals: each of the 100 requests looks its key up, and still writes once
-    async with _app(database_url, key_cache_seconds=0) as application:
+    async with running_app(database_url, key_cache_seconds=0) as application:
         async with _client(application, ADMIN_KEY) as admin:
             made = await _create(admin, A, READ_A)
             assert {k["id"]: k for k in await _listed(admin)}[made["id"]]["lastUsedAt"] is None

@@ -5,8 +5,6 @@ pooled connection check that replaced SQLAlchemy's three-round-trip pre-ping."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -19,19 +17,10 @@ from app.iam.authorize import Grant, Principal
 from app.iam.key_cache import PrincipalCache
 from tests.agent_host import FIRST_UUID, SECOND_UUID
 from tests.api.test_agents import agent_key, hello_body
-from tests.conftest import ADMIN_KEY, settings_for
+from tests.conftest import ADMIN_KEY, running_app
 from tests.factories import make_pool
 
 READ = {"action": "compute:reservations:read", "resource": "tenant:acme"}
-
-
-@asynccontextmanager
-async def _app(database_url: str, **settings: Any) -> AsyncIterator[Any]:
-    from app.main import create_app
-
-    application = create_app(settings_for(database_url, **settings), run_migrations=False)
-    async with application.router.lifespan_context(application):
-        yield application
 
 
 def _client(application: Any, key: str) -> httpx.AsyncClient:
@@ -79,7 +68,7 @@ async def _revoke_elsewhere(engine: AsyncEngine, key_id: str) -> None:
 async def test_a_key_revoked_by_another_process_holds_until_the_cache_expires_and_at_once_here(
     database_url: str, clean_db: AsyncEngine
 ) -> None:
-    async with _app(database_url, key_cache_seconds=60) as application:
+    async with running_app(database_url, key_cache_seconds=60) as application:
         async with _client(application, ADMIN_KEY) as admin:
             pool = await make_pool(admin)
             elsewhere_id, elsewhere = await _minted(admin, pool)
@@ -94,7 +83,7 @@ async def test_a_key_revoked_by_another_process_holds_until_the_cache_expires_an
             assert (await admin.delete(f"/v1/api-keys/{here_id}")).status_code == 204
             async with _client(application, here) as user:  # revoked through this process: at once
                 assert (await user.get("/v1/reservations")).status_code == 401
-    async with _app(database_url, key_cache_seconds=0) as application:  # no cache: every request looks
+    async with running_app(database_url, key_cache_seconds=0) as application:  # no cache: every request looks
         async with _client(application, ADMIN_KEY) as admin:
             key_id, key = await _minted(admin, pool)
         async with _client(application, key) as user:
@@ -104,7 +93,7 @@ async def test_a_key_revoked_by_another_process_holds_until_the_cache_expires_an
 
 
 async def test_an_agent_key_has_its_own_rate_limit(database_url: str, clean_db: AsyncEngine) -> None:
-    async with _app(database_url, rate_limit="3/minute", agent_rate_limit="100/minute") as application:
+    async with running_app(database_url, rate_limit="3/minute", agent_rate_limit="100/minute") as application:
         async with _client(application, ADMIN_KEY) as admin:
             pool = await make_pool(admin)
             key = await agent_key(admin, pool)
